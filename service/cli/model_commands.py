@@ -1,4 +1,4 @@
-"""``tunehub inspect`` and ``tunehub compile``: the model path.
+"""``tunehub inspect`` and ``tunehub compile``: the model path."""
 from __future__ import annotations
 
 import argparse
