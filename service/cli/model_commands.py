@@ -1,8 +1,107 @@
-"""``tunehub inspect`` and ``tunehub compile``: the model path."""
+"""``tunehub inspect`` and ``tunehub compile``: the model path without tuning."""
 from __future__ import annotations
 
 import argparse
+from pathlib import Path
+from typing import Any
+
+from service.cli.errors import CliError
+from service.cli.options import add_model_options, print_json
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    del subparsers
+    inspect = subparsers.add_parser("inspect", help="validate a model and print its tuning tasks")
+    add_model_options(inspect)
+    inspect.set_defaults(handler=run_inspect)
+
+    compile_ = subparsers.add_parser(
+        "compile", help="build, verify and write DIR/model.so + DIR/manifest.json"
+    )
+    add_model_options(compile_)
+    compile_.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
+    compile_.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    compile_.set_defaults(handler=run_compile)
+
+
+def prepare_from_args(args: argparse.Namespace):
+    """Load, validate and partition the model named on the command line (CliError on bad input)."""
+    from compiler.errors import ModelError
+    from compiler.prepare import prepare_model
+    from compiler.target import resolve_target
+
+    try:
+        target = resolve_target(args.target, args.num_cores)
+        return prepare_model(Path(args.model), target, input_shapes=dict(args.input_shape))
+    except ModelError as err:
+        raise CliError(str(err)) from None
+
+
+def task_rows(prepared) -> list[dict[str, Any]]:
+    return [task.to_json() for task in prepared.partition.tasks]
+
+
+def print_task_table(prepared, title: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title)
+    for column in ("key", "name", "MFLOPs", "weight", "shapes"):
+        table.add_column(
+            column,
+            justify="right" if column in ("MFLOPs", "weight") else "left",
+            overflow="fold",
+        )
+    for task in prepared.partition.tasks:
+        shapes = " ".join("x".join(map(str, shape)) for _, shape, _ in task.shapes)
+        name = task.name if task.tunable else f"{task.name} (not tuned)"
+        table.add_row(task.key, name, f"{task.flops / 1e6:.3f}", str(task.weight), shapes)
+    Console().print(table)
+
+
+def _summary(prepared) -> dict[str, Any]:
+    return {
+        "model": prepared.model.describe(),
+        "target": {"key": prepared.target.key, "description": prepared.target.describe()},
+        "total_mflops": prepared.partition.total_flops / 1e6,
+        "tasks": task_rows(prepared),
+    }
+
+
+def run_inspect(args: argparse.Namespace) -> int:
+    prepared = prepare_from_args(args)
+    if args.json:
+        print_json(_summary(prepared))
+    else:
+        print_task_table(prepared, f"{args.model}: {len(prepared.partition.tasks)} tuning tasks")
+    return 0
+
+
+def run_compile(args: argparse.Namespace) -> int:
+    from compiler.artifact import check_output_dir, publish_artifact
+    from compiler.build import build
+    from compiler.errors import CompileError, ModelError, VerificationError
+
+    try:
+        check_output_dir(args.output, force=args.force)
+    except ModelError as err:
+        raise CliError(str(err)) from None
+    prepared = prepare_from_args(args)
+    try:
+        executable = build(prepared.mod, prepared.target)
+        manifest = publish_artifact(
+            executable,
+            prepared.model,
+            prepared.target,
+            args.output,
+            tasks=task_rows(prepared),
+            extra={"tuned": False},
+            force=args.force,
+        )
+    except (CompileError, VerificationError) as err:
+        raise CliError(str(err), exit_code=1) from None
+    summary = {**_summary(prepared), "output": str(args.output), "verification": manifest["verification"]}
+    if args.json:
+        print_json(summary)
+    else:
+        print(f"wrote {args.output / 'model.so'} ({manifest['verification']['message']})")
+    return 0

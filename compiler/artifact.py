@@ -1,0 +1,116 @@
+"""Write a verified artifact directory: ``model.so`` + ``manifest.json``, all or nothing.
+
+``publish_artifact`` builds everything in a hidden sibling folder, verifies the library *as
+loaded from disk* against the reference framework, and only then renames the folder into place.
+On any failure (including a failed verification) no output directory is left behind.
+"""
+from __future__ import annotations
+
+import datetime as dt
+import json
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from compiler.build import export_library
+from compiler.errors import ModelError, VerificationError
+from compiler.model_spec import LoadedModel
+from compiler.runner import LoadedLibrary
+from compiler.target import TargetSpec
+from compiler.verify import VerificationResult, verify
+
+LIBRARY_NAME = "model.so"
+MANIFEST_NAME = "manifest.json"
+MANIFEST_VERSION = 1
+
+
+def check_output_dir(out_dir: Path, *, force: bool) -> None:
+    """Refuse a non-empty existing output directory unless ``force`` (then it is replaced)."""
+    if out_dir.exists() and not out_dir.is_dir():
+        raise ModelError("bad_output", f"output path {str(out_dir)!r} exists and is not a directory")
+    if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
+        raise ModelError(
+            "bad_output", f"output directory {str(out_dir)!r} is not empty (use --force to replace it)"
+        )
+
+
+def build_manifest(
+    model: LoadedModel,
+    target: TargetSpec,
+    tasks: list[dict[str, Any]],
+    verification: VerificationResult,
+    extra: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        tunehub_version = version("tunehub")
+    except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
+        tunehub_version = "unknown"
+    manifest: dict[str, Any] = {
+        "manifest_version": MANIFEST_VERSION,
+        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "library": LIBRARY_NAME,
+        "versions": {"tunehub": tunehub_version, "tvm": tvm.__version__},
+        "model": model.describe(),
+        "target": {
+            "key": target.key,
+            "kind": target.kind,
+            "target": json.loads(target.target_json),
+            "fingerprint": target.fingerprint,
+        },
+        "tasks": tasks,
+        "verification": verification.to_json(),
+    }
+    manifest.update(extra or {})
+    return manifest
+
+
+def publish_artifact(
+    executable: Any,
+    model: LoadedModel,
+    target: TargetSpec,
+    out_dir: Path,
+    *,
+    tasks: list[dict[str, Any]],
+    extra: dict[str, Any] | Callable[[LoadedLibrary], dict[str, Any]] | None = None,
+    force: bool = False,
+) -> dict[str, Any]:
+    """Export, verify from disk, write the manifest and move the directory into place.
+
+    ``extra`` adds manifest fields (or is called with the loaded library, e.g. to time it).
+    Returns the manifest. Raises :class:`VerificationError` (nothing written) when the library's
+    outputs do not match the reference, :class:`ModelError` for a bad ``out_dir``.
+    """
+    out_dir = out_dir.absolute()
+    check_output_dir(out_dir, force=force)
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        library_path = export_library(executable, staging / LIBRARY_NAME)
+        library = LoadedLibrary(library_path, target.device)
+        verification = verify(model, library.run)
+        if not verification.passed:
+            raise VerificationError(f"artifact not published: the library {verification.message}")
+        extra_fields = extra(library) if callable(extra) else extra
+        manifest = build_manifest(model, target, tasks, verification, extra_fields)
+        (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+        _move_into_place(staging, out_dir)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _move_into_place(staging: Path, out_dir: Path) -> None:
+    if out_dir.exists():
+        trash = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.old-", dir=out_dir.parent))
+        out_dir.rename(trash / "old")
+        staging.rename(out_dir)
+        shutil.rmtree(trash, ignore_errors=True)
+    else:
+        staging.rename(out_dir)

@@ -1,0 +1,45 @@
+"""Build a Relax module into a runnable library for a target.
+
+``build`` promises a TVM ``Executable``: with a MetaSchedule ``database`` it applies the best
+schedule the database holds for each workload (for this target only: the database object is
+scoped to one target) and falls back to TVM's default lowering for workloads without records;
+without one it is the untuned fallback (naive loops on CPU: a fallback, never the product).
+Failures raise :class:`CompileError`.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from compiler.errors import CompileError
+from compiler.target import TargetSpec
+
+
+def build(mod: tvm.IRModule, target: TargetSpec, database: Any | None = None) -> Any:
+    """Compile the normalized (unfused) Relax ``mod``; see the module docstring."""
+    tvm_target = target.tvm_target()
+    try:
+        if database is None:
+            return tvm.compile(mod, target=tvm_target)
+        return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
+    except tvm.error.TVMError as err:
+        raise CompileError(f"TVM failed to build the model for {target.describe()}: {err}") from err
+
+
+def export_library(executable: Any, path: Path) -> Path:
+    """Write the executable as a shared library at ``path`` atomically (temp file + rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=".tmp-", dir=path.parent)
+    os.close(fd)
+    try:
+        executable.export_library(tmp_name)
+        os.replace(tmp_name, path)
+    except BaseException:
+        Path(tmp_name).unlink(missing_ok=True)
+        raise
+    return path

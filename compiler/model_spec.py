@@ -1,0 +1,65 @@
+"""Plain descriptions of a loaded model: its format, content hash and input tensors."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+ModelFormat = Literal["onnx", "pt2"]
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """A model input: name, static shape and dtype (a numpy dtype name such as ``"float32"``)."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def num_elements(self) -> int:
+        return math.prod(self.shape)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+
+@dataclass(frozen=True)
+class ModelLimits:
+    """What TuneHub accepts from a user's model file.
+
+    ``max_bytes`` bounds the file (and, for ``.pt2``, the unpacked archive); ``max_input_elements``
+    bounds each declared input; ``max_total_input_bytes`` bounds all inputs together.
+    """
+
+    max_bytes: int = 512 * 1024 * 1024
+    max_input_elements: int = 1 << 26
+    max_total_input_bytes: int = 1 << 30
+    min_onnx_opset: int = 7
+    max_onnx_opset: int = 23
+
+
+@dataclass(frozen=True, eq=False)
+class LoadedModel:
+    """A validated model, ready to import into Relax.
+
+    ``source`` is the framework object: an ``onnx.ModelProto`` or a
+    ``torch.export.ExportedProgram``. ``inputs`` are the user inputs with every dimension static
+    (symbolic dimensions already bound to the values the user gave). ``symbol_values`` holds those
+    bindings by symbol name.
+    """
+
+    format: ModelFormat
+    sha256: str
+    size_bytes: int
+    inputs: tuple[TensorSpec, ...]
+    source: Any = field(repr=False)
+    symbol_values: tuple[tuple[str, int], ...] = ()
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "sha256": self.sha256,
+            "size_bytes": self.size_bytes,
+            "inputs": [spec.to_json() for spec in self.inputs],
+        }

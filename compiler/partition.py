@@ -1,0 +1,133 @@
+"""Partition a Relax module into tuning tasks.
+
+``partition`` runs the pass sequence MetaSchedule task extraction needs (STACK.md: the frontend's
+module yields 0 tasks without it) and promises a :class:`Partition`: the fused module that tuning
+and compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
+:func:`compiler.keys.workload_key` so tasks are shared across every model.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import tvm
+from tvm import relax
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.analysis import estimate_tir_flops
+
+from compiler.keys import workload_key
+from compiler.target import TargetSpec
+
+# Tasks whose random measurement inputs make the measuring process read out of bounds
+# (STACK.md: tuning ``take``/``gather`` crashes the runner). They are excluded from tuning.
+_INDEXING_OPS = ("take", "gather", "embedding", "index")
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """One tuning task: a distinct fused subgraph of the model.
+
+    ``weight`` is how many times the model calls it; ``flops`` is per call; ``shapes`` lists the
+    task's buffers as ``(name, shape, dtype)``. ``tunable`` is false (with ``skip_reason``) for
+    tasks that cannot be measured safely with random inputs.
+    """
+
+    key: str
+    name: str
+    flops: float
+    weight: int
+    shapes: tuple[tuple[str, tuple[int, ...], str], ...]
+    tunable: bool = True
+    skip_reason: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "name": self.name,
+            "flops": self.flops,
+            "weight": self.weight,
+            "shapes": [
+                {"name": n, "shape": list(s), "dtype": d} for n, s, d in self.shapes
+            ],
+            "tunable": self.tunable,
+            "skip_reason": self.skip_reason,
+        }
+
+
+@dataclass(frozen=True, eq=False)
+class Partition:
+    """The fused module plus its tasks (and the MetaSchedule tasks, same order, for tuning)."""
+
+    fused: tvm.IRModule = field(repr=False)
+    tasks: tuple[TaskInfo, ...]
+    extracted: tuple[Any, ...] = field(repr=False)
+
+    @property
+    def total_flops(self) -> float:
+        return sum(task.flops * task.weight for task in self.tasks)
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Legalize and fuse a normalized Relax module into primitive TIR functions for ``target``."""
+    with target:
+        return tvm.ir.transform.Sequential(
+            [
+                *relax.pipeline.library_dispatch_passes(target),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+            ]
+        )(mod)
+
+
+def _buffer_shapes(func: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
+    """``(name, shape, dtype)`` of each buffer parameter (TVM 0.27 params carry buffer types)."""
+    shapes = []
+    for param in func.params:
+        shape = getattr(param, "shape", None)
+        if shape is None:
+            continue
+        dims = tuple(int(d) if isinstance(d, (int, tvm.tirx.IntImm)) else -1 for d in shape)
+        shapes.append((str(param.name), dims, str(param.dtype)))
+    return tuple(shapes)
+
+
+def _task_info(task: Any) -> TaskInfo:
+    mod = task.dispatched[0]
+    func = next(iter(mod.functions.values()))
+    try:
+        flops = float(estimate_tir_flops(mod))
+    except Exception:  # noqa: BLE001 - TVM raises TVMError subclasses for opaque bodies
+        flops = 0.0
+    name = str(task.task_name)
+    indexing = next((op for op in _INDEXING_OPS if op in name.lower()), None)
+    return TaskInfo(
+        key=workload_key(mod),
+        name=name,
+        flops=flops,
+        weight=int(task.weight),
+        shapes=_buffer_shapes(func),
+        tunable=indexing is None,
+        skip_reason=(
+            f"'{indexing}' reads data-dependent indices; random measurement inputs would read "
+            "out of bounds and crash the runner"
+            if indexing
+            else ""
+        ),
+    )
+
+
+def partition(mod: tvm.IRModule, target: TargetSpec) -> Partition:
+    """Fuse ``mod`` for ``target`` and extract its tuning tasks (heaviest first)."""
+    tvm_target = target.tvm_target()
+    fused = fuse(mod, tvm_target)
+    extracted = list(ms.relax_integration.extract_tasks(fused, tvm_target))
+    infos = [_task_info(task) for task in extracted]
+    order = sorted(range(len(infos)), key=lambda i: (-infos[i].flops * infos[i].weight, infos[i].name))
+    return Partition(
+        fused=fused,
+        tasks=tuple(infos[i] for i in order),
+        extracted=tuple(extracted[i] for i in order),
+    )

@@ -1,0 +1,165 @@
+"""Verify a built library against the model's own framework.
+
+``reference_outputs`` runs the original model (ONNX Runtime for ONNX, the ``torch.export`` program
+for ``.pt2``) on seeded random inputs; ``verify`` compares a library's outputs with per-dtype
+tolerances and promises a :class:`VerificationResult` (it never raises for a mismatch: callers
+decide; ``require_passed`` raises :class:`VerificationError`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import VerificationError
+from compiler.model_spec import LoadedModel, TensorSpec
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """``|actual - expected| <= atol * max(1, max|expected|) + rtol * |expected|`` elementwise."""
+
+    rtol: float
+    atol: float
+
+
+TOLERANCES: dict[str, Tolerance] = {
+    "float64": Tolerance(1e-7, 1e-9),
+    "float32": Tolerance(1e-3, 1e-4),
+    "float16": Tolerance(1e-2, 1e-2),
+    "bfloat16": Tolerance(2e-2, 2e-2),
+}
+EXACT = Tolerance(0.0, 0.0)
+
+
+def tolerance_for(dtype: str) -> Tolerance:
+    return TOLERANCES.get(dtype, EXACT)
+
+
+def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> list[np.ndarray]:
+    """Seeded inputs: standard normal floats, small non-negative integers, random booleans."""
+    rng = np.random.default_rng(seed)
+    arrays = []
+    for spec in specs:
+        dtype = np.dtype(spec.dtype)
+        if dtype.kind == "f":
+            arrays.append(rng.standard_normal(spec.shape).astype(dtype))
+        elif dtype.kind == "b":
+            arrays.append(rng.random(spec.shape) < 0.5)
+        else:
+            arrays.append(rng.integers(0, 2, size=spec.shape).astype(dtype))
+    return arrays
+
+
+def reference_outputs(model: LoadedModel, inputs: list[np.ndarray]) -> list[np.ndarray]:
+    """Outputs of the original model: ONNX Runtime (CPU) or the exported torch program."""
+    if model.format == "onnx":
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = 1
+        session = onnxruntime.InferenceSession(
+            model.source.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        feeds = {spec.name: array for spec, array in zip(model.inputs, inputs)}
+        return [np.asarray(out) for out in session.run(None, feeds)]
+    import torch
+
+    with torch.no_grad():
+        result = model.source.module()(*[torch.from_numpy(array) for array in inputs])
+    return [t.detach().cpu().numpy() for t in _flatten_torch(result)]
+
+
+def _flatten_torch(value: Any) -> list[Any]:
+    if hasattr(value, "detach"):
+        return [value]
+    out: list[Any] = []
+    for item in value:
+        out.extend(_flatten_torch(item))
+    return out
+
+
+@dataclass(frozen=True)
+class OutputCheck:
+    index: int
+    dtype: str
+    shape: tuple[int, ...]
+    max_abs_error: float
+    passed: bool
+
+
+@dataclass(frozen=True)
+class VerificationResult:
+    passed: bool
+    reference: str
+    max_abs_error: float
+    outputs: tuple[OutputCheck, ...]
+    message: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "passed": self.passed,
+            "reference": self.reference,
+            "max_abs_error": self.max_abs_error,
+            "message": self.message,
+            "outputs": [
+                {
+                    "index": o.index,
+                    "dtype": o.dtype,
+                    "shape": list(o.shape),
+                    "max_abs_error": o.max_abs_error,
+                    "passed": o.passed,
+                }
+                for o in self.outputs
+            ],
+        }
+
+    def require_passed(self) -> "VerificationResult":
+        if not self.passed:
+            raise VerificationError(self.message)
+        return self
+
+
+def compare(actual: list[np.ndarray], expected: list[np.ndarray], reference: str) -> VerificationResult:
+    """Compare outputs elementwise with :func:`tolerance_for` their expected dtype."""
+    if len(actual) != len(expected):
+        return VerificationResult(
+            False, reference, float("inf"), (),
+            f"output count differs: TVM gave {len(actual)}, {reference} gave {len(expected)}",
+        )
+    checks = []
+    problems = []
+    for index, (got, want) in enumerate(zip(actual, expected)):
+        want = np.asarray(want)
+        got = np.asarray(got)
+        if got.shape != want.shape:
+            checks.append(OutputCheck(index, str(want.dtype), want.shape, float("inf"), False))
+            problems.append(f"output {index}: shape {got.shape} != {want.shape}")
+            continue
+        tol = tolerance_for(want.dtype.name)
+        diff = np.abs(got.astype(np.float64) - want.astype(np.float64))
+        max_err = float(diff.max()) if diff.size else 0.0
+        scale = max(1.0, float(np.abs(want).max())) if want.size else 1.0
+        finite = bool(np.isfinite(got).all() == np.isfinite(want).all())
+        ok = finite and bool(
+            np.all(diff <= tol.atol * scale + tol.rtol * np.abs(want.astype(np.float64)))
+        )
+        checks.append(OutputCheck(index, want.dtype.name, want.shape, max_err, ok))
+        if not ok:
+            problems.append(f"output {index}: max abs error {max_err:.3g} over tolerance")
+    max_abs = max((c.max_abs_error for c in checks), default=0.0)
+    passed = not problems
+    message = (
+        f"matches {reference} (max abs error {max_abs:.3g})"
+        if passed
+        else f"does not match {reference}: " + "; ".join(problems)
+    )
+    return VerificationResult(passed, reference, max_abs, tuple(checks), message)
+
+
+def verify(model: LoadedModel, run: Any, seed: int = 0) -> VerificationResult:
+    """Run ``run(inputs) -> outputs`` and the reference on the same seeded inputs; compare."""
+    inputs = random_inputs(model.inputs, seed)
+    reference = "onnxruntime" if model.format == "onnx" else "torch"
+    return compare(run(inputs), reference_outputs(model, inputs), reference)
