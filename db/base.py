@@ -1,0 +1,342 @@
+"""The storage contract: what every tuning-database backend promises its callers.
+
+Thread safety
+    A storage object is shared by all threads of a process (the API's request threads, the
+    MetaSchedule tuning thread through :class:`db.MetaScheduleDatabase`). Each method runs in its
+    own short transaction on its own pooled connection; no method keeps state between calls except
+    immutable caches (target and workload ids, which never change once assigned). Several
+    processes may use one database at once: PostgreSQL for any number of machines, SQLite for the
+    processes of one machine (writers queue on the 30 s busy timeout).
+
+Records are append-mostly
+    A tuning record is identified by ``(workload, target, sha256(trace JSON))``. Committing a
+    record that is already stored never adds a row; the stored measurement is replaced only by a
+    *better* one: a valid measurement replaces a failed one, a lower mean replaces a higher one,
+    and an error text is added to a failure that had none. So imports, retried uploads and
+    several workers measuring the same candidate converge on one row holding the best
+    measurement, and committing the same batch twice changes nothing.
+
+Failed candidates
+    Stored with ``is_valid = False`` and ``mean_secs = NULL`` (MetaSchedule marks them with
+    ``run_secs = [1e10]``), with the builder's or runner's error text when the caller has it.
+    They are never returned by :meth:`TuningStorage.top_k`, and they keep the search from
+    measuring the same broken candidate again.
+
+Ownership of running work
+    A job or job task in ``running`` belongs to whoever moved it there (the scheduler for jobs, a
+    worker holding the lease for tasks). Only the owner moves it on, except that anyone may move
+    stale work (expired lease, dead worker) back to ``queued``. Every status change is a
+    compare-and-set on the current status, so two processes racing to claim or reap the same row
+    cannot both succeed: the loser gets :class:`db.errors.InvalidTransitionError`.
+
+Allowed state transitions (jobs and job tasks; see :class:`db.types.JobStatus`)
+    ``queued -> running | cancelled``; ``running -> succeeded | failed | cancelled | queued``;
+    ``succeeded``, ``failed`` and ``cancelled`` are final.
+
+Errors
+    Methods raise only :mod:`db.errors` exceptions: ``NotFoundError`` for a missing id,
+    ``ConflictError`` for a constraint violation (e.g. an unknown workload id in a record),
+    ``StorageUnavailableError`` when the database cannot be reached or stays locked.
+"""
+from __future__ import annotations
+
+import abc
+from collections.abc import Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from db.types import (
+    ApiToken,
+    Artifact,
+    CostModelBlob,
+    DatabaseStats,
+    Job,
+    JobTask,
+    ModelRecord,
+    ModelWorkload,
+    NewJobTask,
+    NewTuningRecord,
+    TargetRecord,
+    TuningRecordRow,
+    Worker,
+    WorkloadRecord,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compiler.target import TargetSpec
+
+
+class TuningStorage(abc.ABC):
+    """The tuning database (see the module docstring for the contract)."""
+
+    # -- lifecycle ---------------------------------------------------------------------------
+    @property
+    @abc.abstractmethod
+    def url(self) -> str:
+        """The database URL, password masked."""
+
+    @abc.abstractmethod
+    def close(self) -> None:
+        """Release pooled connections. The object must not be used afterwards."""
+
+    def __enter__(self) -> TuningStorage:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    # -- targets and workloads ---------------------------------------------------------------
+    @abc.abstractmethod
+    def ensure_target(self, spec: TargetSpec) -> TargetRecord:
+        """Return the row for ``spec`` (matched on ``spec.key``), inserting it if missing."""
+
+    @abc.abstractmethod
+    def get_target(self, key: str) -> TargetRecord | None:
+        """The target with this 16-hex key, or ``None``."""
+
+    @abc.abstractmethod
+    def get_target_by_id(self, target_id: int) -> TargetRecord | None:
+        """The target with this id, or ``None``."""
+
+    @abc.abstractmethod
+    def list_targets(self) -> list[TargetRecord]:
+        """All targets, oldest first."""
+
+    @abc.abstractmethod
+    def ensure_workload(
+        self, key: str, mod_json: str, *, flops: float | None = None, summary: str = ""
+    ) -> WorkloadRecord:
+        """Return the workload with ``key``, inserting it if missing.
+
+        Args:
+            key: :func:`compiler.keys.workload_key` of the module (the caller computes it).
+            mod_json: ``tvm.ir.save_json(mod)``.
+            flops: estimated floating-point operations, if known.
+            summary: a one-line readable description.
+
+        Returns:
+            The stored row; an existing row is returned unchanged (first writer wins).
+        """
+
+    @abc.abstractmethod
+    def get_workload(self, key: str) -> WorkloadRecord | None:
+        """The workload with this key, or ``None``."""
+
+    @abc.abstractmethod
+    def get_workload_by_id(self, workload_id: int) -> WorkloadRecord | None:
+        """The workload with this id, or ``None``."""
+
+    @abc.abstractmethod
+    def workload_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        """Map the given keys to workload ids; unknown keys are left out."""
+
+    @abc.abstractmethod
+    def list_workloads(self, *, target_id: int | None = None) -> list[WorkloadRecord]:
+        """All workloads (those with records for ``target_id`` if given), by id."""
+
+    # -- tuning records ----------------------------------------------------------------------
+    @abc.abstractmethod
+    def commit_records(self, records: Sequence[NewTuningRecord]) -> None:
+        """Store measurements in one transaction (the bulk path: workers, imports, the API).
+
+        Duplicates, within the batch or against stored rows, follow the keep-the-better rule of
+        the module docstring.
+
+        Raises:
+            ConflictError: a record names a workload, target or job that does not exist.
+        """
+
+    def commit_record(self, record: NewTuningRecord) -> None:
+        """Store one measurement (see :meth:`commit_records`)."""
+        self.commit_records([record])
+
+    @abc.abstractmethod
+    def top_k(self, workload_id: int, target_id: int, k: int) -> list[TuningRecordRow]:
+        """The ``k`` best valid records of a workload on a target, lowest mean first
+        (ties: oldest first)."""
+
+    def best_record(self, workload_id: int, target_id: int) -> TuningRecordRow | None:
+        """The best valid record of a workload on a target, or ``None``."""
+        rows = self.top_k(workload_id, target_id, 1)
+        return rows[0] if rows else None
+
+    @abc.abstractmethod
+    def get_record(
+        self, workload_id: int, target_id: int, trace_hash: str
+    ) -> TuningRecordRow | None:
+        """The record with this identity, valid or not, or ``None``."""
+
+    @abc.abstractmethod
+    def iter_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        valid_only: bool = False,
+        batch_size: int = 1000,
+    ) -> Iterator[TuningRecordRow]:
+        """All matching records in id order, fetched in batches (safe on large tables)."""
+
+    @abc.abstractmethod
+    def count_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        valid: bool | None = None,
+    ) -> int:
+        """Number of matching records (``valid=None``: valid and failed)."""
+
+    @abc.abstractmethod
+    def stats(self) -> DatabaseStats:
+        """Counts for ``tunehub db stats``."""
+
+    # -- models ------------------------------------------------------------------------------
+    @abc.abstractmethod
+    def add_model(
+        self, *, content_hash: str, format: str, filename: str, size: int, owner: str
+    ) -> ModelRecord:
+        """Record an uploaded model; uploading the same content twice returns the first row."""
+
+    @abc.abstractmethod
+    def get_model(self, model_id: int) -> ModelRecord | None:
+        """The model with this id, or ``None``."""
+
+    @abc.abstractmethod
+    def list_models(self, *, owner: str | None = None) -> list[ModelRecord]:
+        """Models, newest first."""
+
+    @abc.abstractmethod
+    def set_model_workloads(self, model_id: int, tasks: Sequence[ModelWorkload]) -> None:
+        """Replace the list of tuning tasks of a model."""
+
+    @abc.abstractmethod
+    def model_workloads(self, model_id: int) -> list[ModelWorkload]:
+        """The tuning tasks of a model."""
+
+    # -- jobs and job tasks ------------------------------------------------------------------
+    @abc.abstractmethod
+    def create_job(
+        self,
+        *,
+        target_id: int,
+        trial_budget: int,
+        model_id: int | None = None,
+        priority: int = 0,
+        owner: str | None = None,
+    ) -> Job:
+        """Create a job in ``queued``."""
+
+    @abc.abstractmethod
+    def get_job(self, job_id: int) -> Job | None:
+        """The job, or ``None``."""
+
+    @abc.abstractmethod
+    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
+        """Jobs, newest first."""
+
+    @abc.abstractmethod
+    def transition_job(
+        self, job_id: int, new_status: str, *, expected: str | None = None, error: str | None = None
+    ) -> Job:
+        """Move a job to ``new_status`` with a compare-and-set.
+
+        Sets ``started_at`` on the first move to ``running`` and ``finished_at`` on a final state.
+
+        Args:
+            expected: require this current status (e.g. a scheduler claiming ``queued`` work).
+            error: stored with the change (for ``failed``).
+
+        Raises:
+            NotFoundError: no such job.
+            InvalidTransitionError: the move is not allowed from the current status.
+        """
+
+    @abc.abstractmethod
+    def add_job_trials(self, job_id: int, trials: int) -> Job:
+        """Add ``trials`` to ``trials_done`` atomically."""
+
+    @abc.abstractmethod
+    def add_job_tasks(self, job_id: int, tasks: Sequence[NewJobTask]) -> list[JobTask]:
+        """Create the tasks of a job in ``queued``."""
+
+    @abc.abstractmethod
+    def list_job_tasks(self, job_id: int) -> list[JobTask]:
+        """The tasks of a job, by id."""
+
+    @abc.abstractmethod
+    def transition_job_task(
+        self,
+        task_id: int,
+        new_status: str,
+        *,
+        expected: str | None = None,
+        leased_by: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JobTask:
+        """Compare-and-set a task's status (same rules as :meth:`transition_job`).
+
+        Moving to ``running`` records ``leased_by`` and a lease expiring ``lease_seconds`` from
+        now (database clock); leaving ``running`` clears the lease.
+        """
+
+    @abc.abstractmethod
+    def update_job_task_progress(
+        self, task_id: int, *, trials_done: int | None = None, best_mean_secs: float | None = None
+    ) -> JobTask:
+        """Record progress; ``best_mean_secs`` only ever decreases."""
+
+    # -- workers, artifacts, cost models, tokens --------------------------------------------
+    @abc.abstractmethod
+    def register_worker(
+        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None
+    ) -> Worker:
+        """Insert or update the worker called ``name`` and stamp a heartbeat."""
+
+    @abc.abstractmethod
+    def heartbeat(self, worker_id: int, *, status: str | None = None) -> Worker:
+        """Stamp ``last_heartbeat`` with the database clock (and set ``status`` if given)."""
+
+    @abc.abstractmethod
+    def list_workers(self) -> list[Worker]:
+        """All workers, by id."""
+
+    @abc.abstractmethod
+    def add_artifact(
+        self,
+        *,
+        job_id: int,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str = "{}",
+        verified: bool = False,
+    ) -> Artifact:
+        """Record a compiled artifact of a job."""
+
+    @abc.abstractmethod
+    def list_artifacts(self, job_id: int) -> list[Artifact]:
+        """The artifacts of a job, by id."""
+
+    @abc.abstractmethod
+    def save_cost_model(
+        self, *, target_id: int, blob: bytes, feature_version: str, tvm_version: str, n_samples: int
+    ) -> CostModelBlob:
+        """Store a trained cost model (a new row each time)."""
+
+    @abc.abstractmethod
+    def latest_cost_model(
+        self, target_id: int, *, feature_version: str | None = None
+    ) -> CostModelBlob | None:
+        """The newest cost model for a target (and feature version), or ``None``."""
+
+    @abc.abstractmethod
+    def add_api_token(self, *, name: str, token_hash: str, kind: str) -> ApiToken:
+        """Store a token's hash (never the token)."""
+
+    @abc.abstractmethod
+    def find_api_token(self, token_hash: str) -> ApiToken | None:
+        """The non-revoked token with this hash, or ``None``."""
+
+    @abc.abstractmethod
+    def revoke_api_token(self, token_id: int) -> None:
+        """Revoke a token."""

@@ -1,0 +1,233 @@
+"""SQLAlchemy 2 ORM models: the schema of the tuning database.
+
+The migrations in ``db/migrations/versions`` create exactly these tables; a change here needs a new
+migration. Nothing outside :mod:`db` imports this module: the storage converts rows into the frozen
+dataclasses of :mod:`db.types`.
+"""
+from __future__ import annotations
+
+from datetime import datetime
+
+from sqlalchemy import (
+    BigInteger,
+    Boolean,
+    CheckConstraint,
+    DateTime,
+    Float,
+    ForeignKey,
+    Index,
+    Integer,
+    LargeBinary,
+    MetaData,
+    String,
+    Text,
+    UniqueConstraint,
+    func,
+    text,
+)
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+#: 64-bit ids on PostgreSQL; SQLite needs INTEGER PRIMARY KEY to alias the rowid.
+BigId = BigInteger().with_variant(Integer(), "sqlite")
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+_STATUS_CHECK = "status IN ('queued', 'running', 'succeeded', 'failed', 'cancelled')"
+
+
+class Base(DeclarativeBase):
+    metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+
+def _created() -> Mapped[datetime]:
+    return mapped_column(DateTime(timezone=True), nullable=False, server_default=func.now())
+
+
+class WorkloadRow(Base):
+    __tablename__ = "workloads"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(16), nullable=False, unique=True)
+    mod_json: Mapped[str] = mapped_column(Text, nullable=False)
+    flops: Mapped[float | None] = mapped_column(Float)
+    summary: Mapped[str] = mapped_column(Text, nullable=False, server_default="")
+    created_at: Mapped[datetime] = _created()
+
+
+class TargetRow(Base):
+    __tablename__ = "targets"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    key: Mapped[str] = mapped_column(String(16), nullable=False, unique=True)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    target_json: Mapped[str] = mapped_column(Text, nullable=False)
+    fingerprint_json: Mapped[str] = mapped_column(Text, nullable=False)
+    tvm_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class TuningRecordModel(Base):
+    __tablename__ = "tuning_records"
+    __table_args__ = (
+        UniqueConstraint("workload_id", "target_id", "trace_hash"),
+        Index("ix_tuning_records_top_k", "workload_id", "target_id", "is_valid", "mean_secs"),
+        Index("ix_tuning_records_target", "target_id", "is_valid"),
+        Index("ix_tuning_records_job", "job_id"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), nullable=False
+    )
+    target_id: Mapped[int] = mapped_column(
+        ForeignKey("targets.id", ondelete="CASCADE"), nullable=False
+    )
+    trace_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    trace_json: Mapped[str] = mapped_column(Text, nullable=False)
+    run_secs_json: Mapped[str] = mapped_column(Text, nullable=False)
+    mean_secs: Mapped[float | None] = mapped_column(Float)
+    is_valid: Mapped[bool] = mapped_column(Boolean, nullable=False)
+    error_text: Mapped[str | None] = mapped_column(Text)
+    args_info_json: Mapped[str] = mapped_column(Text, nullable=False)
+    measured_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+    worker: Mapped[str | None] = mapped_column(String(128))
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+
+
+class ModelRow(Base):
+    __tablename__ = "models"
+    __table_args__ = (UniqueConstraint("owner", "content_hash"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    content_hash: Mapped[str] = mapped_column(String(64), nullable=False)
+    format: Mapped[str] = mapped_column(String(16), nullable=False)
+    filename: Mapped[str] = mapped_column(String(255), nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    owner: Mapped[str] = mapped_column(String(128), nullable=False)
+    created_at: Mapped[datetime] = _created()
+
+
+class ModelWorkloadRow(Base):
+    __tablename__ = "model_workloads"
+    __table_args__ = (UniqueConstraint("model_id", "workload_id", "task_name"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model_id: Mapped[int] = mapped_column(
+        ForeignKey("models.id", ondelete="CASCADE"), nullable=False
+    )
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    task_name: Mapped[str] = mapped_column(String(255), nullable=False)
+    weight: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
+
+
+class JobRow(Base):
+    __tablename__ = "jobs"
+    __table_args__ = (
+        CheckConstraint(_STATUS_CHECK, name="status"),
+        Index("ix_jobs_status_priority", "status", "priority"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    model_id: Mapped[int | None] = mapped_column(ForeignKey("models.id", ondelete="SET NULL"))
+    target_id: Mapped[int] = mapped_column(ForeignKey("targets.id"), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="queued")
+    trial_budget: Mapped[int] = mapped_column(Integer, nullable=False)
+    trials_done: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    priority: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    owner: Mapped[str | None] = mapped_column(String(128))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+
+
+class JobTaskRow(Base):
+    __tablename__ = "job_tasks"
+    __table_args__ = (
+        CheckConstraint(_STATUS_CHECK, name="status"),
+        UniqueConstraint("job_id", "workload_id"),
+        Index("ix_job_tasks_status", "status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    workload_id: Mapped[int] = mapped_column(ForeignKey("workloads.id"), nullable=False)
+    name: Mapped[str] = mapped_column(String(255), nullable=False)
+    weight: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
+    flops: Mapped[float | None] = mapped_column(Float)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="queued")
+    trial_budget: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    trials_done: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    best_mean_secs: Mapped[float | None] = mapped_column(Float)
+    leased_by: Mapped[str | None] = mapped_column(String(128))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+
+
+class WorkerRow(Base):
+    __tablename__ = "workers"
+    __table_args__ = (
+        CheckConstraint("status IN ('idle', 'busy', 'offline')", name="status"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), nullable=False, unique=True)
+    fingerprint_json: Mapped[str] = mapped_column(Text, nullable=False, server_default="{}")
+    target_id: Mapped[int | None] = mapped_column(ForeignKey("targets.id", ondelete="SET NULL"))
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="idle")
+    last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = _created()
+
+
+class ArtifactRow(Base):
+    __tablename__ = "artifacts"
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(
+        ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False, index=True
+    )
+    path: Mapped[str] = mapped_column(Text, nullable=False)
+    sha256: Mapped[str] = mapped_column(String(64), nullable=False)
+    size: Mapped[int] = mapped_column(BigInteger, nullable=False)
+    verified: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    manifest_json: Mapped[str] = mapped_column(Text, nullable=False, server_default="{}")
+    created_at: Mapped[datetime] = _created()
+
+
+class CostModelRow(Base):
+    __tablename__ = "cost_models"
+    __table_args__ = (Index("ix_cost_models_lookup", "target_id", "feature_version", "id"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    target_id: Mapped[int] = mapped_column(
+        ForeignKey("targets.id", ondelete="CASCADE"), nullable=False
+    )
+    blob: Mapped[bytes] = mapped_column(LargeBinary, nullable=False)
+    feature_version: Mapped[str] = mapped_column(String(32), nullable=False)
+    tvm_version: Mapped[str] = mapped_column(String(64), nullable=False)
+    n_samples: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    created_at: Mapped[datetime] = _created()
+
+
+class ApiTokenRow(Base):
+    __tablename__ = "api_tokens"
+    __table_args__ = (CheckConstraint("kind IN ('user', 'worker')", name="kind"),)
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    name: Mapped[str] = mapped_column(String(128), nullable=False)
+    token_hash: Mapped[str] = mapped_column(String(128), nullable=False, unique=True)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    revoked: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
+    created_at: Mapped[datetime] = _created()

@@ -1,0 +1,802 @@
+"""The SQL implementation of :class:`db.base.TuningStorage` (SQLite and PostgreSQL).
+
+Hot paths (record commits, top-k) use Core statements on the ORM tables; everything returns the
+frozen dataclasses of :mod:`db.types`. Duplicates are resolved in the database with
+``INSERT ... ON CONFLICT (workload_id, target_id, trace_hash) DO UPDATE ... WHERE <better>``,
+which both backends support, so concurrent writers need no application-level locking.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import threading
+from collections.abc import Iterator, Sequence
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from sqlalchemy import Engine, and_, case, func, not_, or_, select, update
+from sqlalchemy.dialects import postgresql as pg_dialect
+from sqlalchemy.dialects import sqlite as sqlite_dialect
+
+from db.base import TuningStorage
+from db.engine import create_storage_engine, display_url, session_scope
+from db.errors import InvalidTransitionError, NotFoundError, StorageError
+from db.models import (
+    ApiTokenRow,
+    ArtifactRow,
+    CostModelRow,
+    JobRow,
+    JobTaskRow,
+    ModelRow,
+    ModelWorkloadRow,
+    TargetRow,
+    TuningRecordModel,
+    WorkerRow,
+    WorkloadRow,
+)
+from db.types import (
+    TOKEN_KINDS,
+    WORKER_STATUSES,
+    ApiToken,
+    Artifact,
+    CostModelBlob,
+    DatabaseStats,
+    Job,
+    JobStatus,
+    JobTask,
+    ModelRecord,
+    ModelWorkload,
+    NewJobTask,
+    NewTuningRecord,
+    TargetRecord,
+    TargetStats,
+    TuningRecordRow,
+    Worker,
+    WorkloadRecord,
+    dumps_compact,
+    measurement,
+)
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compiler.target import TargetSpec
+
+T = TypeVar("T")
+_REC = TuningRecordModel.__table__
+_REC_KEY = ("workload_id", "target_id", "trace_hash")
+_RECORD_COLUMNS = (
+    _REC.c.id,
+    _REC.c.workload_id,
+    _REC.c.target_id,
+    _REC.c.trace_hash,
+    _REC.c.trace_json,
+    _REC.c.run_secs_json,
+    _REC.c.mean_secs,
+    _REC.c.is_valid,
+    _REC.c.args_info_json,
+    _REC.c.error_text,
+    _REC.c.measured_at,
+    _REC.c.worker,
+    _REC.c.job_id,
+)
+
+
+def _utc(value: Any) -> Any:
+    """SQLite hands back naive datetimes (stored in UTC); make every datetime aware."""
+    if isinstance(value, datetime) and value.tzinfo is None:
+        return value.replace(tzinfo=UTC)
+    return value
+
+
+def _frozen(cls: type[T], row: Any) -> T:
+    """Build the dataclass ``cls`` from an ORM row or a Core row with matching names."""
+    getter = row._mapping.__getitem__ if hasattr(row, "_mapping") else row.__getattribute__
+    return cls(**{f.name: _utc(getter(f.name)) for f in dataclasses.fields(cls)})
+
+
+def _record_row(row: Any) -> TuningRecordRow:
+    run_secs = json.loads(row.run_secs_json)
+    return TuningRecordRow(
+        id=row.id,
+        workload_id=row.workload_id,
+        target_id=row.target_id,
+        trace_hash=row.trace_hash,
+        trace_json=row.trace_json,
+        run_secs=None if run_secs is None else tuple(run_secs),
+        mean_secs=row.mean_secs,
+        is_valid=bool(row.is_valid),
+        args_info_json=row.args_info_json,
+        error_text=row.error_text,
+        measured_at=_utc(row.measured_at),
+        worker=row.worker,
+        job_id=row.job_id,
+    )
+
+
+def _better(new: dict, old: dict) -> bool:
+    """The keep-the-better rule (see :mod:`db.base`) applied to two rows of one batch."""
+    if new["is_valid"] != old["is_valid"]:
+        return new["is_valid"]
+    if new["is_valid"]:
+        return new["mean_secs"] < old["mean_secs"]
+    return old["error_text"] is None and new["error_text"] is not None
+
+
+class SQLStorage(TuningStorage):
+    """:class:`TuningStorage` on SQLAlchemy: one engine per object, one session per call.
+
+    Build it with :func:`db.open_storage`, which also checks the schema version.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+        self._dialect = engine.dialect.name
+        self._lock = threading.Lock()
+        self._target_cache: dict[str, TargetRecord] = {}
+        self._workload_id_cache: dict[str, int] = {}
+
+    @classmethod
+    def from_url(cls, url: str) -> SQLStorage:
+        """An unchecked storage for ``url`` (prefer :func:`db.open_storage`)."""
+        return cls(create_storage_engine(url))
+
+    @property
+    def engine(self) -> Engine:
+        return self._engine
+
+    @property
+    def url(self) -> str:
+        return display_url(self._engine.url)
+
+    @property
+    def dialect(self) -> str:
+        return self._dialect
+
+    def close(self) -> None:
+        self._engine.dispose()
+
+    def _session(self, *, write: bool = False):
+        return session_scope(self._engine, write=write)
+
+    def _insert(self, table: Any):
+        module = pg_dialect if self._dialect == "postgresql" else sqlite_dialect
+        return module.insert(table)
+
+    # -- targets -----------------------------------------------------------------------------
+    def ensure_target(self, spec: TargetSpec) -> TargetRecord:
+        cached = self._target_cache.get(spec.key)
+        if cached is not None:
+            return cached
+        stmt = self._insert(TargetRow.__table__).values(
+            key=spec.key,
+            kind=spec.kind,
+            target_json=spec.target_json,
+            fingerprint_json=spec.fingerprint_json,
+            tvm_version=spec.tvm_version,
+        )
+        with self._session(write=True) as session:
+            session.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+            row = session.scalars(select(TargetRow).where(TargetRow.key == spec.key)).one()
+            record = _frozen(TargetRecord, row)
+        with self._lock:
+            self._target_cache[record.key] = record
+        return record
+
+    def get_target(self, key: str) -> TargetRecord | None:
+        cached = self._target_cache.get(key)
+        if cached is not None:
+            return cached
+        with self._session() as session:
+            row = session.scalars(select(TargetRow).where(TargetRow.key == key)).one_or_none()
+            return None if row is None else _frozen(TargetRecord, row)
+
+    def get_target_by_id(self, target_id: int) -> TargetRecord | None:
+        with self._session() as session:
+            row = session.get(TargetRow, target_id)
+            return None if row is None else _frozen(TargetRecord, row)
+
+    def list_targets(self) -> list[TargetRecord]:
+        with self._session() as session:
+            rows = session.scalars(select(TargetRow).order_by(TargetRow.id))
+            return [_frozen(TargetRecord, r) for r in rows]
+
+    # -- workloads ---------------------------------------------------------------------------
+    def ensure_workload(
+        self, key: str, mod_json: str, *, flops: float | None = None, summary: str = ""
+    ) -> WorkloadRecord:
+        stmt = self._insert(WorkloadRow.__table__).values(
+            key=key, mod_json=mod_json, flops=flops, summary=summary
+        )
+        with self._session(write=True) as session:
+            session.execute(stmt.on_conflict_do_nothing(index_elements=["key"]))
+            row = session.scalars(select(WorkloadRow).where(WorkloadRow.key == key)).one()
+            record = _frozen(WorkloadRecord, row)
+        with self._lock:
+            self._workload_id_cache[key] = record.id
+        return record
+
+    def get_workload(self, key: str) -> WorkloadRecord | None:
+        with self._session() as session:
+            row = session.scalars(select(WorkloadRow).where(WorkloadRow.key == key)).one_or_none()
+            return None if row is None else _frozen(WorkloadRecord, row)
+
+    def get_workload_by_id(self, workload_id: int) -> WorkloadRecord | None:
+        with self._session() as session:
+            row = session.get(WorkloadRow, workload_id)
+            return None if row is None else _frozen(WorkloadRecord, row)
+
+    def workload_ids(self, keys: Sequence[str]) -> dict[str, int]:
+        found = {k: self._workload_id_cache[k] for k in keys if k in self._workload_id_cache}
+        missing = [k for k in set(keys) if k not in found]
+        for start in range(0, len(missing), 500):
+            chunk = missing[start : start + 500]
+            with self._session() as session:
+                rows = session.execute(
+                    select(WorkloadRow.key, WorkloadRow.id).where(WorkloadRow.key.in_(chunk))
+                )
+                found.update({key: wid for key, wid in rows})
+        with self._lock:
+            self._workload_id_cache.update(found)
+        return found
+
+    def list_workloads(self, *, target_id: int | None = None) -> list[WorkloadRecord]:
+        stmt = select(WorkloadRow).order_by(WorkloadRow.id)
+        if target_id is not None:
+            has_records = (
+                select(_REC.c.id)
+                .where(_REC.c.workload_id == WorkloadRow.id, _REC.c.target_id == target_id)
+                .exists()
+            )
+            stmt = stmt.where(has_records)
+        with self._session() as session:
+            return [_frozen(WorkloadRecord, r) for r in session.scalars(stmt)]
+
+    # -- tuning records ----------------------------------------------------------------------
+    def commit_records(self, records: Sequence[NewTuningRecord]) -> None:
+        if not records:
+            return
+        best: dict[tuple, dict] = {}
+        for rec in records:
+            is_valid, mean = measurement(rec.run_secs)
+            row = {
+                "workload_id": rec.workload_id,
+                "target_id": rec.target_id,
+                "trace_hash": rec.trace_hash,
+                "trace_json": rec.trace_json,
+                "run_secs_json": dumps_compact(None if rec.run_secs is None else list(rec.run_secs)),
+                "mean_secs": mean,
+                "is_valid": is_valid,
+                "error_text": rec.error_text,
+                "args_info_json": rec.args_info_json,
+                "worker": rec.worker,
+                "job_id": rec.job_id,
+            }
+            key = (rec.workload_id, rec.target_id, rec.trace_hash)
+            old = best.get(key)
+            if old is None or _better(row, old):
+                best[key] = row
+        stmt = self._insert(_REC)
+        new, old = stmt.excluded, _REC.c
+        improves = or_(
+            and_(new.is_valid, not_(old.is_valid)),
+            and_(new.is_valid, old.is_valid, new.mean_secs < old.mean_secs),
+            and_(
+                not_(new.is_valid),
+                not_(old.is_valid),
+                old.error_text.is_(None),
+                new.error_text.is_not(None),
+            ),
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=list(_REC_KEY),
+            set_={
+                "run_secs_json": new.run_secs_json,
+                "mean_secs": new.mean_secs,
+                "is_valid": new.is_valid,
+                "error_text": new.error_text,
+                "args_info_json": new.args_info_json,
+                "measured_at": func.now(),
+                "worker": new.worker,
+                "job_id": new.job_id,
+            },
+            where=improves,
+        )
+        rows = list(best.values())
+        with self._session(write=True) as session:
+            session.execute(stmt, rows)
+
+    def top_k(self, workload_id: int, target_id: int, k: int) -> list[TuningRecordRow]:
+        if k <= 0:
+            return []
+        stmt = (
+            select(*_RECORD_COLUMNS)
+            .where(
+                _REC.c.workload_id == workload_id,
+                _REC.c.target_id == target_id,
+                _REC.c.is_valid.is_(True),
+            )
+            .order_by(_REC.c.mean_secs, _REC.c.id)
+            .limit(k)
+        )
+        with self._session() as session:
+            return [_record_row(r) for r in session.execute(stmt)]
+
+    def get_record(
+        self, workload_id: int, target_id: int, trace_hash: str
+    ) -> TuningRecordRow | None:
+        stmt = select(*_RECORD_COLUMNS).where(
+            _REC.c.workload_id == workload_id,
+            _REC.c.target_id == target_id,
+            _REC.c.trace_hash == trace_hash,
+        )
+        with self._session() as session:
+            row = session.execute(stmt).one_or_none()
+            return None if row is None else _record_row(row)
+
+    def _record_filter(self, target_id, workload_id, valid) -> list:
+        where = []
+        if target_id is not None:
+            where.append(_REC.c.target_id == target_id)
+        if workload_id is not None:
+            where.append(_REC.c.workload_id == workload_id)
+        if valid is not None:
+            where.append(_REC.c.is_valid.is_(bool(valid)))
+        return where
+
+    def iter_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        valid_only: bool = False,
+        batch_size: int = 1000,
+    ) -> Iterator[TuningRecordRow]:
+        where = self._record_filter(target_id, workload_id, True if valid_only else None)
+        after = 0
+        while True:
+            stmt = (
+                select(*_RECORD_COLUMNS)
+                .where(*where, _REC.c.id > after)
+                .order_by(_REC.c.id)
+                .limit(batch_size)
+            )
+            with self._session() as session:
+                batch = [_record_row(r) for r in session.execute(stmt)]
+            yield from batch
+            if len(batch) < batch_size:
+                return
+            after = batch[-1].id
+
+    def count_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        valid: bool | None = None,
+    ) -> int:
+        stmt = select(func.count()).select_from(_REC)
+        stmt = stmt.where(*self._record_filter(target_id, workload_id, valid))
+        with self._session() as session:
+            return int(session.execute(stmt).scalar_one())
+
+    def stats(self) -> DatabaseStats:
+        from db.schema import current_revision  # noqa: PLC0415
+
+        def count(model) -> Any:
+            return select(func.count()).select_from(model)
+
+        with self._session() as session:
+            workloads = session.execute(count(WorkloadRow)).scalar_one()
+            models = session.execute(count(ModelRow)).scalar_one()
+            jobs = session.execute(count(JobRow)).scalar_one()
+            targets = {r.id: _frozen(TargetRecord, r) for r in session.scalars(select(TargetRow))}
+            per = session.execute(
+                select(
+                    _REC.c.target_id,
+                    func.sum(case((_REC.c.is_valid.is_(True), 1), else_=0)),
+                    func.sum(case((_REC.c.is_valid.is_(True), 0), else_=1)),
+                    func.count(func.distinct(_REC.c.workload_id)),
+                ).group_by(_REC.c.target_id)
+            ).all()
+        by_target = {tid: (int(v or 0), int(f or 0), int(w)) for tid, v, f, w in per}
+        per_target = tuple(
+            TargetStats(t, *by_target.get(tid, (0, 0, 0))) for tid, t in sorted(targets.items())
+        )
+        return DatabaseStats(
+            url=self.url,
+            schema_revision=current_revision(self._engine),
+            workloads=int(workloads),
+            targets=len(targets),
+            records_valid=sum(v for v, _, _ in by_target.values()),
+            records_failed=sum(f for _, f, _ in by_target.values()),
+            models=int(models),
+            jobs=int(jobs),
+            per_target=per_target,
+        )
+
+    # -- models ------------------------------------------------------------------------------
+    def add_model(
+        self, *, content_hash: str, format: str, filename: str, size: int, owner: str
+    ) -> ModelRecord:
+        stmt = self._insert(ModelRow.__table__).values(
+            content_hash=content_hash, format=format, filename=filename, size=size, owner=owner
+        )
+        with self._session(write=True) as session:
+            session.execute(stmt.on_conflict_do_nothing(index_elements=["owner", "content_hash"]))
+            row = session.scalars(
+                select(ModelRow).where(
+                    ModelRow.owner == owner, ModelRow.content_hash == content_hash
+                )
+            ).one()
+            return _frozen(ModelRecord, row)
+
+    def get_model(self, model_id: int) -> ModelRecord | None:
+        with self._session() as session:
+            row = session.get(ModelRow, model_id)
+            return None if row is None else _frozen(ModelRecord, row)
+
+    def list_models(self, *, owner: str | None = None) -> list[ModelRecord]:
+        stmt = select(ModelRow).order_by(ModelRow.id.desc())
+        if owner is not None:
+            stmt = stmt.where(ModelRow.owner == owner)
+        with self._session() as session:
+            return [_frozen(ModelRecord, r) for r in session.scalars(stmt)]
+
+    def set_model_workloads(self, model_id: int, tasks: Sequence[ModelWorkload]) -> None:
+        with self._session(write=True) as session:
+            if session.get(ModelRow, model_id) is None:
+                raise NotFoundError(f"model {model_id} does not exist")
+            session.execute(
+                ModelWorkloadRow.__table__.delete().where(ModelWorkloadRow.model_id == model_id)
+            )
+            session.add_all(
+                ModelWorkloadRow(
+                    model_id=model_id,
+                    workload_id=t.workload_id,
+                    task_name=t.task_name,
+                    weight=t.weight,
+                )
+                for t in tasks
+            )
+
+    def model_workloads(self, model_id: int) -> list[ModelWorkload]:
+        stmt = (
+            select(ModelWorkloadRow)
+            .where(ModelWorkloadRow.model_id == model_id)
+            .order_by(ModelWorkloadRow.id)
+        )
+        with self._session() as session:
+            return [_frozen(ModelWorkload, r) for r in session.scalars(stmt)]
+
+    # -- jobs --------------------------------------------------------------------------------
+    def create_job(
+        self,
+        *,
+        target_id: int,
+        trial_budget: int,
+        model_id: int | None = None,
+        priority: int = 0,
+        owner: str | None = None,
+    ) -> Job:
+        if trial_budget < 0:
+            raise StorageError(f"trial_budget must be >= 0, got {trial_budget}")
+        with self._session(write=True) as session:
+            row = JobRow(
+                target_id=target_id,
+                trial_budget=trial_budget,
+                model_id=model_id,
+                priority=priority,
+                owner=owner,
+                status=JobStatus.QUEUED,
+            )
+            session.add(row)
+            session.flush()
+            session.refresh(row)
+            return _frozen(Job, row)
+
+    def get_job(self, job_id: int) -> Job | None:
+        with self._session() as session:
+            row = session.get(JobRow, job_id)
+            return None if row is None else _frozen(Job, row)
+
+    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
+        stmt = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
+        if status is not None:
+            stmt = stmt.where(JobRow.status == status)
+        with self._session() as session:
+            return [_frozen(Job, r) for r in session.scalars(stmt)]
+
+    @staticmethod
+    def _sources(new_status: str, expected: str | None) -> list[str]:
+        if new_status not in JobStatus.ALL:
+            raise StorageError(f"unknown status {new_status!r}")
+        sources = [s for s in JobStatus.ALL if JobStatus.allowed(s, new_status)]
+        if expected is not None:
+            sources = [s for s in sources if s == expected]
+        return sources
+
+    def _compare_and_set(self, session, model, kind: str, row_id: int, new_status, sources, values):
+        result = session.execute(
+            update(model)
+            .where(model.id == row_id, model.status.in_(sources))
+            .values(status=new_status, updated_at=func.now(), **values)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount != 1:
+            current = session.execute(
+                select(model.status).where(model.id == row_id)
+            ).scalar_one_or_none()
+            if current is None:
+                raise NotFoundError(f"{kind} {row_id} does not exist")
+            raise InvalidTransitionError(kind, row_id, current, new_status)
+        return session.get(model, row_id, populate_existing=True)
+
+    def transition_job(
+        self, job_id: int, new_status: str, *, expected: str | None = None, error: str | None = None
+    ) -> Job:
+        sources = self._sources(new_status, expected)
+        values: dict[str, Any] = {}
+        if new_status == JobStatus.RUNNING:
+            values["started_at"] = func.coalesce(JobRow.started_at, func.now())
+        if new_status in JobStatus.TERMINAL:
+            values["finished_at"] = func.now()
+        if error is not None:
+            values["error"] = error
+        with self._session(write=True) as session:
+            row = self._compare_and_set(session, JobRow, "job", job_id, new_status, sources, values)
+            return _frozen(Job, row)
+
+    def add_job_trials(self, job_id: int, trials: int) -> Job:
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id)
+                .values(trials_done=JobRow.trials_done + trials, updated_at=func.now())
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                raise NotFoundError(f"job {job_id} does not exist")
+            return _frozen(Job, session.get(JobRow, job_id, populate_existing=True))
+
+    def add_job_tasks(self, job_id: int, tasks: Sequence[NewJobTask]) -> list[JobTask]:
+        with self._session(write=True) as session:
+            if session.get(JobRow, job_id) is None:
+                raise NotFoundError(f"job {job_id} does not exist")
+            rows = [
+                JobTaskRow(
+                    job_id=job_id,
+                    workload_id=t.workload_id,
+                    name=t.name,
+                    weight=t.weight,
+                    flops=t.flops,
+                    trial_budget=t.trial_budget,
+                    status=JobStatus.QUEUED,
+                )
+                for t in tasks
+            ]
+            session.add_all(rows)
+            session.flush()
+            for row in rows:
+                session.refresh(row)
+            return [_frozen(JobTask, r) for r in rows]
+
+    def list_job_tasks(self, job_id: int) -> list[JobTask]:
+        stmt = select(JobTaskRow).where(JobTaskRow.job_id == job_id).order_by(JobTaskRow.id)
+        with self._session() as session:
+            return [_frozen(JobTask, r) for r in session.scalars(stmt)]
+
+    def transition_job_task(
+        self,
+        task_id: int,
+        new_status: str,
+        *,
+        expected: str | None = None,
+        leased_by: str | None = None,
+        lease_seconds: float | None = None,
+    ) -> JobTask:
+        sources = self._sources(new_status, expected)
+        values: dict[str, Any] = {}
+        if new_status == JobStatus.RUNNING:
+            values["leased_by"] = leased_by
+            values["lease_expires_at"] = (
+                None if lease_seconds is None else self._db_now_plus(lease_seconds)
+            )
+        else:
+            values["leased_by"] = None
+            values["lease_expires_at"] = None
+        with self._session(write=True) as session:
+            row = self._compare_and_set(
+                session, JobTaskRow, "job task", task_id, new_status, sources, values
+            )
+            return _frozen(JobTask, row)
+
+    def _db_now_plus(self, seconds: float) -> Any:
+        if self._dialect == "postgresql":
+            return func.now() + timedelta(seconds=seconds)
+        return func.datetime("now", f"+{float(seconds)} seconds")
+
+    def update_job_task_progress(
+        self, task_id: int, *, trials_done: int | None = None, best_mean_secs: float | None = None
+    ) -> JobTask:
+        values: dict[str, Any] = {"updated_at": func.now()}
+        if trials_done is not None:
+            values["trials_done"] = trials_done
+        if best_mean_secs is not None:
+            values["best_mean_secs"] = case(
+                (
+                    or_(
+                        JobTaskRow.best_mean_secs.is_(None),
+                        JobTaskRow.best_mean_secs > best_mean_secs,
+                    ),
+                    best_mean_secs,
+                ),
+                else_=JobTaskRow.best_mean_secs,
+            )
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(JobTaskRow)
+                .where(JobTaskRow.id == task_id)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                raise NotFoundError(f"job task {task_id} does not exist")
+            return _frozen(JobTask, session.get(JobTaskRow, task_id, populate_existing=True))
+
+    # -- workers -----------------------------------------------------------------------------
+    def register_worker(
+        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None
+    ) -> Worker:
+        stmt = self._insert(WorkerRow.__table__).values(
+            name=name,
+            fingerprint_json=fingerprint_json,
+            target_id=target_id,
+            status="idle",
+            last_heartbeat=func.now(),
+        )
+        stmt = stmt.on_conflict_do_update(
+            index_elements=["name"],
+            set_={
+                "fingerprint_json": stmt.excluded.fingerprint_json,
+                "target_id": stmt.excluded.target_id,
+                "status": "idle",
+                "last_heartbeat": func.now(),
+            },
+        )
+        with self._session(write=True) as session:
+            session.execute(stmt)
+            row = session.scalars(select(WorkerRow).where(WorkerRow.name == name)).one()
+            return _frozen(Worker, row)
+
+    def heartbeat(self, worker_id: int, *, status: str | None = None) -> Worker:
+        values: dict[str, Any] = {"last_heartbeat": func.now()}
+        if status is not None:
+            if status not in WORKER_STATUSES:
+                raise StorageError(f"unknown worker status {status!r}")
+            values["status"] = status
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(WorkerRow)
+                .where(WorkerRow.id == worker_id)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                raise NotFoundError(f"worker {worker_id} does not exist")
+            return _frozen(Worker, session.get(WorkerRow, worker_id, populate_existing=True))
+
+    def list_workers(self) -> list[Worker]:
+        with self._session() as session:
+            rows = session.scalars(select(WorkerRow).order_by(WorkerRow.id))
+            return [_frozen(Worker, r) for r in rows]
+
+    # -- artifacts, cost models, tokens -----------------------------------------------------
+    def _add(self, cls: type[T], row: Any) -> T:
+        with self._session(write=True) as session:
+            session.add(row)
+            session.flush()
+            session.refresh(row)
+            return _frozen(cls, row)
+
+    def add_artifact(
+        self,
+        *,
+        job_id: int,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str = "{}",
+        verified: bool = False,
+    ) -> Artifact:
+        row = ArtifactRow(
+            job_id=job_id,
+            path=path,
+            sha256=sha256,
+            size=size,
+            manifest_json=manifest_json,
+            verified=verified,
+        )
+        return self._add(Artifact, row)
+
+    def list_artifacts(self, job_id: int) -> list[Artifact]:
+        stmt = select(ArtifactRow).where(ArtifactRow.job_id == job_id).order_by(ArtifactRow.id)
+        with self._session() as session:
+            return [_frozen(Artifact, r) for r in session.scalars(stmt)]
+
+    def save_cost_model(
+        self, *, target_id: int, blob: bytes, feature_version: str, tvm_version: str, n_samples: int
+    ) -> CostModelBlob:
+        row = CostModelRow(
+            target_id=target_id,
+            blob=blob,
+            feature_version=feature_version,
+            tvm_version=tvm_version,
+            n_samples=n_samples,
+        )
+        return self._add(CostModelBlob, row)
+
+    def latest_cost_model(
+        self, target_id: int, *, feature_version: str | None = None
+    ) -> CostModelBlob | None:
+        stmt = select(CostModelRow).where(CostModelRow.target_id == target_id)
+        if feature_version is not None:
+            stmt = stmt.where(CostModelRow.feature_version == feature_version)
+        stmt = stmt.order_by(CostModelRow.id.desc()).limit(1)
+        with self._session() as session:
+            row = session.scalars(stmt).one_or_none()
+            return None if row is None else _frozen(CostModelBlob, row)
+
+    def add_api_token(self, *, name: str, token_hash: str, kind: str) -> ApiToken:
+        if kind not in TOKEN_KINDS:
+            raise StorageError(f"unknown token kind {kind!r}")
+        return self._add(ApiToken, ApiTokenRow(name=name, token_hash=token_hash, kind=kind))
+
+    def find_api_token(self, token_hash: str) -> ApiToken | None:
+        stmt = select(ApiTokenRow).where(
+            ApiTokenRow.token_hash == token_hash, ApiTokenRow.revoked.is_(False)
+        )
+        with self._session() as session:
+            row = session.scalars(stmt).one_or_none()
+            return None if row is None else _frozen(ApiToken, row)
+
+    def revoke_api_token(self, token_id: int) -> None:
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(ApiTokenRow)
+                .where(ApiTokenRow.id == token_id)
+                .values(revoked=True)
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                raise NotFoundError(f"API token {token_id} does not exist")
+
+
+def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:
+    """Open the tuning database at ``url`` and check its schema.
+
+    Args:
+        url: an SQLAlchemy URL, ``sqlite:///path`` or ``postgresql[+psycopg]://...``.
+        upgrade: migrate a missing or old schema to the head instead of refusing it. The service
+            and the workers pass ``False`` (schema changes are an explicit step, ``tunehub db
+            upgrade``); the embedded default SQLite database passes ``True``, so a first run on a
+            fresh machine creates it.
+
+    Raises:
+        SchemaOutdatedError: the schema is missing or old (and ``upgrade`` is false), or newer
+            than this TuneHub; the message names the exact command to run.
+        StorageUnavailableError: the database cannot be reached.
+    """
+    from db import schema  # noqa: PLC0415
+
+    engine = create_storage_engine(url)
+    try:
+        if upgrade:
+            current = schema.current_revision(engine)
+            if current != schema.head_revision():
+                if current is not None and current not in schema.known_revisions():
+                    schema.check_schema(engine)  # raises: newer than this code
+                schema.upgrade(engine)
+        schema.check_schema(engine)
+    except BaseException:
+        engine.dispose()
+        raise
+    return SQLStorage(engine)

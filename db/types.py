@@ -1,0 +1,307 @@
+"""Frozen domain objects returned by the storage: callers never receive ORM rows.
+
+All timestamps are timezone-aware UTC ``datetime`` objects taken from the database clock.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import TYPE_CHECKING, Final
+
+if TYPE_CHECKING:  # pragma: no cover
+    from compiler.target import TargetSpec
+
+#: MetaSchedule stores a candidate that failed to build or run with ``run_secs=[1e10]``.
+FAILED_RUN_SECS: Final = 1e10
+#: Any measurement at or above this many seconds is a failure marker, not a latency.
+_FAILURE_THRESHOLD: Final = 1e9
+
+
+def trace_hash(trace_json: str) -> str:
+    """sha256 hex digest of a trace's JSON text: the de-duplication key of a record."""
+    return hashlib.sha256(trace_json.encode("utf-8")).hexdigest()
+
+
+def dumps_compact(obj: object) -> str:
+    """The JSON text TuneHub stores: no whitespace, key order kept (traces are lists)."""
+    return json.dumps(obj, separators=(",", ":"))
+
+
+def measurement(run_secs: Sequence[float] | None) -> tuple[bool, float | None]:
+    """``(is_valid, mean_secs)`` for a list of run times; failures give ``(False, None)``."""
+    if not run_secs:
+        return False, None
+    values = [float(x) for x in run_secs]
+    if any(not math.isfinite(v) or v <= 0.0 or v >= _FAILURE_THRESHOLD for v in values):
+        return False, None
+    return True, sum(values) / len(values)
+
+
+class JobStatus:
+    """Status values of jobs and job tasks, and the transitions the storage allows."""
+
+    QUEUED: Final = "queued"
+    RUNNING: Final = "running"
+    SUCCEEDED: Final = "succeeded"
+    FAILED: Final = "failed"
+    CANCELLED: Final = "cancelled"
+
+    ALL: Final = (QUEUED, RUNNING, SUCCEEDED, FAILED, CANCELLED)
+    TERMINAL: Final = frozenset({SUCCEEDED, FAILED, CANCELLED})
+    #: ``running -> queued`` is the requeue of work whose worker died or lost its lease.
+    TRANSITIONS: Final = {
+        QUEUED: frozenset({RUNNING, CANCELLED}),
+        RUNNING: frozenset({SUCCEEDED, FAILED, CANCELLED, QUEUED}),
+        SUCCEEDED: frozenset(),
+        FAILED: frozenset(),
+        CANCELLED: frozenset(),
+    }
+
+    @classmethod
+    def allowed(cls, current: str, new: str) -> bool:
+        return new in cls.TRANSITIONS.get(current, frozenset())
+
+
+WORKER_STATUSES: Final = ("idle", "busy", "offline")
+TOKEN_KINDS: Final = ("user", "worker")
+
+
+@dataclass(frozen=True)
+class TargetRecord:
+    """A row of ``targets``: one :class:`compiler.target.TargetSpec`."""
+
+    id: int
+    key: str
+    kind: str
+    target_json: str
+    fingerprint_json: str
+    tvm_version: str
+    created_at: datetime | None = None
+
+    def spec(self) -> TargetSpec:
+        from compiler.target import TargetSpec  # noqa: PLC0415 - keeps `import db` free of TVM
+
+        return TargetSpec(self.kind, self.target_json, self.fingerprint_json, self.tvm_version)
+
+
+@dataclass(frozen=True)
+class WorkloadRecord:
+    """A row of ``workloads``: a TIR module keyed by :func:`compiler.keys.workload_key`.
+
+    ``mod_json`` is ``tvm.ir.save_json(mod)``; ``flops`` may be unknown (``None``).
+    """
+
+    id: int
+    key: str
+    mod_json: str
+    flops: float | None = None
+    summary: str = ""
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NewTuningRecord:
+    """A measurement to store (the input of :meth:`TuningStorage.commit_records`).
+
+    ``trace_json`` and ``args_info_json`` are the JSON texts of the trace and argument info of a
+    MetaSchedule ``TuningRecord``; ``run_secs`` is ``None`` or ``[1e10]`` for a failed candidate,
+    whose reason goes in ``error_text``.
+    """
+
+    workload_id: int
+    target_id: int
+    trace_json: str
+    run_secs: tuple[float, ...] | None
+    args_info_json: str = "[]"
+    error_text: str | None = None
+    worker: str | None = None
+    job_id: int | None = None
+    trace_hash: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        if self.run_secs is not None and not isinstance(self.run_secs, tuple):
+            object.__setattr__(self, "run_secs", tuple(float(x) for x in self.run_secs))
+        if not self.trace_hash:
+            object.__setattr__(self, "trace_hash", trace_hash(self.trace_json))
+
+    @property
+    def is_valid(self) -> bool:
+        return measurement(self.run_secs)[0]
+
+    @property
+    def mean_secs(self) -> float | None:
+        return measurement(self.run_secs)[1]
+
+
+@dataclass(frozen=True)
+class TuningRecordRow:
+    """A stored measurement. ``mean_secs`` is ``None`` and ``is_valid`` false for failures."""
+
+    id: int
+    workload_id: int
+    target_id: int
+    trace_hash: str
+    trace_json: str
+    run_secs: tuple[float, ...] | None
+    mean_secs: float | None
+    is_valid: bool
+    args_info_json: str
+    error_text: str | None = None
+    measured_at: datetime | None = None
+    worker: str | None = None
+    job_id: int | None = None
+
+
+@dataclass(frozen=True)
+class TargetStats:
+    target: TargetRecord
+    records_valid: int
+    records_failed: int
+    workloads: int
+
+
+@dataclass(frozen=True)
+class DatabaseStats:
+    """Counts shown by ``tunehub db stats``."""
+
+    url: str
+    schema_revision: str | None
+    workloads: int
+    targets: int
+    records_valid: int
+    records_failed: int
+    models: int
+    jobs: int
+    per_target: tuple[TargetStats, ...] = ()
+
+    def as_dict(self) -> dict:
+        return {
+            "url": self.url,
+            "schema_revision": self.schema_revision,
+            "workloads": self.workloads,
+            "targets": self.targets,
+            "records": {"valid": self.records_valid, "failed": self.records_failed},
+            "models": self.models,
+            "jobs": self.jobs,
+            "per_target": [
+                {
+                    "key": t.target.key,
+                    "kind": t.target.kind,
+                    "target_json": t.target.target_json,
+                    "fingerprint_json": t.target.fingerprint_json,
+                    "tvm_version": t.target.tvm_version,
+                    "workloads": t.workloads,
+                    "records": {"valid": t.records_valid, "failed": t.records_failed},
+                }
+                for t in self.per_target
+            ],
+        }
+
+
+@dataclass(frozen=True)
+class ModelRecord:
+    id: int
+    content_hash: str
+    format: str
+    filename: str
+    size: int
+    owner: str
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ModelWorkload:
+    model_id: int
+    workload_id: int
+    task_name: str
+    weight: int
+
+
+@dataclass(frozen=True)
+class Job:
+    id: int
+    model_id: int | None
+    target_id: int
+    status: str
+    trial_budget: int
+    trials_done: int
+    priority: int
+    owner: str | None
+    error: str | None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class NewJobTask:
+    workload_id: int
+    name: str
+    weight: int = 1
+    flops: float | None = None
+    trial_budget: int = 0
+
+
+@dataclass(frozen=True)
+class JobTask:
+    id: int
+    job_id: int
+    workload_id: int
+    name: str
+    weight: int
+    flops: float | None
+    status: str
+    trial_budget: int
+    trials_done: int
+    best_mean_secs: float | None
+    leased_by: str | None = None
+    lease_expires_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Worker:
+    id: int
+    name: str
+    fingerprint_json: str
+    target_id: int | None
+    status: str
+    last_heartbeat: datetime | None = None
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Artifact:
+    id: int
+    job_id: int
+    path: str
+    sha256: str
+    size: int
+    verified: bool
+    manifest_json: str
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class CostModelBlob:
+    id: int
+    target_id: int
+    blob: bytes
+    feature_version: str
+    tvm_version: str
+    n_samples: int
+    created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ApiToken:
+    id: int
+    name: str
+    token_hash: str
+    kind: str
+    revoked: bool
+    created_at: datetime | None = None
