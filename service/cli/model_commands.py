@@ -28,10 +28,16 @@ def prepare_from_args(args: argparse.Namespace):
     from compiler.errors import ModelError
     from compiler.prepare import prepare_model
     from compiler.target import resolve_target
+    from service.settings import Settings
 
     try:
         target = resolve_target(args.target, args.num_cores)
-        return prepare_model(Path(args.model), target, input_shapes=dict(args.input_shape))
+        return prepare_model(
+            Path(args.model),
+            target,
+            limits=Settings().model_limits(),
+            input_shapes=dict(args.input_shape),
+        )
     except ModelError as err:
         raise CliError(str(err)) from None
 

@@ -1,0 +1,57 @@
+"""Tiny hand-built ONNX graphs for tests of validation and import (no torch needed)."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+
+def make_model(
+    nodes: list[onnx.NodeProto],
+    inputs: list[onnx.ValueInfoProto],
+    outputs: list[onnx.ValueInfoProto],
+    initializers: list[onnx.TensorProto] | None = None,
+    opset: int = 17,
+) -> onnx.ModelProto:
+    graph = helper.make_graph(nodes, "test", inputs, outputs, initializers or [])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    return model
+
+
+def float_input(name: str, shape: list[int | str]) -> onnx.ValueInfoProto:
+    return helper.make_tensor_value_info(name, TensorProto.FLOAT, shape)
+
+
+def relu_model(shape: list[int | str] = (1, 8), opset: int = 17) -> onnx.ModelProto:
+    return make_model(
+        [helper.make_node("Relu", ["x"], ["y"])],
+        [float_input("x", list(shape))],
+        [float_input("y", list(shape))],
+        opset=opset,
+    )
+
+
+def matmul_model(rows: int | str = 4, inner: int = 16, cols: int = 8) -> onnx.ModelProto:
+    weight = numpy_helper.from_array(
+        np.random.default_rng(0).standard_normal((inner, cols)).astype(np.float32), "w"
+    )
+    return make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [float_input("x", [rows, inner])],
+        [float_input("y", [rows, cols])],
+        [weight],
+    )
+
+
+def unsupported_ops_model() -> onnx.ModelProto:
+    """Uses Celu and Det, which the Relax ONNX importer lacks (plus a supported Relu)."""
+    return make_model(
+        [
+            helper.make_node("Celu", ["x"], ["a"]),
+            helper.make_node("Relu", ["a"], ["b"]),
+            helper.make_node("Det", ["b"], ["y"]),
+        ],
+        [float_input("x", [2, 3, 3])],
+        [float_input("y", [2])],
+    )

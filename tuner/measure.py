@@ -1,0 +1,67 @@
+"""Builder and runner set-up for MetaSchedule measurements (STACK.md, "Builder and runner").
+
+The default builder imports ``tvm.s_tir.tensor_intrin`` (~11 s) in every fresh popen worker, and
+LocalBuilder starts fresh workers for every batch; on a loaded 2-core machine that hits the build
+timeout and silently loses candidates. :func:`fast_build` does the same lowering without that
+import. It is a module-level function of an importable module, so popen workers unpickle it by
+reference.
+
+Evaluator settings: each candidate is timed ``repeat`` times, each repeat running for at least
+``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
+``bench/bench_measure_spread.py`` measures how far repeated measurements of one schedule drift.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
+
+
+def fast_build(mod: Any, target: Any, _params: Any) -> Any:
+    """Lower and build one scheduled workload (MetaSchedule's default minus tensor_intrin)."""
+    from tvm.driver import build as tvm_build
+    from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
+
+    mod = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod)
+    return tvm_build(mod, target=target)
+
+
+@dataclass(frozen=True)
+class MeasureConfig:
+    """How candidates are built and timed.
+
+    ``number``/``repeat``/``min_repeat_ms`` go to TVM's ``EvaluatorConfig``; CPU cache flushing
+    is on so each repeat starts cold, as in a model where other layers evict the cache.
+    """
+
+    build_timeout_sec: float = 60.0
+    run_timeout_sec: float = 30.0
+    number: int = 1
+    repeat: int = 5
+    min_repeat_ms: int = 40
+    enable_cpu_cache_flush: bool = False
+    builder_workers: int | None = None
+
+    def evaluator(self) -> EvaluatorConfig:
+        return EvaluatorConfig(
+            number=self.number,
+            repeat=self.repeat,
+            min_repeat_ms=self.min_repeat_ms,
+            enable_cpu_cache_flush=self.enable_cpu_cache_flush,
+        )
+
+
+def make_builder(config: MeasureConfig) -> ms.builder.Builder:
+    return ms.builder.LocalBuilder(
+        max_workers=config.builder_workers,
+        timeout_sec=config.build_timeout_sec,
+        f_build=fast_build,
+    )
+
+
+def make_runner(config: MeasureConfig) -> ms.runner.Runner:
+    return ms.runner.LocalRunner(
+        timeout_sec=config.run_timeout_sec, evaluator_config=config.evaluator()
+    )
