@@ -45,17 +45,19 @@ from db.types import (
     TuningRecordRow,
     Worker,
     WorkloadRecord,
+    canonical_trace_json,
     trace_hash,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
     from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
-    from db.msjson import ImportReport, export_json_database, import_json_database
+    from db.msjson import ExportReport, ImportReport, export_json_database, import_json_database
 
 _LAZY = {
     "MetaScheduleDatabase": "db.metaschedule_database",
     "RecordErrorsCallback": "db.metaschedule_database",
     "ImportReport": "db.msjson",
+    "ExportReport": "db.msjson",
     "import_json_database": "db.msjson",
     "export_json_database": "db.msjson",
 }
@@ -68,6 +70,7 @@ __all__ = [
     "ConflictError",
     "CostModelBlob",
     "DatabaseStats",
+    "ExportReport",
     "ImportReport",
     "InvalidTransitionError",
     "Job",
@@ -90,6 +93,7 @@ __all__ = [
     "TuningStorage",
     "Worker",
     "WorkloadRecord",
+    "canonical_trace_json",
     "check_schema",
     "current_revision",
     "default_database_url",

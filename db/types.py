@@ -31,6 +31,27 @@ def dumps_compact(obj: object) -> str:
     return json.dumps(obj, separators=(",", ":"))
 
 
+def _ints_for_bools(obj: object) -> object:
+    if isinstance(obj, bool):
+        return int(obj)
+    if isinstance(obj, list | tuple):
+        return [_ints_for_bools(x) for x in obj]
+    if isinstance(obj, dict):
+        return {k: _ints_for_bools(v) for k, v in obj.items()}
+    return obj
+
+
+def canonical_trace_json(trace: object) -> str:
+    """The canonical JSON text of a trace (a ``Trace.as_json()`` object): what gets hashed.
+
+    MetaSchedule writes one trace's boolean attributes as ``true``/``false`` from Python but as
+    ``1``/``0`` after a round trip through its JSON files, so booleans become integers here
+    (TVM reads both). Without this, the same schedule imported from a JSON database would be a
+    second record.
+    """
+    return dumps_compact(_ints_for_bools(trace))
+
+
 def measurement(run_secs: Sequence[float] | None) -> tuple[bool, float | None]:
     """``(is_valid, mean_secs)`` for a list of run times; failures give ``(False, None)``."""
     if not run_secs:
@@ -107,8 +128,9 @@ class WorkloadRecord:
 class NewTuningRecord:
     """A measurement to store (the input of :meth:`TuningStorage.commit_records`).
 
-    ``trace_json`` and ``args_info_json`` are the JSON texts of the trace and argument info of a
-    MetaSchedule ``TuningRecord``; ``run_secs`` is ``None`` or ``[1e10]`` for a failed candidate,
+    ``trace_json`` is :func:`canonical_trace_json` of the trace and ``args_info_json`` the JSON
+    text of the argument info of a MetaSchedule ``TuningRecord`` (see
+    :meth:`from_metaschedule_json`); ``run_secs`` is ``None`` or ``[1e10]`` for a failed candidate,
     whose reason goes in ``error_text``.
     """
 
@@ -121,6 +143,22 @@ class NewTuningRecord:
     worker: str | None = None
     job_id: int | None = None
     trace_hash: str = field(default="", compare=False)
+
+    @classmethod
+    def from_metaschedule_json(
+        cls, workload_id: int, target_id: int, record_json: Sequence, **context: object
+    ) -> NewTuningRecord:
+        """Build from ``TuningRecord.as_json()`` (``[trace, run_secs, target, args_info]``; the
+        record's own target is ignored). ``context``: ``error_text``, ``worker``, ``job_id``."""
+        trace, run_secs, _target, args_info = record_json
+        return cls(
+            workload_id=workload_id,
+            target_id=target_id,
+            trace_json=canonical_trace_json(trace),
+            run_secs=None if run_secs is None else tuple(float(x) for x in run_secs),
+            args_info_json=dumps_compact(args_info if args_info is not None else []),
+            **context,  # type: ignore[arg-type]
+        )
 
     def __post_init__(self) -> None:
         if self.run_secs is not None and not isinstance(self.run_secs, tuple):
