@@ -25,6 +25,7 @@ from db.errors import (
     StorageError,
     StorageUnavailableError,
 )
+from db import schema
 from db.schema import check_schema, current_revision, head_revision, upgrade
 from db.storage import SQLStorage, open_storage
 from db.types import (
