@@ -112,3 +112,34 @@ def tune_matmul(database, target, *, trials: int = 8, per_iter: int = 4, callbac
             num_tuning_cores=1,
             seed=seed,
         )
+
+
+def args_info_of(mod: tvm.IRModule) -> list:
+    return list(ms.arg_info.ArgInfo.from_entry_func(mod))
+
+
+def split_traces(mod: tvm.IRModule, n: int) -> list:
+    """``n`` distinct, valid schedule traces of the matmul (no tuning needed)."""
+    from tvm import s_tir  # noqa: PLC0415
+
+    traces = []
+    factors = [(fi, fj) for fi in (1, 2, 4, 8, 16, 32, 64) for fj in (1, 2, 4, 8, 16, 32, 64)]
+    for fi, fj in factors[:n]:
+        sch = s_tir.Schedule(mod)
+        block = sch.get_sblock("C")
+        i, j, _k = sch.get_loops(block)
+        sch.split(i, factors=[None, fi])
+        sch.split(j, factors=[None, fj])
+        traces.append(sch.trace)
+    assert len(traces) == n, f"at most {len(factors)} traces"
+    return traces
+
+
+def make_records(workload, target, run_secs: list) -> list:
+    """One MetaSchedule TuningRecord per entry of ``run_secs`` (a list of lists or None)."""
+    traces = split_traces(workload.mod, len(run_secs))
+    args = args_info_of(workload.mod)
+    return [
+        ms.database.TuningRecord(trace, workload, secs, target, args)
+        for trace, secs in zip(traces, run_secs, strict=True)
+    ]

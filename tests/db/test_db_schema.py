@@ -1,0 +1,116 @@
+"""Schema versions: upgrade from empty, refusal of old/missing/newer schemas, the CLI commands."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import inspect, text
+
+import db
+from db.engine import create_storage_engine
+
+EXPECTED_TABLES = {
+    "workloads",
+    "targets",
+    "tuning_records",
+    "models",
+    "model_workloads",
+    "jobs",
+    "job_tasks",
+    "workers",
+    "artifacts",
+    "cost_models",
+    "api_tokens",
+    "alembic_version",
+}
+
+
+def test_head_revision_is_readable():
+    assert db.head_revision() == "0001_initial"
+
+
+def test_upgrade_from_empty_creates_every_table(db_url):
+    engine = create_storage_engine(db_url)
+    try:
+        assert db.current_revision(engine) is None
+        assert db.upgrade(engine) == "0001_initial"
+        assert EXPECTED_TABLES <= set(inspect(engine).get_table_names())
+        indexes = {i["name"] for i in inspect(engine).get_indexes("tuning_records")}
+        assert "ix_tuning_records_top_k" in indexes
+        assert db.check_schema(engine) == "0001_initial"
+        # Down to nothing and back up again: the migration is reversible.
+        db.schema.downgrade(engine, "base")
+        assert db.current_revision(engine) is None
+        assert db.upgrade(engine) == "0001_initial"
+    finally:
+        engine.dispose()
+
+
+def test_missing_schema_is_refused_with_the_exact_command(db_url):
+    with pytest.raises(db.SchemaOutdatedError) as info:
+        db.open_storage(db_url)
+    shown = db.engine.display_url(db_url)
+    assert f"tunehub db upgrade --db {shown}" in str(info.value)
+    assert info.value.command == f"tunehub db upgrade --db {shown}"
+
+
+def test_old_schema_is_refused_and_upgrade_fixes_it(db_url):
+    engine = create_storage_engine(db_url)
+    try:
+        db.upgrade(engine)
+        db.schema.downgrade(engine, "base")  # an "old" database: no TuneHub schema stamped
+    finally:
+        engine.dispose()
+    with pytest.raises(db.SchemaOutdatedError, match="tunehub db upgrade --db"):
+        db.open_storage(db_url)
+    with db.open_storage(db_url, upgrade=True) as storage:
+        assert storage.stats().schema_revision == "0001_initial"
+    with db.open_storage(db_url) as storage:  # now accepted without upgrade
+        assert storage.count_records() == 0
+
+
+def test_newer_schema_is_refused_even_with_upgrade(db_url):
+    with db.open_storage(db_url, upgrade=True) as storage:
+        with storage.engine.begin() as conn:
+            conn.execute(text("UPDATE alembic_version SET version_num = '0099_future'"))
+    with pytest.raises(db.SchemaOutdatedError, match="newer than this TuneHub"):
+        db.open_storage(db_url, upgrade=True)
+
+
+def test_cli_upgrade_and_stats(db_url, capsys):
+    from service.cli import main
+
+    assert main(["db", "stats", "--db", db_url]) == 2
+    assert "tunehub db upgrade --db" in capsys.readouterr().err
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert "-> 0001_initial" in capsys.readouterr().out
+    assert main(["db", "upgrade", "--db", db_url]) == 0
+    assert "already at 0001_initial" in capsys.readouterr().out
+    assert main(["db", "stats", "--db", db_url, "--json"]) == 0
+    stats = json.loads(capsys.readouterr().out)
+    assert stats["schema_revision"] == "0001_initial"
+    assert stats["records"] == {"valid": 0, "failed": 0}
+    assert main(["db", "stats", "--db", db_url]) == 0
+    assert "records (valid)" in capsys.readouterr().out
+
+
+def test_embedded_default_is_created_on_first_use(tmp_path, monkeypatch, capsys):
+    from service.cli import main
+
+    monkeypatch.delenv(db.DATABASE_URL_ENV, raising=False)
+    monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / "home"))
+    assert db.default_database_url() == f"sqlite:///{tmp_path / 'home' / 'tunehub.db'}"
+    assert main(["db", "stats", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema_revision"] == "0001_initial"
+    assert (tmp_path / "home" / "tunehub.db").exists()
+    monkeypatch.setenv(db.DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'env.db'}")
+    assert db.resolve_database_url(None) == (f"sqlite:///{tmp_path / 'env.db'}", False)
+    assert db.resolve_database_url("sqlite:///x.db") == ("sqlite:///x.db", False)
+
+
+def test_sqlite_pragmas(tmp_path):
+    with db.open_storage(f"sqlite:///{tmp_path / 'p.db'}", upgrade=True) as storage:
+        with storage.engine.connect() as conn:
+            assert conn.execute(text("PRAGMA journal_mode")).scalar() == "wal"
+            assert conn.execute(text("PRAGMA foreign_keys")).scalar() == 1
+            assert conn.execute(text("PRAGMA busy_timeout")).scalar() == 30000
