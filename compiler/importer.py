@@ -12,6 +12,7 @@ import onnx
 import tvm
 from tvm import relax
 
+from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.model_spec import LoadedModel
 
@@ -58,10 +59,10 @@ def unsupported_torch_ops(program) -> list[str]:
 
 def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference-only, batch-norm-folded form shared by both frontends."""
+    mod = relax.transform.FoldConstant()(mod)
+    mod = canonicalize(mod)
     return tvm.ir.transform.Sequential(
         [
-            relax.transform.FoldBatchnormToConv2D(),
-            relax.transform.FoldConstant(),
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.transform.FoldConstant(),
@@ -75,7 +76,9 @@ def _import_onnx(model: LoadedModel) -> tvm.IRModule:
         raise UnsupportedOperatorsError(missing, "ONNX")
     shape_dict = {spec.name: list(spec.shape) for spec in model.inputs}
     dtype_dict = {spec.name: spec.dtype for spec in model.inputs}
-    return relax.frontend.onnx.from_onnx(
+    from tvm.relax.frontend.onnx import from_onnx
+
+    return from_onnx(
         model.source, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False
     )
 

@@ -50,7 +50,7 @@ def _load_pt2(data: bytes, limits: ModelLimits, input_shapes: Mapping[str, Seque
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        program = load_exported_program(Path(name), max_uncompressed_bytes=limits.max_bytes)
+        program = load_exported_program(Path(name), max_uncompressed_bytes=2 * limits.max_bytes)
     finally:
         os.unlink(name)
     specs, bindings = pt2_input_specs(program, input_shapes, limits)

@@ -6,7 +6,12 @@ from pathlib import Path
 from typing import Any
 
 from service.cli.errors import CliError
-from service.cli.options import add_model_options, print_json
+from service.cli.options import (
+    add_db_option,
+    add_model_options,
+    open_storage_from_args,
+    print_json,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -20,6 +25,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(compile_)
     compile_.add_argument("-o", "--output", required=True, type=Path, metavar="DIR")
     compile_.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    add_db_option(compile_)
+    compile_.add_argument(
+        "--tuned",
+        action="store_true",
+        help="use the best schedules of the tuning database (implied by --db)",
+    )
     compile_.set_defaults(handler=run_compile)
 
 
@@ -92,22 +103,58 @@ def run_compile(args: argparse.Namespace) -> int:
     except ModelError as err:
         raise CliError(str(err)) from None
     prepared = prepare_from_args(args)
+    use_database = args.tuned or args.db is not None
+    storage = open_storage_from_args(args) if use_database else None
     try:
-        executable = build(prepared.mod, prepared.target)
+        database = None
+        extra: dict[str, Any] = {"tuned": False}
+        if storage is not None:
+            from db.metaschedule_database import MetaScheduleDatabase
+
+            database = MetaScheduleDatabase(storage, prepared.target)
+            extra = {"tuned": True, "schedules": _schedules_used(storage, database, prepared)}
+        executable = build(prepared.mod, prepared.target, database)
         manifest = publish_artifact(
             executable,
             prepared.model,
             prepared.target,
             args.output,
             tasks=task_rows(prepared),
-            extra={"tuned": False},
+            extra=extra,
             force=args.force,
         )
     except (CompileError, VerificationError) as err:
         raise CliError(str(err), exit_code=1) from None
-    summary = {**_summary(prepared), "output": str(args.output), "verification": manifest["verification"]}
+    finally:
+        if storage is not None:
+            storage.close()
+    summary = {
+        **_summary(prepared),
+        "output": str(args.output),
+        "tuned": manifest["tuned"],
+        "schedules": manifest.get("schedules", []),
+        "verification": manifest["verification"],
+    }
     if args.json:
         print_json(summary)
     else:
         print(f"wrote {args.output / 'model.so'} ({manifest['verification']['message']})")
     return 0
+
+
+def _schedules_used(storage, database, prepared) -> list[dict[str, Any]]:
+    """Per task: the best record the database holds for this target (or none: default lowering)."""
+    ids = storage.workload_ids([task.key for task in prepared.partition.tasks])
+    target_id = database.target_record.id
+    rows = []
+    for task in prepared.partition.tasks:
+        best = storage.best_record(ids[task.key], target_id) if task.key in ids else None
+        rows.append(
+            {
+                "key": task.key,
+                "name": task.name,
+                "best_ms": None if best is None else best.mean_secs * 1e3,
+                "trace_hash": None if best is None else best.trace_hash,
+            }
+        )
+    return rows

@@ -41,3 +41,30 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def print_json(payload: Any) -> None:
     json.dump(payload, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def add_db_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="tuning database URL (default: $TUNEHUB_DATABASE_URL or the embedded SQLite file)",
+    )
+
+
+def open_storage_from_args(args: argparse.Namespace):
+    """Open the database named by ``--db`` (or the environment, or the embedded default).
+
+    Only the embedded default is created or upgraded on the fly; any other database with an old
+    schema is refused with the exact ``tunehub db upgrade`` command (a CliError, exit 2).
+    """
+    import db
+    from service.cli.errors import CliError
+
+    url, embedded = db.resolve_database_url(args.db)
+    if embedded:
+        db.tunehub_home().mkdir(parents=True, exist_ok=True)
+    try:
+        return db.open_storage(url, upgrade=embedded)
+    except db.StorageError as err:
+        raise CliError(str(err)) from None

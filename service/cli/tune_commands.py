@@ -1,0 +1,79 @@
+"""``tunehub tune``: tune a model's tasks into the database, then compile and verify it."""
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from service.cli.errors import CliError
+from service.cli.options import add_db_option, add_model_options, open_storage_from_args, print_json
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    tune = subparsers.add_parser(
+        "tune", help="tune a model with MetaSchedule, then build, verify and publish it"
+    )
+    add_model_options(tune)
+    add_db_option(tune)
+    tune.add_argument("--trials", type=int, required=True, help="global trial budget")
+    tune.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
+                      help="artifact directory (default: $TUNEHUB_HOME/artifacts/job-N)")
+    tune.add_argument("--continue", dest="continue_tuning", action="store_true",
+                      help="tune tasks again even if the database already has them tuned")
+    tune.add_argument("--force", action="store_true", help="replace a non-empty DIR")
+    tune.add_argument("--seed", type=int, default=None, help="search seed (reproducible runs)")
+    tune.set_defaults(handler=run_tune)
+
+
+def run_tune(args: argparse.Namespace) -> int:
+    from compiler.errors import CompileError, ModelError, VerificationError
+    from service.cli.model_commands import prepare_from_args
+    from service.cli.progress_display import RichTuneProgress
+    from tuner.job import tune_model
+
+    if args.trials < 0:
+        raise CliError(f"--trials must be >= 0, got {args.trials}")
+    prepared = prepare_from_args(args)
+    storage = open_storage_from_args(args)
+    try:
+        with RichTuneProgress(args.trials) as progress:
+            summary = tune_model(
+                storage,
+                prepared,
+                trials=args.trials,
+                output_dir=args.output,
+                filename=Path(args.model).name,
+                continue_tuning=args.continue_tuning,
+                listeners=[progress],
+                force=args.force,
+                seed=args.seed,
+            )
+    except ModelError as err:
+        raise CliError(str(err)) from None
+    except (CompileError, VerificationError) as err:
+        raise CliError(str(err), exit_code=1) from None
+    finally:
+        storage.close()
+    if args.json:
+        print_json(summary.to_json())
+    else:
+        _print_summary(summary)
+    return 0
+
+
+def _print_summary(summary) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"job {summary.job_id}: {summary.trials_measured} trials measured "
+                        f"({summary.trials_this_run} this run), {summary.tasks_reused} tasks reused")
+    for column in ("task", "action", "weight", "trials", "best (us)"):
+        table.add_column(column, overflow="fold")
+    for task in summary.tasks:
+        best = "-" if task.best_secs is None else f"{task.best_secs * 1e6:.2f}"
+        table.add_row(task.name, task.action, str(task.weight), str(task.trials), best)
+    console = Console()
+    console.print(table)
+    est = "n/a" if summary.estimated_secs is None else f"{summary.estimated_secs * 1e3:.3f} ms"
+    measured = "n/a" if summary.measured is None else f"{summary.measured.median_secs * 1e3:.3f} ms"
+    console.print(f"estimated {est}, measured {measured}; {summary.verification['message']}")
+    console.print(f"artifact: {summary.artifact_dir}")

@@ -1,0 +1,356 @@
+"""A tuning job end to end: plan, search, compile from the database, verify, publish.
+
+``tune_model`` is the product's core loop for one model and one target. It promises:
+
+- every measured candidate (failures too, with error text) is in the SQL database, tagged with
+  the job, before the next batch starts;
+- the budget counts this job's stored records, so a run killed at any point (``kill -9``) and
+  restarted with the same command resumes the same job with the remaining budget, losing at most
+  the batch that was being measured;
+- tasks already tuned for this target and hardware (by any job, for any model) are reused without
+  measurements unless ``continue_tuning``; a model whose tasks are all known compiles with zero;
+- the artifact is built from the best records, verified against the reference framework from
+  disk, and published only if verification passes (otherwise the job fails, nothing is written).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import tvm
+
+from compiler.artifact import LIBRARY_NAME, check_output_dir, publish_artifact
+from compiler.build import build
+from compiler.prepare import PreparedModel
+from compiler.runner import LoadedLibrary, Timing
+from compiler.verify import random_inputs
+from db import JobStatus, ModelWorkload, NewJobTask, TuningStorage
+from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
+from tuner.measure import MeasureConfig
+from tuner.plan import TuningPlan, plan_tuning
+from tuner.progress import ProgressCallback, ProgressListener, RunState
+from tuner.search import quiet_metaschedule_console, run_search
+
+RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
+
+
+@dataclass(frozen=True)
+class TaskOutcome:
+    key: str
+    name: str
+    action: str
+    reason: str
+    weight: int
+    flops: float
+    trials: int
+    best_secs: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "name": self.name,
+            "action": self.action,
+            "reason": self.reason,
+            "weight": self.weight,
+            "flops": self.flops,
+            "trials": self.trials,
+            "best_ms": None if self.best_secs is None else self.best_secs * 1e3,
+        }
+
+
+@dataclass(frozen=True)
+class TuneSummary:
+    job_id: int
+    resumed: bool
+    trial_budget: int
+    trials_measured: int
+    trials_this_run: int
+    tasks: tuple[TaskOutcome, ...]
+    estimated_secs: float | None
+    measured: Timing | None
+    verification: dict[str, Any]
+    artifact_dir: str | None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def tasks_reused(self) -> int:
+        return sum(1 for t in self.tasks if t.action == "reuse")
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "job_id": self.job_id,
+            "resumed": self.resumed,
+            "trial_budget": self.trial_budget,
+            "trials_measured": self.trials_measured,
+            "trials_this_run": self.trials_this_run,
+            "tasks_total": len(self.tasks),
+            "tasks_tuned": sum(1 for t in self.tasks if t.action == "tune"),
+            "tasks_reused": self.tasks_reused,
+            "tasks_skipped": sum(1 for t in self.tasks if t.action in ("skip", "defer")),
+            "estimated_ms": None if self.estimated_secs is None else self.estimated_secs * 1e3,
+            "measured": None if self.measured is None else self.measured.to_json(),
+            "verification": self.verification,
+            "artifact_dir": self.artifact_dir,
+            "tasks": [t.to_json() for t in self.tasks],
+            **self.extra,
+        }
+
+
+class JobRowWriter:
+    """Progress listener that writes per-task and per-job progress to the database."""
+
+    def __init__(self, storage: TuningStorage, job_id: int, task_ids: dict[str, int]) -> None:
+        self.storage = storage
+        self.job_id = job_id
+        self.task_ids = task_ids
+
+    def on_batch(self, update) -> None:
+        task_id = self.task_ids.get(update.task.key)
+        if task_id is not None:
+            self.storage.update_job_task_progress(
+                task_id, trials_done=update.task_trials, best_mean_secs=update.task_best_secs
+            )
+        self.storage.add_job_trials(self.job_id, update.batch_trials)
+
+
+def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: str, owner: str):
+    target_row = storage.ensure_target(prepared.target)
+    model_row = storage.add_model(
+        content_hash=prepared.model.sha256,
+        format=prepared.model.format,
+        filename=filename,
+        size=prepared.model.size_bytes,
+        owner=owner,
+    )
+    workload_ids: dict[str, int] = {}
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
+        row = storage.ensure_workload(
+            task.key,
+            tvm.ir.save_json(extracted.dispatched[0]),
+            flops=task.flops,
+            summary=f"{task.name} {shapes}",
+        )
+        workload_ids[task.key] = row.id
+    storage.set_model_workloads(
+        model_row.id,
+        [
+            ModelWorkload(model_row.id, workload_ids[t.key], t.name, t.weight)
+            for t in prepared.partition.tasks
+        ],
+    )
+    return target_row, model_row, workload_ids
+
+
+def _find_or_create_job(storage, *, model_id, target_id, trials, owner):
+    for job in storage.list_jobs(limit=1000):
+        if (
+            job.model_id == model_id
+            and job.target_id == target_id
+            and job.owner == owner
+            and job.status in RESUMABLE
+        ):
+            if job.trial_budget == trials:
+                if job.status == JobStatus.QUEUED:
+                    job = storage.transition_job(job.id, JobStatus.RUNNING, expected=JobStatus.QUEUED)
+                return job, True
+            storage.transition_job(
+                job.id, JobStatus.CANCELLED, error=f"superseded by a run with {trials} trials"
+            )
+    job = storage.create_job(target_id=target_id, trial_budget=trials, model_id=model_id, owner=owner)
+    return storage.transition_job(job.id, JobStatus.RUNNING, expected=JobStatus.QUEUED), False
+
+
+def _best_secs(storage: TuningStorage, workload_id: int, target_id: int) -> float | None:
+    row = storage.best_record(workload_id, target_id)
+    return None if row is None else row.mean_secs
+
+
+def _ensure_job_tasks(storage, job, plan: TuningPlan, workload_ids, target_id) -> dict[str, int]:
+    existing = {t.workload_id: t for t in storage.list_job_tasks(job.id)}
+    wanted = [d for d in plan.decisions if d.action in ("tune", "reuse")]
+    new = [
+        NewJobTask(
+            workload_id=workload_ids[d.task.key],
+            name=d.task.name,
+            weight=d.task.weight,
+            flops=d.task.flops,
+            trial_budget=0 if d.action == "reuse" else plan.trials,
+        )
+        for d in wanted
+        if workload_ids[d.task.key] not in existing
+    ]
+    for task in storage.add_job_tasks(job.id, new) if new else []:
+        existing[task.workload_id] = task
+    ids: dict[str, int] = {}
+    for decision in wanted:
+        task = existing[workload_ids[decision.task.key]]
+        ids[decision.task.key] = task.id
+        if task.status == JobStatus.QUEUED:
+            task = storage.transition_job_task(task.id, JobStatus.RUNNING, expected=JobStatus.QUEUED)
+        if decision.action == "reuse" and task.status == JobStatus.RUNNING:
+            best = _best_secs(storage, workload_ids[decision.task.key], target_id)
+            storage.update_job_task_progress(task.id, best_mean_secs=best)
+            storage.transition_job_task(task.id, JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
+    return ids
+
+
+def default_artifact_dir(job_id: int) -> Path:
+    from db import tunehub_home
+
+    return tunehub_home() / "artifacts" / f"job-{job_id}"
+
+
+def tune_model(
+    storage: TuningStorage,
+    prepared: PreparedModel,
+    *,
+    trials: int,
+    output_dir: Path | None = None,
+    filename: str = "model",
+    owner: str = "cli",
+    continue_tuning: bool = False,
+    measure: MeasureConfig | None = None,
+    listeners: Sequence[ProgressListener] = (),
+    force: bool = False,
+    seed: int | None = None,
+) -> TuneSummary:
+    """Tune, compile, verify and publish (see the module docstring).
+
+    Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned library does
+    not match the reference; other exceptions also fail the job. ``KeyboardInterrupt`` leaves the
+    job resumable.
+    """
+    if trials < 0:
+        raise ValueError(f"--trials must be >= 0, got {trials}")
+    measure = measure or MeasureConfig()
+    if output_dir is not None:
+        check_output_dir(output_dir, force=force)
+    target_row, model_row, workload_ids = _register_model(storage, prepared, filename, owner)
+    job, resumed = _find_or_create_job(
+        storage, model_id=model_row.id, target_id=target_row.id, trials=trials, owner=owner
+    )
+    try:
+        return _run_job(
+            storage, prepared, job, resumed, target_row, workload_ids,
+            output_dir=output_dir, continue_tuning=continue_tuning, measure=measure,
+            listeners=listeners, force=force, seed=seed,
+        )
+    except KeyboardInterrupt:
+        storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)
+        raise
+    except BaseException as err:
+        storage.transition_job(job.id, JobStatus.FAILED, error=f"{type(err).__name__}: {err}")
+        raise
+
+
+def _run_job(
+    storage, prepared, job, resumed, target_row, workload_ids, *, output_dir, continue_tuning,
+    measure, listeners, force, seed,
+) -> TuneSummary:
+    tasks = prepared.partition.tasks
+    measured_before = storage.count_records(job_id=job.id)
+    remaining = max(0, job.trial_budget - measured_before)
+    tuned_keys = storage.tuned_workload_keys(
+        target_row.id, list(workload_ids), exclude_job_id=job.id
+    )
+    plan = plan_tuning(tasks, remaining, tuned_keys=tuned_keys, continue_tuning=continue_tuning)
+    task_ids = _ensure_job_tasks(storage, job, plan, workload_ids, target_row.id)
+    known = {
+        t.key: best
+        for t in tasks
+        if (best := _best_secs(storage, workload_ids[t.key], target_row.id)) is not None
+    }
+    state = RunState(tasks, known)
+    database = MetaScheduleDatabase(storage, target_row, job_id=job.id, worker=job.owner)
+    to_tune = plan.to_tune
+    if to_tune and remaining > 0:
+        index = {t.key: i for i, t in enumerate(tasks)}
+        extracted = [prepared.partition.extracted[index[t.key]] for t in to_tune]
+        callback = ProgressCallback(
+            state, [t.key for t in to_tune], [JobRowWriter(storage, job.id, task_ids), *listeners]
+        )
+        quiet_metaschedule_console()
+        with tempfile.TemporaryDirectory(prefix="tunehub-tune-") as work_dir:
+            run_search(
+                extracted,
+                database=database,
+                trials=remaining,
+                batch_size=plan.batch_size,
+                work_dir=work_dir,
+                measure=measure,
+                callbacks=[RecordErrorsCallback(database), callback],
+                seed=seed,
+            )
+    for key in (t.key for t in to_tune):
+        best = _best_secs(storage, workload_ids[key], target_row.id)
+        storage.update_job_task_progress(task_ids[key], best_mean_secs=best)
+        current = {t.id: t for t in storage.list_job_tasks(job.id)}[task_ids[key]]
+        if current.status == JobStatus.RUNNING:
+            storage.transition_job_task(task_ids[key], JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
+
+    outcomes = tuple(
+        TaskOutcome(
+            key=d.task.key,
+            name=d.task.name,
+            action=d.action,
+            reason=d.reason,
+            weight=d.task.weight,
+            flops=d.task.flops,
+            trials=storage.count_records(job_id=job.id, workload_id=workload_ids[d.task.key]),
+            best_secs=_best_secs(storage, workload_ids[d.task.key], target_row.id),
+        )
+        for d in plan.decisions
+    )
+    estimated = (
+        sum(o.weight * o.best_secs for o in outcomes)
+        if all(o.best_secs is not None for o in outcomes)
+        else None
+    )
+    measured_total = storage.count_records(job_id=job.id)
+    out_dir = output_dir or default_artifact_dir(job.id)
+    timing: dict[str, Timing] = {}
+
+    def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
+        timing["t"] = library.time(random_inputs(prepared.model.inputs))
+        return {
+            "tuned": True,
+            "job_id": job.id,
+            "trials_measured": measured_total,
+            "schedules": [o.to_json() for o in outcomes],
+            "estimated_ms": None if estimated is None else estimated * 1e3,
+            "measured": timing["t"].to_json(),
+        }
+
+    executable = build(prepared.mod, prepared.target, database)
+    manifest = publish_artifact(
+        executable, prepared.model, prepared.target, out_dir,
+        tasks=[t.to_json() for t in tasks], extra=timed_extra, force=force,
+    )
+    library = out_dir / LIBRARY_NAME
+    storage.add_artifact(
+        job_id=job.id,
+        path=str(out_dir),
+        sha256=hashlib.sha256(library.read_bytes()).hexdigest(),
+        size=library.stat().st_size,
+        manifest_json=json.dumps(manifest),
+        verified=True,
+    )
+    storage.transition_job(job.id, JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
+    return TuneSummary(
+        job_id=job.id,
+        resumed=resumed,
+        trial_budget=job.trial_budget,
+        trials_measured=measured_total,
+        trials_this_run=measured_total - measured_before,
+        tasks=outcomes,
+        estimated_secs=estimated,
+        measured=timing.get("t"),
+        verification=manifest["verification"],
+        artifact_dir=str(out_dir),
+    )

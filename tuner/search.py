@@ -1,0 +1,60 @@
+"""Run MetaSchedule's search over a set of extracted tasks, writing through a SQL database.
+
+``run_search`` is a thin, explicit call of ``ms.tune_tasks``: evolutionary search, the gradient
+task scheduler, MetaSchedule's default measure callbacks (which commit every measured candidate
+to ``database``, failures included) plus TuneHub's own (error texts, progress).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Sequence
+from typing import Any
+
+from tvm.s_tir import meta_schedule as ms
+
+from tuner.measure import MeasureConfig, make_builder, make_runner
+
+
+def quiet_metaschedule_console() -> None:
+    """MetaSchedule prints a task table at INFO after every batch; keep the console for rich."""
+    for name in ("tvm.s_tir.meta_schedule", "tvm.meta_schedule"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+
+
+def run_search(
+    extracted_tasks: Sequence[Any],
+    *,
+    database: Any,
+    trials: int,
+    batch_size: int,
+    work_dir: str,
+    measure: MeasureConfig,
+    callbacks: Sequence[Any] = (),
+    cost_model: Any = "xgb",
+    num_threads: int | None = None,
+    seed: int | None = None,
+) -> None:
+    """Tune ``extracted_tasks`` for at most ``trials`` (+ one batch, as MetaSchedule overshoots).
+
+    ``callbacks`` run after MetaSchedule's default ones (database commit, artifact cleanup,
+    cost-model update). Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks).
+    """
+    threads = num_threads or len(os.sched_getaffinity(0))
+    contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
+        list(extracted_tasks), work_dir, num_threads=threads, seed=seed
+    )
+    measure_callbacks = [*ms.measure_callback.MeasureCallback.create("default"), *callbacks]
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=work_dir,
+        max_trials_global=trials,
+        num_trials_per_iter=batch_size,
+        builder=make_builder(measure),
+        runner=make_runner(measure),
+        database=database,
+        cost_model=cost_model,
+        measure_callbacks=measure_callbacks,
+        task_scheduler="gradient",
+    )
