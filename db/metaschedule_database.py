@@ -42,8 +42,6 @@ from db.types import (
     NewTuningRecord,
     TargetRecord,
     TuningRecordRow,
-    canonical_trace_json,
-    dumps_compact,
 )
 
 logger = logging.getLogger(__name__)
@@ -279,25 +277,28 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
             workload: the task's ``Workload`` or its ``IRModule``.
             trace: the candidate's ``Trace`` (or its JSON object).
             error_text: the builder's or runner's error message.
-            args_info: the ``ArgInfo`` list (or its JSON); defaults to the workload's.
+            args_info: the ``ArgInfo`` list (its JSON with a JSON trace); defaults to the
+                workload's.
         """
         if not isinstance(workload, Workload):
             workload = self.commit_workload(workload)
-        if hasattr(trace, "as_json"):
-            trace = trace.as_json(remove_postproc=False)
-        if args_info is None:
-            args_info = [a.as_json() for a in ms.arg_info.ArgInfo.from_entry_func(workload.mod)]
-        elif not isinstance(args_info, list) or (args_info and hasattr(args_info[0], "as_json")):
-            args_info = [a.as_json() for a in args_info]
         workload_id = self._workload_id(workload, create=True)
         assert workload_id is not None
+        if isinstance(trace, list | tuple):  # already JSON
+            if args_info is None or (args_info and hasattr(args_info[0], "as_json")):
+                infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
+                args_info = TuningRecord(
+                    tvm.s_tir.Schedule(workload.mod).trace, workload, None, None, list(infos)
+                ).as_json()[3]
+            record_json = [trace, None, None, args_info]
+        else:
+            infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
+            record_json = TuningRecord(trace, workload, None, None, list(infos)).as_json()
         self._storage.commit_record(
-            NewTuningRecord(
-                workload_id=workload_id,
-                target_id=self._target_row.id,
-                trace_json=canonical_trace_json(trace),
-                run_secs=None,
-                args_info_json=dumps_compact(args_info),
+            NewTuningRecord.from_metaschedule_json(
+                workload_id,
+                self._target_row.id,
+                record_json,
                 error_text=error_text,
                 worker=self.worker,
                 job_id=self.job_id,
