@@ -6,6 +6,7 @@ Builds and runs in-process (no popen worker pools: each would import TVM, second
 from __future__ import annotations
 
 import itertools
+import logging
 import tempfile
 import threading
 
@@ -31,10 +32,9 @@ def matmul_mod(n: int = 64) -> tvm.IRModule:
 
 def build(mod, target):
     """MetaSchedule's default build without importing tvm.s_tir.tensor_intrin."""
-    from tvm.driver import build as tvm_build  # noqa: PLC0415
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: PLC0415
 
-    return tvm_build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    return tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
 
 
 @derived_object
@@ -96,6 +96,13 @@ def tune_matmul(database, target, *, trials: int = 8, per_iter: int = 4, callbac
     ``callbacks`` defaults to :func:`default_callbacks` (the first import of
     ``tvm.s_tir.tensor_intrin`` by TuneContext costs 10-40 s on this machine, once a process).
     """
+    # MetaSchedule re-configures logging on each run and crashes (AttributeError in
+    # _parameterize_config) if its logger holds a handler without a name, which pytest's
+    # LogCaptureHandler is after a first run in the same process.
+    ms_logger = logging.getLogger("tvm.s_tir.meta_schedule")
+    for handler in list(ms_logger.handlers):
+        if handler.get_name() is None:
+            ms_logger.removeHandler(handler)
     with tempfile.TemporaryDirectory() as work_dir:
         ms.tir_integration.tune_tir(
             matmul_mod(),
