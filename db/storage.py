@@ -20,7 +20,12 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from db.base import TuningStorage
 from db.engine import create_storage_engine, display_url, session_scope
-from db.errors import InvalidTransitionError, NotFoundError, StorageError
+from db.errors import (
+    InvalidTransitionError,
+    NotFoundError,
+    StorageError,
+    StorageUnavailableError,
+)
 from db.models import (
     ApiTokenRow,
     ArtifactRow,
@@ -300,9 +305,16 @@ class SQLStorage(TuningStorage):
             },
             where=improves,
         )
-        rows = list(best.values())
-        with self._session(write=True) as session:
-            session.execute(stmt, rows)
+        # One lock order for every writer: concurrent batches never deadlock on PostgreSQL.
+        rows = [best[key] for key in sorted(best)]
+        for attempt in range(3):
+            try:
+                with self._session(write=True) as session:
+                    session.execute(stmt, rows)
+                return
+            except StorageUnavailableError as err:  # pragma: no cover - timing dependent
+                if "deadlock" not in str(err).lower() or attempt == 2:
+                    raise
 
     def top_k(self, workload_id: int, target_id: int, k: int) -> list[TuningRecordRow]:
         if k <= 0:
@@ -332,8 +344,10 @@ class SQLStorage(TuningStorage):
             row = session.execute(stmt).one_or_none()
             return None if row is None else _record_row(row)
 
-    def _record_filter(self, target_id, workload_id, valid) -> list:
+    def _record_filter(self, target_id, workload_id, valid, job_id=None) -> list:
         where = []
+        if job_id is not None:
+            where.append(_REC.c.job_id == job_id)
         if target_id is not None:
             where.append(_REC.c.target_id == target_id)
         if workload_id is not None:
@@ -372,11 +386,33 @@ class SQLStorage(TuningStorage):
         target_id: int | None = None,
         workload_id: int | None = None,
         valid: bool | None = None,
+        job_id: int | None = None,
     ) -> int:
         stmt = select(func.count()).select_from(_REC)
-        stmt = stmt.where(*self._record_filter(target_id, workload_id, valid))
+        stmt = stmt.where(*self._record_filter(target_id, workload_id, valid, job_id))
         with self._session() as session:
             return int(session.execute(stmt).scalar_one())
+
+    def tuned_workload_keys(
+        self, target_id: int, keys: Sequence[str], *, exclude_job_id: int | None = None
+    ) -> set[str]:
+        if not keys:
+            return set()
+        stmt = (
+            select(WorkloadRow.key)
+            .join(JobTaskRow, JobTaskRow.workload_id == WorkloadRow.id)
+            .join(JobRow, JobRow.id == JobTaskRow.job_id)
+            .where(
+                JobRow.target_id == target_id,
+                JobTaskRow.status == JobStatus.SUCCEEDED,
+                WorkloadRow.key.in_(list(keys)),
+            )
+            .distinct()
+        )
+        if exclude_job_id is not None:
+            stmt = stmt.where(JobRow.id != exclude_job_id)
+        with self._session() as session:
+            return {row[0] for row in session.execute(stmt)}
 
     def stats(self) -> DatabaseStats:
         from db.schema import current_revision  # noqa: PLC0415
