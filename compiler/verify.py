@@ -163,3 +163,46 @@ def verify(model: LoadedModel, run: Any, seed: int = 0) -> VerificationResult:
     inputs = random_inputs(model.inputs, seed)
     reference = "onnxruntime" if model.format == "onnx" else "torch"
     return compare(run(inputs), reference_outputs(model, inputs), reference)
+
+
+def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None = None) -> float:
+    """Median latency in seconds of the reference framework on the model's seeded inputs.
+
+    ONNX Runtime (``threads`` intra-op threads) for ONNX models, the ``torch.export`` program in
+    eager mode for ``.pt2`` models: the bar a tuned artifact is compared with.
+    """
+    import time
+
+    inputs = random_inputs(model.inputs)
+    if model.format == "onnx":
+        import onnxruntime
+
+        options = onnxruntime.SessionOptions()
+        if threads:
+            options.intra_op_num_threads = threads
+        session = onnxruntime.InferenceSession(
+            model.source.SerializeToString(), options, providers=["CPUExecutionProvider"]
+        )
+        feeds = {spec.name: array for spec, array in zip(model.inputs, inputs)}
+
+        def call() -> None:
+            session.run(None, feeds)
+    else:
+        import torch
+
+        if threads:
+            torch.set_num_threads(threads)
+        module = model.source.module()
+        tensors = [torch.from_numpy(array) for array in inputs]
+
+        def call() -> None:
+            with torch.no_grad():
+                module(*tensors)
+
+    call()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return float(np.median(samples))

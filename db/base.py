@@ -183,8 +183,21 @@ class TuningStorage(abc.ABC):
         target_id: int | None = None,
         workload_id: int | None = None,
         valid: bool | None = None,
+        job_id: int | None = None,
     ) -> int:
-        """Number of matching records (``valid=None``: valid and failed)."""
+        """Number of matching records (``valid=None``: valid and failed; ``job_id``: measured
+        for that job)."""
+
+    @abc.abstractmethod
+    def tuned_workload_keys(
+        self, target_id: int, keys: Sequence[str], *, exclude_job_id: int | None = None
+    ) -> set[str]:
+        """The workload keys among ``keys`` that a finished job task tuned for this target.
+
+        A workload counts as tuned when a job task for it succeeded in a job of ``target_id``
+        (``exclude_job_id`` leaves one job out, e.g. the job asking). Records alone do not make a
+        workload tuned: a killed run leaves records but no finished task.
+        """
 
     @abc.abstractmethod
     def stats(self) -> DatabaseStats:

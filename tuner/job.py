@@ -34,7 +34,7 @@ from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
-from tuner.search import quiet_metaschedule_console, run_search
+from tuner.search import SearchConfig, quiet_metaschedule_console, run_search
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
@@ -216,6 +216,7 @@ def tune_model(
     owner: str = "cli",
     continue_tuning: bool = False,
     measure: MeasureConfig | None = None,
+    search: SearchConfig | None = None,
     listeners: Sequence[ProgressListener] = (),
     force: bool = False,
     seed: int | None = None,
@@ -239,7 +240,7 @@ def tune_model(
         return _run_job(
             storage, prepared, job, resumed, target_row, workload_ids,
             output_dir=output_dir, continue_tuning=continue_tuning, measure=measure,
-            listeners=listeners, force=force, seed=seed,
+            search=search, listeners=listeners, force=force, seed=seed,
         )
     except KeyboardInterrupt:
         storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)
@@ -251,7 +252,7 @@ def tune_model(
 
 def _run_job(
     storage, prepared, job, resumed, target_row, workload_ids, *, output_dir, continue_tuning,
-    measure, listeners, force, seed,
+    measure, search, listeners, force, seed,
 ) -> TuneSummary:
     tasks = prepared.partition.tasks
     measured_before = storage.count_records(job_id=job.id)
@@ -284,6 +285,7 @@ def _run_job(
                 batch_size=plan.batch_size,
                 work_dir=work_dir,
                 measure=measure,
+                search=search,
                 callbacks=[RecordErrorsCallback(database), callback],
                 seed=seed,
             )

@@ -9,11 +9,40 @@ from __future__ import annotations
 import logging
 import os
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
 from tuner.measure import MeasureConfig, make_builder, make_runner
+
+
+@dataclass(frozen=True)
+class SearchConfig:
+    """Evolutionary-search settings; the defaults are MetaSchedule's own.
+
+    Smaller populations trade search quality for speed (tests use them to tune in seconds).
+    """
+
+    population_size: int = 512
+    init_measured_ratio: float = 0.2
+    init_min_unmeasured: int = 50
+    genetic_num_iters: int = 4
+    genetic_mutate_prob: float = 0.85
+    eps_greedy: float = 0.05
+
+    def strategy(self) -> ms.search_strategy.EvolutionarySearch:
+        return ms.search_strategy.EvolutionarySearch(
+            population_size=self.population_size,
+            init_measured_ratio=self.init_measured_ratio,
+            init_min_unmeasured=self.init_min_unmeasured,
+            genetic_num_iters=self.genetic_num_iters,
+            genetic_mutate_prob=self.genetic_mutate_prob,
+            eps_greedy=self.eps_greedy,
+        )
+
+
+FAST_SEARCH = SearchConfig(population_size=64, init_min_unmeasured=16, genetic_num_iters=1)
 
 
 def quiet_metaschedule_console() -> None:
@@ -30,6 +59,7 @@ def run_search(
     batch_size: int,
     work_dir: str,
     measure: MeasureConfig,
+    search: SearchConfig | None = None,
     callbacks: Sequence[Any] = (),
     cost_model: Any = "xgb",
     num_threads: int | None = None,
@@ -42,7 +72,11 @@ def run_search(
     """
     threads = num_threads or len(os.sched_getaffinity(0))
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        list(extracted_tasks), work_dir, num_threads=threads, seed=seed
+        list(extracted_tasks),
+        work_dir,
+        strategy=(search or SearchConfig()).strategy(),
+        num_threads=threads,
+        seed=seed,
     )
     measure_callbacks = [*ms.measure_callback.MeasureCallback.create("default"), *callbacks]
     ms.tune_tasks(

@@ -13,10 +13,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from service.cli import db_commands, model_commands, tune_commands
+from service.cli import db_commands, demo_command, model_commands, tune_commands
 from service.cli.errors import CliError
 
-COMMAND_GROUPS = (model_commands, tune_commands, db_commands)
+COMMAND_GROUPS = (model_commands, tune_commands, db_commands, demo_command)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -21,6 +21,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                       help="tune tasks again even if the database already has them tuned")
     tune.add_argument("--force", action="store_true", help="replace a non-empty DIR")
     tune.add_argument("--seed", type=int, default=None, help="search seed (reproducible runs)")
+    tune.add_argument(
+        "--population",
+        type=int,
+        default=512,
+        help="evolutionary-search population per task (default 512, MetaSchedule's; smaller is "
+        "faster and searches less)",
+    )
     tune.set_defaults(handler=run_tune)
 
 
@@ -30,8 +37,15 @@ def run_tune(args: argparse.Namespace) -> int:
     from service.cli.progress_display import RichTuneProgress
     from tuner.job import tune_model
 
+    from tuner.search import SearchConfig
+
     if args.trials < 0:
         raise CliError(f"--trials must be >= 0, got {args.trials}")
+    if args.population < 4:
+        raise CliError(f"--population must be >= 4, got {args.population}")
+    search = SearchConfig(
+        population_size=args.population, init_min_unmeasured=min(50, args.population // 4)
+    )
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)
     try:
@@ -43,6 +57,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 output_dir=args.output,
                 filename=Path(args.model).name,
                 continue_tuning=args.continue_tuning,
+                search=search,
                 listeners=[progress],
                 force=args.force,
                 seed=args.seed,

@@ -1,0 +1,152 @@
+"""Tuning jobs end to end on real MetaSchedule measurements (a few trials each).
+
+Covers: every candidate lands in the SQL database tagged with the job; the artifact is verified
+and runs in a fresh process; a second model (the other format of the same network) reuses every
+task with zero measurements; ``kill -9`` mid-run and the same command resumes within budget + one
+batch; bad budgets are refused.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from tuner.job import tune_model
+from tuner.search import FAST_SEARCH
+
+REPO = Path(__file__).resolve().parents[2]
+TUNEHUB = [sys.executable, "-m", "service.cli"]
+
+
+def _cli(*args: str, env: dict[str, str] | None = None, **kwargs) -> subprocess.Popen:
+    return subprocess.Popen(
+        [*TUNEHUB, *args],
+        cwd=REPO,
+        env={**os.environ, **(env or {})},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kwargs,
+    )
+
+
+@pytest.fixture
+def storage(tmp_path):
+    store = db.open_storage(f"sqlite:///{tmp_path / 'tune.db'}", upgrade=True)
+    yield store
+    store.close()
+
+
+def test_tune_then_reuse_across_models(storage, example_model, tmp_path) -> None:
+    target = cpu_target()
+    onnx_model = prepare_model(example_model("mlp", "onnx"), target)
+    first = tune_model(
+        storage, onnx_model, trials=12, output_dir=tmp_path / "a", search=FAST_SEARCH, seed=1
+    )
+    tuned = [t for t in first.tasks if t.action == "tune"]
+    assert len(tuned) == len(onnx_model.partition.tasks) == 3
+    # Every measured candidate is stored, tagged with the job; the budget holds (+ one batch).
+    assert first.trials_measured == storage.count_records(job_id=first.job_id)
+    assert 12 <= first.trials_measured <= 12 + 4
+    assert all(t.best_secs is not None and t.best_secs > 0 for t in first.tasks)
+    assert first.verification["passed"]
+    assert first.estimated_secs is not None and first.measured is not None
+    job = storage.get_job(first.job_id)
+    assert job.status == "succeeded" and job.trials_done >= first.trials_measured
+    assert {t.status for t in storage.list_job_tasks(first.job_id)} == {"succeeded"}
+    manifest = json.loads((tmp_path / "a" / "manifest.json").read_text())
+    assert manifest["tuned"] is True and manifest["trials_measured"] == first.trials_measured
+    assert {s["key"] for s in manifest["schedules"]} == {t.key for t in onnx_model.partition.tasks}
+
+    # The same network exported by torch shares every task: zero measurements.
+    pt2_model = prepare_model(example_model("mlp", "pt2"), target)
+    second = tune_model(storage, pt2_model, trials=12, output_dir=tmp_path / "b", search=FAST_SEARCH)
+    assert second.tasks_reused == 3
+    assert second.trials_this_run == 0 and second.trials_measured == 0
+    assert second.verification["passed"] and second.verification["reference"] == "torch"
+
+    # The artifact loads and runs in a fresh process.
+    code = (
+        "import sys, numpy as np; from compiler.runner import LoadedLibrary;"
+        "lib = LoadedLibrary(sys.argv[1]);"
+        "out = lib.run([np.ones((1, 784), 'float32')]); print(out[0].shape)"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(tmp_path / "b" / "model.so")],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(1, 10)"
+
+
+def test_continue_tunes_known_tasks_again(storage, example_model, tmp_path) -> None:
+    model = prepare_model(example_model("mlp", "onnx"), cpu_target())
+    tune_model(storage, model, trials=12, output_dir=tmp_path / "a", search=FAST_SEARCH)
+    again = tune_model(
+        storage, model, trials=8, output_dir=tmp_path / "b", search=FAST_SEARCH,
+        continue_tuning=True,
+    )
+    assert again.tasks_reused == 0
+    assert again.trials_this_run >= 8
+
+
+def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
+    model_path = example_model("small_cnn", "onnx")
+    url = f"sqlite:///{tmp_path / 'resume.db'}"
+    budget, batch = 24, 4
+    args = ["tune", str(model_path), "--trials", str(budget), "--db", url, "--population", "64",
+            "-o", str(tmp_path / "out"), "--json"]
+    subprocess.run([*TUNEHUB, "db", "upgrade", "--db", url], cwd=REPO, check=True, timeout=120)
+    proc = _cli(*args, start_new_session=True)
+    storage = db.open_storage(url)
+    try:
+        deadline = time.monotonic() + 600
+        while storage.count_records() < 2 * batch:
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < deadline, "no batch was measured in time"
+            time.sleep(0.5)
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+        before = storage.count_records()
+        assert before < budget
+        job = storage.list_jobs()[0]
+        assert job.status == "running"
+
+        rerun = _cli(*args)
+        out, err = rerun.communicate(timeout=900)
+        assert rerun.returncode == 0, err
+        summary = json.loads(out)
+        assert summary["job_id"] == job.id and summary["resumed"] is True
+        # Only the batch in flight at the kill can be lost: the total stays within budget + batch.
+        assert budget <= summary["trials_measured"] <= budget + batch
+        assert summary["trials_measured"] == storage.count_records(job_id=job.id)
+        assert summary["verification"]["passed"]
+        assert storage.get_job(job.id).status == "succeeded"
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        storage.close()
+
+
+def test_cli_refuses_bad_budget_and_nonempty_output(tmp_path, example_model) -> None:
+    model_path = example_model("mlp", "onnx")
+    url = f"sqlite:///{tmp_path / 'x.db'}"
+    proc = _cli("tune", str(model_path), "--trials", "-5", "--db", url)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 2 and "--trials must be >= 0" in err
+    out_dir = tmp_path / "busy"
+    out_dir.mkdir()
+    (out_dir / "keep.txt").write_text("user data")
+    proc = _cli("tune", str(model_path), "--trials", "4", "--db", url, "-o", str(out_dir))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 2 and "not empty" in err
+    assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]
