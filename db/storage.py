@@ -14,12 +14,12 @@ from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, and_, case, func, not_, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, case, func, not_, or_, select, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
 from db.base import TuningStorage
-from db.engine import create_storage_engine, display_url, session_scope
+from db.engine import connection_scope, create_storage_engine, display_url, session_scope
 from db.errors import (
     InvalidTransitionError,
     NotFoundError,
@@ -138,6 +138,18 @@ class SQLStorage(TuningStorage):
         self._lock = threading.Lock()
         self._target_cache: dict[str, TargetRecord] = {}
         self._workload_id_cache: dict[str, int] = {}
+        # Hot statements are built once: SQLAlchemy then reuses their compiled form.
+        self._upsert_record = self._build_upsert()
+        self._top_k = (
+            select(*_RECORD_COLUMNS)
+            .where(
+                _REC.c.workload_id == bindparam("workload_id"),
+                _REC.c.target_id == bindparam("target_id"),
+                _REC.c.is_valid.is_(True),
+            )
+            .order_by(_REC.c.mean_secs, _REC.c.id)
+            .limit(bindparam("k"))
+        )
 
     @classmethod
     def from_url(cls, url: str) -> SQLStorage:
@@ -161,6 +173,38 @@ class SQLStorage(TuningStorage):
 
     def _session(self, *, write: bool = False):
         return session_scope(self._engine, write=write)
+
+    def _connection(self, *, write: bool = False):
+        return connection_scope(self._engine, write=write)
+
+    def _build_upsert(self):
+        """``INSERT ... ON CONFLICT DO UPDATE ... WHERE <better>``: the keep-the-better rule."""
+        stmt = self._insert(_REC)
+        new, old = stmt.excluded, _REC.c
+        improves = or_(
+            and_(new.is_valid, not_(old.is_valid)),
+            and_(new.is_valid, old.is_valid, new.mean_secs < old.mean_secs),
+            and_(
+                not_(new.is_valid),
+                not_(old.is_valid),
+                old.error_text.is_(None),
+                new.error_text.is_not(None),
+            ),
+        )
+        return stmt.on_conflict_do_update(
+            index_elements=list(_REC_KEY),
+            set_={
+                "run_secs_json": new.run_secs_json,
+                "mean_secs": new.mean_secs,
+                "is_valid": new.is_valid,
+                "error_text": new.error_text,
+                "args_info_json": new.args_info_json,
+                "measured_at": func.now(),
+                "worker": new.worker,
+                "job_id": new.job_id,
+            },
+            where=improves,
+        )
 
     def _insert(self, table: Any):
         module = pg_dialect if self._dialect == "postgresql" else sqlite_dialect
@@ -234,8 +278,8 @@ class SQLStorage(TuningStorage):
         missing = [k for k in set(keys) if k not in found]
         for start in range(0, len(missing), 500):
             chunk = missing[start : start + 500]
-            with self._session() as session:
-                rows = session.execute(
+            with self._connection() as conn:
+                rows = conn.execute(
                     select(WorkloadRow.key, WorkloadRow.id).where(WorkloadRow.key.in_(chunk))
                 )
                 found.update({key: wid for key, wid in rows})
@@ -279,38 +323,12 @@ class SQLStorage(TuningStorage):
             old = best.get(key)
             if old is None or _better(row, old):
                 best[key] = row
-        stmt = self._insert(_REC)
-        new, old = stmt.excluded, _REC.c
-        improves = or_(
-            and_(new.is_valid, not_(old.is_valid)),
-            and_(new.is_valid, old.is_valid, new.mean_secs < old.mean_secs),
-            and_(
-                not_(new.is_valid),
-                not_(old.is_valid),
-                old.error_text.is_(None),
-                new.error_text.is_not(None),
-            ),
-        )
-        stmt = stmt.on_conflict_do_update(
-            index_elements=list(_REC_KEY),
-            set_={
-                "run_secs_json": new.run_secs_json,
-                "mean_secs": new.mean_secs,
-                "is_valid": new.is_valid,
-                "error_text": new.error_text,
-                "args_info_json": new.args_info_json,
-                "measured_at": func.now(),
-                "worker": new.worker,
-                "job_id": new.job_id,
-            },
-            where=improves,
-        )
         # One lock order for every writer: concurrent batches never deadlock on PostgreSQL.
         rows = [best[key] for key in sorted(best)]
         for attempt in range(3):
             try:
-                with self._session(write=True) as session:
-                    session.execute(stmt, rows)
+                with self._connection(write=True) as conn:
+                    conn.execute(self._upsert_record, rows)
                 return
             except StorageUnavailableError as err:  # pragma: no cover - timing dependent
                 if "deadlock" not in str(err).lower() or attempt == 2:
@@ -319,18 +337,9 @@ class SQLStorage(TuningStorage):
     def top_k(self, workload_id: int, target_id: int, k: int) -> list[TuningRecordRow]:
         if k <= 0:
             return []
-        stmt = (
-            select(*_RECORD_COLUMNS)
-            .where(
-                _REC.c.workload_id == workload_id,
-                _REC.c.target_id == target_id,
-                _REC.c.is_valid.is_(True),
-            )
-            .order_by(_REC.c.mean_secs, _REC.c.id)
-            .limit(k)
-        )
-        with self._session() as session:
-            return [_record_row(r) for r in session.execute(stmt)]
+        params = {"workload_id": workload_id, "target_id": target_id, "k": int(k)}
+        with self._connection() as conn:
+            return [_record_row(r) for r in conn.execute(self._top_k, params)]
 
     def get_record(
         self, workload_id: int, target_id: int, trace_hash: str
@@ -340,8 +349,8 @@ class SQLStorage(TuningStorage):
             _REC.c.target_id == target_id,
             _REC.c.trace_hash == trace_hash,
         )
-        with self._session() as session:
-            row = session.execute(stmt).one_or_none()
+        with self._connection() as conn:
+            row = conn.execute(stmt).one_or_none()
             return None if row is None else _record_row(row)
 
     def _record_filter(self, target_id, workload_id, valid, job_id=None) -> list:
@@ -373,8 +382,8 @@ class SQLStorage(TuningStorage):
                 .order_by(_REC.c.id)
                 .limit(batch_size)
             )
-            with self._session() as session:
-                batch = [_record_row(r) for r in session.execute(stmt)]
+            with self._connection() as conn:
+                batch = [_record_row(r) for r in conn.execute(stmt)]
             yield from batch
             if len(batch) < batch_size:
                 return
@@ -390,8 +399,8 @@ class SQLStorage(TuningStorage):
     ) -> int:
         stmt = select(func.count()).select_from(_REC)
         stmt = stmt.where(*self._record_filter(target_id, workload_id, valid, job_id))
-        with self._session() as session:
-            return int(session.execute(stmt).scalar_one())
+        with self._connection() as conn:
+            return int(conn.execute(stmt).scalar_one())
 
     def tuned_workload_keys(
         self, target_id: int, keys: Sequence[str], *, exclude_job_id: int | None = None
