@@ -281,6 +281,7 @@ def _run_job(
             run_search(
                 extracted,
                 database=database,
+                target_kind=prepared.target.kind,
                 trials=remaining,
                 batch_size=plan.batch_size,
                 work_dir=work_dir,

@@ -14,6 +14,7 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
+from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
 
 
@@ -55,6 +56,7 @@ def run_search(
     extracted_tasks: Sequence[Any],
     *,
     database: Any,
+    target_kind: str,
     trials: int,
     batch_size: int,
     work_dir: str,
@@ -71,6 +73,7 @@ def run_search(
     cost-model update). Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
     threads = num_threads or len(os.sched_getaffinity(0))
+    load_tensor_intrinsics(target_kind)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         list(extracted_tasks),
         work_dir,
