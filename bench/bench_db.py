@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import datetime as dt
+import hashlib
 import json
 import os
 import platform
@@ -103,6 +104,7 @@ class TraceFactory:
         self.traces = traces
         self.rng = random.Random(seed)
         self.tiles = {(64, p): factorizations(64, p) for p in (2, 3, 4)}
+        self.seen: set[bytes] = set()
 
     def _redraw(self, value):
         if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
@@ -117,16 +119,17 @@ class TraceFactory:
         return value
 
     def make(self, n: int) -> list[str]:
-        seen: set[str] = set()
+        """``n`` traces never produced before by this factory."""
+        seen = self.seen
         out: list[str] = []
         while len(out) < n:
             insts, decisions = self.rng.choice(self.traces)
             new = [[idx, self._redraw(val)] for idx, val in decisions]
             text = self.canonical([insts, new])
-            if text in seen:
-                new.append([len(insts), len(out)])  # force uniqueness if the space ran out
-                text = self.canonical([insts, new])
-            seen.add(text)
+            digest = hashlib.blake2b(text.encode(), digest_size=16).digest()
+            if digest in seen:
+                continue
+            seen.add(digest)
             out.append(text)
         return out
 

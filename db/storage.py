@@ -12,6 +12,7 @@ import json
 import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from sqlalchemy import Engine, and_, bindparam, case, func, not_, or_, select, update
@@ -21,6 +22,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from db.base import TuningStorage
 from db.engine import connection_scope, create_storage_engine, display_url, session_scope
 from db.errors import (
+    SchemaOutdatedError,
     InvalidTransitionError,
     NotFoundError,
     StorageError,
@@ -831,7 +833,14 @@ def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:
         StorageUnavailableError: the database cannot be reached.
     """
     from db import schema  # noqa: PLC0415
+    from db.engine import normalize_url  # noqa: PLC0415
 
+    parsed = normalize_url(url)
+    if not upgrade and parsed.get_backend_name() == "sqlite":
+        path = parsed.database or ""
+        if path and path != ":memory:" and not path.startswith("file:"):
+            if not Path(path).expanduser().exists():  # do not leave an empty file behind
+                raise SchemaOutdatedError(display_url(parsed), None, schema.head_revision())
     engine = create_storage_engine(url)
     try:
         if upgrade:

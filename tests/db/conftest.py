@@ -91,3 +91,14 @@ def other_targets():
         fingerprint_json=json.dumps(fingerprint, sort_keys=True, separators=(",", ":")),
     )
     return {"one_core": one_core, "other_mcpu": other_mcpu}
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    """Say so at the end when the PostgreSQL half of the storage tests did not run."""
+    skipped = terminalreporter.stats.get("skipped", [])
+    if any(POSTGRES_ENV in str(getattr(r, "longrepr", "")) for r in skipped):
+        terminalreporter.write_line(
+            f"NOTE: PostgreSQL storage tests were SKIPPED: {POSTGRES_ENV} is not set "
+            "(scripts/run-tests.sh starts a server with scripts/postgres.sh)",
+            yellow=True,
+        )

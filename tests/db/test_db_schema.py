@@ -108,6 +108,13 @@ def test_embedded_default_is_created_on_first_use(tmp_path, monkeypatch, capsys)
     assert db.resolve_database_url("sqlite:///x.db") == ("sqlite:///x.db", False)
 
 
+def test_missing_sqlite_file_is_refused_without_creating_it(tmp_path):
+    path = tmp_path / "absent.db"
+    with pytest.raises(db.SchemaOutdatedError, match=f"tunehub db upgrade --db sqlite:///{path}"):
+        db.open_storage(f"sqlite:///{path}")
+    assert not path.exists()
+
+
 def test_sqlite_pragmas(tmp_path):
     with db.open_storage(f"sqlite:///{tmp_path / 'p.db'}", upgrade=True) as storage:
         with storage.engine.connect() as conn:
