@@ -29,12 +29,12 @@ from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs
-from db import JobStatus, ModelWorkload, NewJobTask, TuningStorage
+from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
-from tuner.search import SearchConfig, quiet_metaschedule_console, run_search
+from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
@@ -119,14 +119,17 @@ class JobRowWriter:
 
 
 def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: str, owner: str):
-    target_row = storage.ensure_target(prepared.target)
-    model_row = storage.add_model(
+    return storage.add_model(
         content_hash=prepared.model.sha256,
         format=prepared.model.format,
         filename=filename,
         size=prepared.model.size_bytes,
         owner=owner,
     )
+
+
+def _register_workloads(storage: TuningStorage, prepared: PreparedModel, model_id: int | None):
+    """Store every task's workload (idempotent) and the model's task list; key → workload id."""
     workload_ids: dict[str, int] = {}
     for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
         shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
@@ -137,14 +140,15 @@ def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: s
             summary=f"{task.name} {shapes}",
         )
         workload_ids[task.key] = row.id
-    storage.set_model_workloads(
-        model_row.id,
-        [
-            ModelWorkload(model_row.id, workload_ids[t.key], t.name, t.weight)
-            for t in prepared.partition.tasks
-        ],
-    )
-    return target_row, model_row, workload_ids
+    if model_id is not None:
+        storage.set_model_workloads(
+            model_id,
+            [
+                ModelWorkload(model_id, workload_ids[t.key], t.name, t.weight)
+                for t in prepared.partition.tasks
+            ],
+        )
+    return workload_ids
 
 
 def _find_or_create_job(storage, *, model_id, target_id, trials, owner):
@@ -229,18 +233,50 @@ def tune_model(
     """
     if trials < 0:
         raise ValueError(f"--trials must be >= 0, got {trials}")
-    measure = measure or MeasureConfig()
     if output_dir is not None:
         check_output_dir(output_dir, force=force)
-    target_row, model_row, workload_ids = _register_model(storage, prepared, filename, owner)
+    target_row = storage.ensure_target(prepared.target)
+    model_row = _register_model(storage, prepared, filename, owner)
     job, resumed = _find_or_create_job(
         storage, model_id=model_row.id, target_id=target_row.id, trials=trials, owner=owner
     )
+    return run_job(
+        storage, prepared, job, resumed=resumed, output_dir=output_dir,
+        continue_tuning=continue_tuning, measure=measure, search=search, listeners=listeners,
+        force=force, seed=seed,
+    )
+
+
+def run_job(
+    storage: TuningStorage,
+    prepared: PreparedModel,
+    job: Job,
+    *,
+    resumed: bool = False,
+    output_dir: Path | None = None,
+    continue_tuning: bool = False,
+    measure: MeasureConfig | None = None,
+    search: SearchConfig | None = None,
+    listeners: Sequence[ProgressListener] = (),
+    force: bool = False,
+    seed: int | None = None,
+) -> TuneSummary:
+    """Run a job the caller has moved to ``running`` (a CLI run or a worker's claim).
+
+    ``prepared`` must be the job's model prepared for the job's target. On success the job ends
+    ``succeeded`` with a verified artifact; on failure ``failed`` with the error; on
+    ``KeyboardInterrupt`` it goes back to ``queued`` so that it can be resumed.
+    """
+    target_row = storage.get_target_by_id(job.target_id)
+    if target_row is None or target_row.key != prepared.target.key:
+        raise ValueError(f"job {job.id} is for another target than the prepared model")
     try:
+        workload_ids = _register_workloads(storage, prepared, job.model_id)
         return _run_job(
             storage, prepared, job, resumed, target_row, workload_ids,
-            output_dir=output_dir, continue_tuning=continue_tuning, measure=measure,
-            search=search, listeners=listeners, force=force, seed=seed,
+            output_dir=output_dir, continue_tuning=continue_tuning,
+            measure=measure or MeasureConfig(), search=search, listeners=listeners,
+            force=force, seed=seed,
         )
     except KeyboardInterrupt:
         storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)
@@ -276,7 +312,7 @@ def _run_job(
         callback = ProgressCallback(
             state, [t.key for t in to_tune], [JobRowWriter(storage, job.id, task_ids), *listeners]
         )
-        quiet_metaschedule_console()
+        reset_metaschedule_logging()
         with tempfile.TemporaryDirectory(prefix="tunehub-tune-") as work_dir:
             run_search(
                 extracted,
