@@ -140,6 +140,7 @@ def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
 def test_cli_refuses_bad_budget_and_nonempty_output(tmp_path, example_model) -> None:
     model_path = example_model("mlp", "onnx")
     url = f"sqlite:///{tmp_path / 'x.db'}"
+    subprocess.run([*TUNEHUB, "db", "upgrade", "--db", url], cwd=REPO, check=True, timeout=120)
     proc = _cli("tune", str(model_path), "--trials", "-5", "--db", url)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 2 and "--trials must be >= 0" in err
@@ -150,3 +151,23 @@ def test_cli_refuses_bad_budget_and_nonempty_output(tmp_path, example_model) -> 
     _, err = proc.communicate(timeout=300)
     assert proc.returncode == 2 and "not empty" in err
     assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]
+
+
+@pytest.mark.parametrize("name", ["small_cnn", "mlp", "resnet18", "mobilenetv2", "bert"])
+def test_every_example_tunes_in_both_formats(storage, example_model, tmp_path, name) -> None:
+    """A few trials per format: ONNX tunes the heaviest task, the .pt2 export reuses it and tunes
+    the next; both compile from the database and verify against their own framework."""
+    target = cpu_target()
+    summaries = []
+    for fmt in ("onnx", "pt2"):
+        prepared = prepare_model(example_model(name, fmt), target)
+        summary = tune_model(
+            storage, prepared, trials=4, output_dir=tmp_path / fmt, search=FAST_SEARCH, seed=0
+        )
+        assert summary.verification["passed"], summary.verification
+        assert summary.trials_this_run >= 4
+        assert (tmp_path / fmt / "model.so").is_file()
+        summaries.append(summary)
+    onnx_run, torch_run = summaries
+    tuned_first = {t.key for t in onnx_run.tasks if t.action == "tune"}
+    assert tuned_first and tuned_first <= {t.key for t in torch_run.tasks if t.action == "reuse"}

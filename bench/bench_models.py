@@ -1,0 +1,230 @@
+"""Model benchmark: tuned latency side by side, and TuneHub's tuning throughput.
+
+    .venv/bin/python -m bench.bench_models [--models resnet18 mobilenetv2 bert mlp]
+        [--trials 200 1000 2000] [--threads 2] [--throughput-model mlp] [--throughput-trials 64]
+
+For each example network at batch 1 it measures, in one run and on the same inputs: ONNX Runtime,
+torch eager, ``torch.compile`` (inductor), TVM untuned, and TuneHub tuned after each cumulative
+trial budget (the database keeps growing: the 1,000-trial artifact is the 200-trial job plus a
+``--continue`` job of 800 more, and so on). Latencies are medians of repeated runs with
+``--threads`` intra-op threads for every framework (TVM's target has ``num-cores = threads``).
+
+Throughput: trials/s of TuneHub (SQL database, progress and error callbacks) against a plain
+``ms.relax_integration.tune_relax`` run with MetaSchedule's JSON database, the same builder,
+runner and search settings and the same budget, on ``--throughput-model``.
+
+Writes ``bench/results/models_<date>.md`` with the machine and date.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _median_secs(call, repeat: int = 30, warmup: int = 3) -> float:
+    for _ in range(warmup):
+        call()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def torch_latencies(name: str, inputs: list[np.ndarray], threads: int) -> dict[str, str | float]:
+    import torch
+
+    from examples.networks import EXAMPLES
+
+    torch.set_num_threads(threads)
+    model = EXAMPLES[name].build()
+    tensors = [torch.from_numpy(a) for a in inputs]
+    out: dict[str, str | float] = {}
+    with torch.no_grad():
+        out["torch eager"] = _median_secs(lambda: model(*tensors))
+        try:
+            compiled = torch.compile(model)
+            compiled(*tensors)
+            out["torch.compile"] = _median_secs(lambda: compiled(*tensors))
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            out["torch.compile"] = f"failed: {type(err).__name__}"
+    return out
+
+
+def bench_model(name: str, budgets: list[int], threads: int, work: Path, storage) -> dict:
+    from compiler.build import build
+    from compiler.prepare import prepare_model
+    from compiler.runner import LoadedLibrary
+    from compiler.target import cpu_target
+    from compiler.verify import random_inputs, time_reference
+    from examples.export import export_onnx
+    from tuner.job import tune_model
+
+    path = export_onnx(name, work / f"{name}.onnx")
+    target = cpu_target(threads)
+    prepared = prepare_model(path, target)
+    inputs = random_inputs(prepared.model.inputs)
+    row: dict = {"model": name, "tasks": len(prepared.partition.tasks)}
+    row["ONNX Runtime"] = time_reference(prepared.model, repeat=50, threads=threads)
+    row.update(torch_latencies(name, inputs, threads))
+    untuned = LoadedLibrary.from_executable(build(prepared.mod, target)).time(inputs)
+    row["TVM untuned"] = untuned.median_secs
+    done = 0
+    for budget in budgets:
+        start = time.perf_counter()
+        summary = tune_model(
+            storage, prepared, trials=budget - done, output_dir=work / f"{name}-{budget}",
+            continue_tuning=done > 0, filename=path.name,
+        )
+        elapsed = time.perf_counter() - start
+        done += summary.trials_this_run
+        row[f"TuneHub {budget}"] = summary.measured.median_secs if summary.measured else None
+        row[f"trials {budget}"] = done
+        row[f"wall {budget}"] = elapsed
+        row[f"verified {budget}"] = summary.verification["passed"]
+    return row
+
+
+def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
+    """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget."""
+    import db
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from examples.export import export_onnx
+    from tuner.job import tune_model
+    from tuner.measure import MeasureConfig, make_builder, make_runner
+    from tuner.plan import choose_batch_size
+    from tuner.search import SearchConfig
+    from tvm.s_tir import meta_schedule as ms
+
+    path = export_onnx(name, work / f"tp-{name}.onnx")
+    target = cpu_target(threads)
+    prepared = prepare_model(path, target)
+    batch = choose_batch_size(len(prepared.partition.tasks), trials)
+    storage = db.open_storage(f"sqlite:///{work / 'throughput.db'}", upgrade=True)
+    start = time.perf_counter()
+    summary = tune_model(storage, prepared, trials=trials, output_dir=work / "tp-tunehub", seed=0)
+    tunehub_secs = time.perf_counter() - start
+    storage.close()
+    measure = MeasureConfig()
+    start = time.perf_counter()
+    database = ms.relax_integration.tune_relax(
+        mod=prepared.partition.fused, params=None, target=target.tvm_target(),
+        work_dir=str(work / "tp-plain"), max_trials_global=trials, num_trials_per_iter=batch,
+        builder=make_builder(measure), runner=make_runner(measure),
+        strategy=SearchConfig().strategy(), seed=0,
+    )
+    ms.relax_integration.compile_relax(database, prepared.mod, target.tvm_target(), params=None)
+    plain_secs = time.perf_counter() - start
+    plain_trials = len(database.get_all_tuning_records())
+    return {
+        "model": name,
+        "tunehub_trials": summary.trials_measured,
+        "tunehub_secs": tunehub_secs,
+        "plain_trials": plain_trials,
+        "plain_secs": plain_secs,
+    }
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value * 1e3:.3f}"
+    return "-" if value is None else str(value)
+
+
+def write_report(rows: list[dict], budgets: list[int], throughput: dict | None, threads: int) -> Path:
+    from bench.bench_db import machine
+
+    today = dt.date.today().isoformat()
+    info = machine()
+    lines = [
+        f"# Model benchmark ({today})",
+        "",
+        f"Machine: {json.dumps(info)}; {threads} threads for every framework; batch 1; "
+        "median latency in ms.",
+        "Command: `.venv/bin/python -m bench.bench_models " + " ".join(os.sys.argv[1:]) + "`",
+        "",
+    ]
+    columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned"]
+    columns += [f"TuneHub {b}" for b in budgets]
+    lines.append("| model | tasks | " + " | ".join(columns) + " | TuneHub best / ORT |")
+    lines.append("|---" * (len(columns) + 3) + "|")
+    for row in rows:
+        tuned = [row.get(f"TuneHub {b}") for b in budgets]
+        best = min((t for t in tuned if isinstance(t, float)), default=None)
+        ratio = f"{best / row['ONNX Runtime']:.2f}x" if best else "-"
+        cells = [_fmt(row.get(c)) for c in columns]
+        lines.append(f"| {row['model']} | {row['tasks']} | " + " | ".join(cells) + f" | {ratio} |")
+    lines += ["", "Trials measured (cumulative) and tuning wall time per rung:", ""]
+    for row in rows:
+        rungs = ", ".join(
+            f"{row.get(f'trials {b}')} trials in {row.get(f'wall {b}', 0):.0f} s"
+            f" (verified: {row.get(f'verified {b}')})"
+            for b in budgets
+        )
+        lines.append(f"- {row['model']}: {rungs}")
+    if throughput:
+        t = throughput
+        ours = t["tunehub_trials"] / t["tunehub_secs"]
+        plain = t["plain_trials"] / t["plain_secs"]
+        lines += [
+            "",
+            f"## Tuning throughput ({t['model']})",
+            "",
+            "| run | trials | wall s (tune + compile) | trials/s |",
+            "|---|---|---|---|",
+            f"| TuneHub (SQL database, callbacks, verify) | {t['tunehub_trials']} | "
+            f"{t['tunehub_secs']:.1f} | {ours:.3f} |",
+            f"| plain tune_relax (JSON database) | {t['plain_trials']} | {t['plain_secs']:.1f} | "
+            f"{plain:.3f} |",
+            "",
+            f"TuneHub overhead: {(plain / ours - 1) * 100:+.1f} % time per trial "
+            "(includes TuneHub's verification against ONNX Runtime and artifact timing).",
+        ]
+    out = REPO / "bench" / "results" / f"models_{today}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--models", nargs="+", default=["resnet18", "mobilenetv2", "bert", "mlp"])
+    parser.add_argument("--trials", nargs="+", type=int, default=[200, 1000, 2000])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--throughput-model", default="mlp")
+    parser.add_argument("--throughput-trials", type=int, default=64)
+    args = parser.parse_args()
+    import db
+
+    budgets = sorted(args.trials)
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="tunehub-bench-") as tmp:
+        work = Path(tmp)
+        throughput = None
+        if args.throughput_model:
+            throughput = bench_throughput(args.throughput_model, args.throughput_trials,
+                                          args.threads, work)
+            print(json.dumps(throughput), flush=True)
+        storage = db.open_storage(f"sqlite:///{work / 'bench.db'}", upgrade=True)
+        for name in args.models:
+            rows.append(bench_model(name, budgets, args.threads, work, storage))
+            print(json.dumps(rows[-1], default=str), flush=True)
+            write_report(rows, budgets, throughput, args.threads)
+        storage.close()
+    print(write_report(rows, budgets, throughput, args.threads))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
