@@ -46,6 +46,7 @@ from db.types import (
     TuningRecordRow,
     Worker,
     WorkloadRecord,
+    WorkloadSummary,
     canonical_trace_json,
     trace_hash,
 )
@@ -94,6 +95,7 @@ __all__ = [
     "TuningStorage",
     "Worker",
     "WorkloadRecord",
+    "WorkloadSummary",
     "canonical_trace_json",
     "check_schema",
     "current_revision",

@@ -29,6 +29,20 @@ Ownership of running work
     compare-and-set on the current status, so two processes racing to claim or reap the same row
     cannot both succeed: the loser gets :class:`db.errors.InvalidTransitionError`.
 
+Workers and job leases
+    A worker claims the next queued job with :meth:`TuningStorage.claim_next_job` (one statement;
+    ``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on SQLite), which records its name
+    in ``Job.worker``. The worker holds the job while it heartbeats (:meth:`heartbeat`, database
+    clock). A job is stale when its worker stopped heartbeating for longer than a timeout, not
+    merely when it is old; :meth:`requeue_jobs` moves such jobs back to ``queued`` (any process
+    may call it; each move is a compare-and-set) and the next claim resumes them from their
+    stored records. Jobs run by the CLI have no worker and are never reaped.
+
+Cancellation
+    The job's user may cancel it in ``queued`` or ``running`` (``-> cancelled``, final) without
+    owning it; the worker running it notices at its next progress write and stops. Its own later
+    status changes then fail the compare-and-set, which is how it learns of the cancellation.
+
 Allowed state transitions (jobs and job tasks; see :class:`db.types.JobStatus`)
     ``queued -> running | cancelled``; ``running -> succeeded | failed | cancelled | queued``;
     ``succeeded``, ``failed`` and ``cancelled`` are final.
@@ -59,6 +73,7 @@ from db.types import (
     TuningRecordRow,
     Worker,
     WorkloadRecord,
+    WorkloadSummary,
 )
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -184,9 +199,40 @@ class TuningStorage(abc.ABC):
         workload_id: int | None = None,
         valid: bool | None = None,
         job_id: int | None = None,
+        measured_within_secs: float | None = None,
     ) -> int:
         """Number of matching records (``valid=None``: valid and failed; ``job_id``: measured
-        for that job)."""
+        for that job; ``measured_within_secs``: stored in the last that many seconds, database
+        clock)."""
+
+    @abc.abstractmethod
+    def list_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        job_id: int | None = None,
+        valid: bool | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+    ) -> list[TuningRecordRow]:
+        """One page of matching records in id order: those with ``id > after_id``, at most
+        ``limit`` (keyset pagination: pass the last id of a page to get the next)."""
+
+    @abc.abstractmethod
+    def browse_workloads(
+        self,
+        *,
+        target_id: int | None = None,
+        model_id: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[WorkloadSummary], int]:
+        """A page of workloads by id, without their module text, and the total count.
+
+        ``target_id`` keeps workloads with records on that target (and counts only those
+        records); ``model_id`` keeps the tasks of that model.
+        """
 
     @abc.abstractmethod
     def tuned_workload_keys(
@@ -219,6 +265,24 @@ class TuningStorage(abc.ABC):
         """Models, newest first."""
 
     @abc.abstractmethod
+    def find_model(self, *, owner: str, content_hash: str) -> ModelRecord | None:
+        """The model ``owner`` uploaded with this content, or ``None``."""
+
+    @abc.abstractmethod
+    def delete_model(self, model_id: int) -> ModelRecord:
+        """Delete a model and its task list; its finished jobs keep their rows (``model_id``
+        becomes ``None``).
+
+        Raises:
+            NotFoundError: no such model.
+            ConflictError: a ``queued`` or ``running`` job still uses the model.
+        """
+
+    @abc.abstractmethod
+    def model_content_in_use(self, content_hash: str) -> bool:
+        """Whether any model row (of any owner) has this content (the file is still needed)."""
+
+    @abc.abstractmethod
     def set_model_workloads(self, model_id: int, tasks: Sequence[ModelWorkload]) -> None:
         """Replace the list of tuning tasks of a model."""
 
@@ -244,8 +308,45 @@ class TuningStorage(abc.ABC):
         """The job, or ``None``."""
 
     @abc.abstractmethod
-    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
-        """Jobs, newest first."""
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 100,
+        owner: str | None = None,
+        offset: int = 0,
+    ) -> list[Job]:
+        """Jobs, newest first (only ``owner``'s if given)."""
+
+    @abc.abstractmethod
+    def count_jobs(self, *, status: str | None = None, owner: str | None = None) -> int:
+        """Number of matching jobs."""
+
+    @abc.abstractmethod
+    def job_counts(self) -> dict[str, int]:
+        """Number of jobs in each status (every status present, zero included)."""
+
+    @abc.abstractmethod
+    def claim_next_job(self, worker: str, *, target_id: int | None = None) -> Job | None:
+        """Move the next queued job to ``running`` for ``worker``, or return ``None``.
+
+        The next job is the highest ``priority``, then the oldest; ``target_id`` restricts the
+        claim to jobs for that target (a worker claims only what it can measure). One atomic
+        statement: concurrent claimers never get the same job, and on PostgreSQL they skip rows
+        another claimer has locked instead of waiting for it.
+        """
+
+    @abc.abstractmethod
+    def requeue_jobs(
+        self, *, worker: str | None = None, stale_after_secs: float | None = None
+    ) -> list[int]:
+        """Move running jobs of dead workers back to ``queued``; return their ids.
+
+        ``worker``: the jobs this worker holds (it is known to be gone, e.g. it just restarted
+        or its process exited). ``stale_after_secs``: jobs whose worker has not heartbeated for
+        that long (database clock) or is not registered. At least one must be given; both
+        narrow the selection. Jobs without a worker (CLI runs) are never touched.
+        """
 
     @abc.abstractmethod
     def transition_job(
@@ -353,3 +454,7 @@ class TuningStorage(abc.ABC):
     @abc.abstractmethod
     def revoke_api_token(self, token_id: int) -> None:
         """Revoke a token."""
+
+    @abc.abstractmethod
+    def list_api_tokens(self) -> list[ApiToken]:
+        """All tokens, revoked ones too, by id."""

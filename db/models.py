@@ -135,6 +135,7 @@ class JobRow(Base):
     __table_args__ = (
         CheckConstraint(_STATUS_CHECK, name="status"),
         Index("ix_jobs_status_priority", "status", "priority"),
+        Index("ix_jobs_owner", "owner", "id"),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
@@ -148,6 +149,8 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
+    #: The worker that claimed the job (``None`` for a CLI run, which owns its job itself).
+    worker: Mapped[str | None] = mapped_column(String(128))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 

@@ -30,7 +30,7 @@ def alembic_config(url: str | None = None) -> Config:
 
 
 def head_revision() -> str:
-    """The revision this TuneHub's code expects (e.g. ``"0001_initial"``)."""
+    """The revision this TuneHub's code expects (e.g. ``"0002_job_worker"``)."""
     head = ScriptDirectory.from_config(alembic_config()).get_current_head()
     assert head is not None
     return head

@@ -22,6 +22,7 @@ from sqlalchemy.dialects import sqlite as sqlite_dialect
 from db.base import TuningStorage
 from db.engine import connection_scope, create_storage_engine, display_url, session_scope
 from db.errors import (
+    ConflictError,
     SchemaOutdatedError,
     InvalidTransitionError,
     NotFoundError,
@@ -60,6 +61,7 @@ from db.types import (
     TuningRecordRow,
     Worker,
     WorkloadRecord,
+    WorkloadSummary,
     dumps_compact,
     measurement,
 )
@@ -398,11 +400,96 @@ class SQLStorage(TuningStorage):
         workload_id: int | None = None,
         valid: bool | None = None,
         job_id: int | None = None,
+        measured_within_secs: float | None = None,
     ) -> int:
         stmt = select(func.count()).select_from(_REC)
         stmt = stmt.where(*self._record_filter(target_id, workload_id, valid, job_id))
+        if measured_within_secs is not None:
+            stmt = stmt.where(_REC.c.measured_at >= self._db_now_plus(-measured_within_secs))
         with self._connection() as conn:
             return int(conn.execute(stmt).scalar_one())
+
+    def list_records(
+        self,
+        *,
+        target_id: int | None = None,
+        workload_id: int | None = None,
+        job_id: int | None = None,
+        valid: bool | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+    ) -> list[TuningRecordRow]:
+        where = self._record_filter(target_id, workload_id, valid, job_id)
+        stmt = (
+            select(*_RECORD_COLUMNS)
+            .where(*where, _REC.c.id > after_id)
+            .order_by(_REC.c.id)
+            .limit(max(0, int(limit)))
+        )
+        with self._connection() as conn:
+            return [_record_row(r) for r in conn.execute(stmt)]
+
+    def browse_workloads(
+        self,
+        *,
+        target_id: int | None = None,
+        model_id: int | None = None,
+        limit: int = 100,
+        offset: int = 0,
+    ) -> tuple[list[WorkloadSummary], int]:
+        per_record = (
+            select(
+                _REC.c.workload_id.label("workload_id"),
+                func.sum(case((_REC.c.is_valid.is_(True), 1), else_=0)).label("valid"),
+                func.sum(case((_REC.c.is_valid.is_(True), 0), else_=1)).label("failed"),
+                func.min(_REC.c.mean_secs).label("best"),
+            )
+            .where(*([_REC.c.target_id == target_id] if target_id is not None else []))
+            .group_by(_REC.c.workload_id)
+            .subquery()
+        )
+        filters = []
+        if target_id is not None:
+            filters.append(per_record.c.workload_id.is_not(None))
+        if model_id is not None:
+            filters.append(
+                select(ModelWorkloadRow.id)
+                .where(
+                    ModelWorkloadRow.workload_id == WorkloadRow.id,
+                    ModelWorkloadRow.model_id == model_id,
+                )
+                .exists()
+            )
+        base = (
+            select(
+                WorkloadRow.id,
+                WorkloadRow.key,
+                WorkloadRow.summary,
+                WorkloadRow.flops,
+                per_record.c.valid,
+                per_record.c.failed,
+                per_record.c.best,
+            )
+            .select_from(WorkloadRow)
+            .outerjoin(per_record, per_record.c.workload_id == WorkloadRow.id)
+            .where(*filters)
+        )
+        page = base.order_by(WorkloadRow.id).limit(max(0, int(limit))).offset(max(0, int(offset)))
+        total = select(func.count()).select_from(base.subquery())
+        with self._connection() as conn:
+            rows = [
+                WorkloadSummary(
+                    id=r.id,
+                    key=r.key,
+                    summary=r.summary,
+                    flops=r.flops,
+                    records_valid=int(r.valid or 0),
+                    records_failed=int(r.failed or 0),
+                    best_mean_secs=r.best,
+                )
+                for r in conn.execute(page)
+            ]
+            return rows, int(conn.execute(total).scalar_one())
 
     def tuned_workload_keys(
         self, target_id: int, keys: Sequence[str], *, exclude_job_id: int | None = None
@@ -488,6 +575,44 @@ class SQLStorage(TuningStorage):
         with self._session() as session:
             return [_frozen(ModelRecord, r) for r in session.scalars(stmt)]
 
+    def find_model(self, *, owner: str, content_hash: str) -> ModelRecord | None:
+        stmt = select(ModelRow).where(
+            ModelRow.owner == owner, ModelRow.content_hash == content_hash
+        )
+        with self._session() as session:
+            row = session.scalars(stmt).one_or_none()
+            return None if row is None else _frozen(ModelRecord, row)
+
+    def delete_model(self, model_id: int) -> ModelRecord:
+        active = (JobStatus.QUEUED, JobStatus.RUNNING)
+        with self._session(write=True) as session:
+            row = session.get(ModelRow, model_id)
+            if row is None:
+                raise NotFoundError(f"model {model_id} does not exist")
+            busy = session.execute(
+                select(JobRow.id).where(JobRow.model_id == model_id, JobRow.status.in_(active))
+            ).first()
+            if busy is not None:
+                raise ConflictError(f"model {model_id} is used by job {busy[0]}, which is not finished")
+            record = _frozen(ModelRecord, row)
+            # Explicit rather than relying on ON DELETE (SQLite batch migrations may lose it).
+            session.execute(
+                ModelWorkloadRow.__table__.delete().where(ModelWorkloadRow.model_id == model_id)
+            )
+            session.execute(
+                update(JobRow)
+                .where(JobRow.model_id == model_id)
+                .values(model_id=None)
+                .execution_options(synchronize_session=False)
+            )
+            session.execute(ModelRow.__table__.delete().where(ModelRow.id == model_id))
+            return record
+
+    def model_content_in_use(self, content_hash: str) -> bool:
+        stmt = select(ModelRow.id).where(ModelRow.content_hash == content_hash).limit(1)
+        with self._connection() as conn:
+            return conn.execute(stmt).first() is not None
+
     def set_model_workloads(self, model_id: int, tasks: Sequence[ModelWorkload]) -> None:
         with self._session(write=True) as session:
             if session.get(ModelRow, model_id) is None:
@@ -545,12 +670,99 @@ class SQLStorage(TuningStorage):
             row = session.get(JobRow, job_id)
             return None if row is None else _frozen(Job, row)
 
-    def list_jobs(self, *, status: str | None = None, limit: int = 100) -> list[Job]:
-        stmt = select(JobRow).order_by(JobRow.id.desc()).limit(limit)
+    def list_jobs(
+        self,
+        *,
+        status: str | None = None,
+        limit: int = 100,
+        owner: str | None = None,
+        offset: int = 0,
+    ) -> list[Job]:
+        stmt = select(JobRow).order_by(JobRow.id.desc()).limit(limit).offset(max(0, offset))
         if status is not None:
             stmt = stmt.where(JobRow.status == status)
+        if owner is not None:
+            stmt = stmt.where(JobRow.owner == owner)
         with self._session() as session:
             return [_frozen(Job, r) for r in session.scalars(stmt)]
+
+    def count_jobs(self, *, status: str | None = None, owner: str | None = None) -> int:
+        stmt = select(func.count()).select_from(JobRow)
+        if status is not None:
+            stmt = stmt.where(JobRow.status == status)
+        if owner is not None:
+            stmt = stmt.where(JobRow.owner == owner)
+        with self._connection() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
+    def job_counts(self) -> dict[str, int]:
+        stmt = select(JobRow.status, func.count()).group_by(JobRow.status)
+        counts = dict.fromkeys(JobStatus.ALL, 0)
+        with self._connection() as conn:
+            counts.update({status: int(n) for status, n in conn.execute(stmt)})
+        return counts
+
+    def claim_next_job(self, worker: str, *, target_id: int | None = None) -> Job | None:
+        candidate = select(JobRow.id).where(JobRow.status == JobStatus.QUEUED)
+        if target_id is not None:
+            candidate = candidate.where(JobRow.target_id == target_id)
+        candidate = (
+            candidate.order_by(JobRow.priority.desc(), JobRow.id)
+            .limit(1)
+            .with_for_update(skip_locked=True)  # PostgreSQL; SQLite holds the write lock
+            .scalar_subquery()
+        )
+        stmt = (
+            update(JobRow)
+            .where(JobRow.id == candidate, JobRow.status == JobStatus.QUEUED)
+            .values(
+                status=JobStatus.RUNNING,
+                worker=worker,
+                started_at=func.coalesce(JobRow.started_at, func.now()),
+                updated_at=func.now(),
+            )
+            .returning(JobRow.id)
+            .execution_options(synchronize_session=False)
+        )
+        with self._session(write=True) as session:
+            job_id = session.execute(stmt).scalar_one_or_none()
+            if job_id is None:
+                return None
+            return _frozen(Job, session.get(JobRow, job_id, populate_existing=True))
+
+    def requeue_jobs(
+        self, *, worker: str | None = None, stale_after_secs: float | None = None
+    ) -> list[int]:
+        if worker is None and stale_after_secs is None:
+            raise StorageError("requeue_jobs needs a worker or stale_after_secs")
+        where = [JobRow.status == JobStatus.RUNNING, JobRow.worker.is_not(None)]
+        if worker is not None:
+            where.append(JobRow.worker == worker)
+        if stale_after_secs is not None:
+            alive = (
+                select(WorkerRow.id)
+                .where(
+                    WorkerRow.name == JobRow.worker,
+                    WorkerRow.status != "offline",
+                    WorkerRow.last_heartbeat >= self._db_now_plus(-stale_after_secs),
+                )
+                .exists()
+            )
+            where.append(not_(alive))
+        with self._session(write=True) as session:
+            ids = list(session.scalars(select(JobRow.id).where(*where)))
+            if not ids:
+                return []
+            # Compare-and-set again on the same conditions: a job claimed or finished meanwhile
+            # is left alone.
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id.in_(ids), *where)
+                .values(status=JobStatus.QUEUED, worker=None, updated_at=func.now())
+                .returning(JobRow.id)
+                .execution_options(synchronize_session=False)
+            )
+            return sorted(result.scalars())
 
     @staticmethod
     def _sources(new_status: str, expected: str | None) -> list[str]:
@@ -659,7 +871,7 @@ class SQLStorage(TuningStorage):
     def _db_now_plus(self, seconds: float) -> Any:
         if self._dialect == "postgresql":
             return func.now() + timedelta(seconds=seconds)
-        return func.datetime("now", f"+{float(seconds)} seconds")
+        return func.datetime("now", f"{float(seconds):+} seconds")
 
     def update_job_task_progress(
         self, task_id: int, *, trials_done: int | None = None, best_mean_secs: float | None = None
@@ -815,6 +1027,11 @@ class SQLStorage(TuningStorage):
             )
             if result.rowcount != 1:
                 raise NotFoundError(f"API token {token_id} does not exist")
+
+    def list_api_tokens(self) -> list[ApiToken]:
+        with self._session() as session:
+            rows = session.scalars(select(ApiTokenRow).order_by(ApiTokenRow.id))
+            return [_frozen(ApiToken, r) for r in rows]
 
 
 def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:

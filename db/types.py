@@ -195,6 +195,19 @@ class TuningRecordRow:
 
 
 @dataclass(frozen=True)
+class WorkloadSummary:
+    """A workload without its module text, with its records (on one target, if asked for one)."""
+
+    id: int
+    key: str
+    summary: str
+    flops: float | None
+    records_valid: int
+    records_failed: int
+    best_mean_secs: float | None
+
+
+@dataclass(frozen=True)
 class TargetStats:
     target: TargetRecord
     records_valid: int
@@ -274,6 +287,7 @@ class Job:
     updated_at: datetime | None = None
     started_at: datetime | None = None
     finished_at: datetime | None = None
+    worker: str | None = None
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
+HEAD = "0002_job_worker"
 EXPECTED_TABLES = {
     "workloads",
     "targets",
@@ -26,24 +27,47 @@ EXPECTED_TABLES = {
 
 
 def test_head_revision_is_readable():
-    assert db.head_revision() == "0001_initial"
+    assert db.head_revision() == HEAD
 
 
 def test_upgrade_from_empty_creates_every_table(db_url):
     engine = create_storage_engine(db_url)
     try:
         assert db.current_revision(engine) is None
-        assert db.upgrade(engine) == "0001_initial"
+        assert db.upgrade(engine) == HEAD
         assert EXPECTED_TABLES <= set(inspect(engine).get_table_names())
         indexes = {i["name"] for i in inspect(engine).get_indexes("tuning_records")}
         assert "ix_tuning_records_top_k" in indexes
-        assert db.check_schema(engine) == "0001_initial"
+        assert db.check_schema(engine) == HEAD
         # Down to nothing and back up again: the migration is reversible.
         db.schema.downgrade(engine, "base")
         assert db.current_revision(engine) is None
-        assert db.upgrade(engine) == "0001_initial"
+        assert db.upgrade(engine) == HEAD
     finally:
         engine.dispose()
+
+
+def test_upgrade_from_0001_keeps_data_and_adds_job_worker(db_url):
+    engine = create_storage_engine(db_url)
+    try:
+        db.upgrade(engine, "0001_initial")
+        with engine.begin() as conn:
+            conn.execute(text(
+                "INSERT INTO targets (key, kind, target_json, fingerprint_json, tvm_version) "
+                "VALUES ('00000000000000ff', 'cpu', '{}', '{}', 'x')"
+            ))
+            conn.execute(text(
+                "INSERT INTO jobs (target_id, status, trial_budget, owner) "
+                "VALUES (1, 'running', 8, 'alice')"
+            ))
+        assert db.upgrade(engine) == HEAD
+        assert "worker" in {c["name"] for c in inspect(engine).get_columns("jobs")}
+    finally:
+        engine.dispose()
+    with db.open_storage(db_url) as storage:
+        job = storage.list_jobs(owner="alice")[0]
+        assert job.status == "running" and job.worker is None  # a CLI-style run: never reaped
+        assert storage.requeue_jobs(stale_after_secs=0) == []
 
 
 def test_missing_schema_is_refused_with_the_exact_command(db_url):
@@ -64,7 +88,7 @@ def test_old_schema_is_refused_and_upgrade_fixes_it(db_url):
     with pytest.raises(db.SchemaOutdatedError, match="tunehub db upgrade --db"):
         db.open_storage(db_url)
     with db.open_storage(db_url, upgrade=True) as storage:
-        assert storage.stats().schema_revision == "0001_initial"
+        assert storage.stats().schema_revision == HEAD
     with db.open_storage(db_url) as storage:  # now accepted without upgrade
         assert storage.count_records() == 0
 
@@ -83,12 +107,12 @@ def test_cli_upgrade_and_stats(db_url, capsys):
     assert main(["db", "stats", "--db", db_url]) == 2
     assert "tunehub db upgrade --db" in capsys.readouterr().err
     assert main(["db", "upgrade", "--db", db_url]) == 0
-    assert "-> 0001_initial" in capsys.readouterr().out
+    assert f"-> {HEAD}" in capsys.readouterr().out
     assert main(["db", "upgrade", "--db", db_url]) == 0
-    assert "already at 0001_initial" in capsys.readouterr().out
+    assert f"already at {HEAD}" in capsys.readouterr().out
     assert main(["db", "stats", "--db", db_url, "--json"]) == 0
     stats = json.loads(capsys.readouterr().out)
-    assert stats["schema_revision"] == "0001_initial"
+    assert stats["schema_revision"] == HEAD
     assert stats["records"] == {"valid": 0, "failed": 0}
     assert main(["db", "stats", "--db", db_url]) == 0
     assert "records (valid)" in capsys.readouterr().out
@@ -101,7 +125,7 @@ def test_embedded_default_is_created_on_first_use(tmp_path, monkeypatch, capsys)
     monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / "home"))
     assert db.default_database_url() == f"sqlite:///{tmp_path / 'home' / 'tunehub.db'}"
     assert main(["db", "stats", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)["schema_revision"] == "0001_initial"
+    assert json.loads(capsys.readouterr().out)["schema_revision"] == HEAD
     assert (tmp_path / "home" / "tunehub.db").exists()
     monkeypatch.setenv(db.DATABASE_URL_ENV, f"sqlite:///{tmp_path / 'env.db'}")
     assert db.resolve_database_url(None) == (f"sqlite:///{tmp_path / 'env.db'}", False)
