@@ -5,6 +5,7 @@ One class for the CLI, the service and the workers, so a limit set once applies 
 from __future__ import annotations
 
 from functools import lru_cache
+from pathlib import Path
 
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -13,13 +14,45 @@ from compiler.model_spec import ModelLimits
 
 
 class Settings(BaseSettings):
-    """Environment: ``TUNEHUB_MAX_MODEL_BYTES``, ``TUNEHUB_MAX_INPUT_ELEMENTS``, ..."""
+    """Environment: ``TUNEHUB_MAX_MODEL_BYTES``, ``TUNEHUB_DATABASE_URL``, ``TUNEHUB_PORT``, ..."""
 
     model_config = SettingsConfigDict(env_prefix="TUNEHUB_", extra="ignore")
 
+    # -- model validation (the compiler's limits) ----------------------------------------------
     max_model_bytes: int = Field(512 * 1024 * 1024, gt=0, description="largest accepted model file")
     max_input_elements: int = Field(1 << 26, gt=0, description="largest declared input tensor")
     max_total_input_bytes: int = Field(1 << 30, gt=0, description="all inputs together")
+
+    # -- the service ---------------------------------------------------------------------------
+    database_url: str | None = Field(
+        None, description="tuning database URL (default: the embedded SQLite file in the home)"
+    )
+    home: Path | None = Field(None, description="local state directory (default ~/.tunehub)")
+    storage_dir: Path | None = Field(
+        None, description="uploaded models and artifacts (default: $TUNEHUB_HOME/storage)"
+    )
+    max_upload_bytes: int = Field(
+        512 * 1024 * 1024, gt=0, description="largest upload (also bounded by max_model_bytes)"
+    )
+    host: str = Field("127.0.0.1", description="address `tunehub serve` binds")
+    port: int = Field(8470, ge=0, le=65535, description="port `tunehub serve` binds")
+    public_url: str | None = Field(None, description="URL printed for clients (default from host)")
+    token_file: Path | None = Field(
+        None, description="where serve keeps the local user token (default $TUNEHUB_HOME/token)"
+    )
+    validation_concurrency: int = Field(1, ge=1, description="model validations at once")
+    metrics_public: bool = Field(True, description="serve /metrics without a token")
+
+    # -- workers -------------------------------------------------------------------------------
+    search_population: int = Field(
+        512, ge=4, description="evolutionary-search population per task (smaller: faster)"
+    )
+    search_seed: int | None = Field(None, description="search seed (reproducible runs)")
+    worker_poll_secs: float = Field(1.0, gt=0, description="idle worker's claim interval")
+    heartbeat_secs: float = Field(5.0, gt=0, description="worker heartbeat interval")
+    stale_after_secs: float = Field(
+        60.0, gt=0, description="a running job's worker is dead after this long without heartbeat"
+    )
 
     def model_limits(self) -> ModelLimits:
         return ModelLimits(
@@ -27,6 +60,39 @@ class Settings(BaseSettings):
             max_input_elements=self.max_input_elements,
             max_total_input_bytes=self.max_total_input_bytes,
         )
+
+    @property
+    def upload_limit(self) -> int:
+        return min(self.max_upload_bytes, self.max_model_bytes)
+
+    def home_dir(self) -> Path:
+        if self.home is not None:
+            return self.home.expanduser()
+        from db import tunehub_home
+
+        return tunehub_home()
+
+    def resolved_storage_dir(self) -> Path:
+        return (self.storage_dir or self.home_dir() / "storage").expanduser().absolute()
+
+    def resolved_token_file(self) -> Path:
+        return (self.token_file or self.home_dir() / "token").expanduser()
+
+    def resolved_database_url(self) -> tuple[str, bool]:
+        """``(url, is_embedded_default)``: the embedded default is the home's SQLite file."""
+        if self.database_url:
+            return self.database_url, False
+        return f"sqlite:///{self.home_dir() / 'tunehub.db'}", True
+
+    def base_url(self) -> str:
+        if self.public_url:
+            return self.public_url.rstrip("/")
+        host = self.host
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.port}"
 
 
 @lru_cache(maxsize=1)

@@ -13,10 +13,19 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from service.cli import db_commands, demo_command, model_commands, tune_commands
+from service.cli import (
+    db_commands,
+    demo_command,
+    model_commands,
+    serve_command,
+    token_commands,
+    tune_commands,
+)
 from service.cli.errors import CliError
 
-COMMAND_GROUPS = (model_commands, tune_commands, db_commands, demo_command)
+COMMAND_GROUPS = (
+    model_commands, tune_commands, db_commands, demo_command, serve_command, token_commands
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,0 +1,1 @@
+"""One router per resource, assembled in :mod:`service.api.main`."""

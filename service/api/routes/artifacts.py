@@ -1,0 +1,52 @@
+"""``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job."""
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Path
+from fastapi.responses import FileResponse
+
+import db
+from service.api.deps import CurrentUser, StorageDep
+from service.api.errors import ApiError
+from service.api.routes.jobs import JobId, owned_job
+from service.api.schemas import ErrorBody
+
+router = APIRouter(prefix="/jobs/{job_id}/artifacts", tags=["artifacts"])
+
+_MEDIA = {"model.so": "application/octet-stream", "manifest.json": "application/json"}
+
+
+@router.get(
+    "/{name}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}, "application/json": {}}},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody},
+    },
+    summary="Download model.so or manifest.json once the job succeeded and verified them",
+)
+def download_artifact(
+    job_id: JobId,
+    name: Annotated[Literal["model.so", "manifest.json"], Path()],
+    storage: StorageDep,
+    user: CurrentUser,
+) -> FileResponse:
+    job = owned_job(storage, user, job_id)
+    artifact = next((a for a in reversed(storage.list_artifacts(job_id)) if a.verified), None)
+    if job.status != db.JobStatus.SUCCEEDED or artifact is None:
+        raise ApiError(
+            409, "no_artifact", f"job {job_id} has no verified artifact (status: {job.status})"
+        )
+    from pathlib import Path as FsPath
+
+    path = FsPath(artifact.path) / name
+    if not path.is_file():
+        raise ApiError(404, "artifact_missing", f"the artifact file {name} of job {job_id} is gone")
+    headers = {"ETag": f'"{artifact.sha256}"', "X-Checksum-Sha256": artifact.sha256} if (
+        name == "model.so"
+    ) else None
+    return FileResponse(
+        path, media_type=_MEDIA[name], filename=f"job-{job_id}-{name}", headers=headers
+    )

@@ -1,0 +1,372 @@
+"""Request and response bodies of the REST API (Base / Create / Public, lists as ``{data, count}``).
+
+Latencies are milliseconds (``*_ms``); timestamps are UTC ISO 8601. Public objects are built from
+the storage's frozen dataclasses by the ``from_*`` constructors, never from ORM rows.
+"""
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+import db
+
+MAX_ID = 2**63 - 1
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
+KEY_PATTERN = r"^[0-9a-f]{16}$"
+
+
+def _ms(secs: float | None) -> float | None:
+    return None if secs is None else secs * 1e3
+
+
+class ErrorBody(BaseModel):
+    detail: str = Field(description="what went wrong, for people")
+    code: str = Field(description="a stable, machine-readable reason")
+
+
+# -- models ----------------------------------------------------------------------------------
+class ModelBase(BaseModel):
+    filename: str
+    format: Literal["onnx", "pt2"]
+
+
+class ModelPublic(ModelBase):
+    id: int
+    size: int = Field(description="bytes")
+    sha256: str
+    created_at: datetime | None
+
+    @classmethod
+    def from_record(cls, row: db.ModelRecord) -> ModelPublic:
+        return cls(
+            id=row.id,
+            filename=row.filename,
+            format=row.format,  # type: ignore[arg-type]
+            size=row.size,
+            sha256=row.content_hash,
+            created_at=row.created_at,
+        )
+
+
+class ModelTask(BaseModel):
+    """One tuning task of a model (a workload of the shared tuning database)."""
+
+    name: str
+    key: str
+    workload_id: int
+    weight: int
+    flops: float | None
+    summary: str
+
+
+class ModelDetail(ModelPublic):
+    tasks: list[ModelTask]
+
+
+class ModelsPublic(BaseModel):
+    data: list[ModelPublic]
+    count: int
+
+
+# -- jobs ------------------------------------------------------------------------------------
+class JobBase(BaseModel):
+    model_id: int = Field(ge=1, le=MAX_ID)
+    target: str = Field(
+        "cpu",
+        min_length=1,
+        max_length=64,
+        description="'cpu' (this server's CPU) or the 16-hex key of a known target",
+    )
+    trial_budget: int = Field(ge=0, le=1_000_000, description="measured candidates, all tasks")
+    priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
+
+
+class JobCreate(JobBase):
+    model_config = ConfigDict(extra="forbid")
+
+
+class JobTaskPublic(BaseModel):
+    id: int
+    name: str
+    workload_id: int
+    status: str
+    weight: int
+    flops: float | None
+    trial_budget: int
+    trials_done: int
+    best_latency_ms: float | None
+
+    @classmethod
+    def from_task(cls, task: db.JobTask) -> JobTaskPublic:
+        return cls(
+            id=task.id,
+            name=task.name,
+            workload_id=task.workload_id,
+            status=task.status,
+            weight=task.weight,
+            flops=task.flops,
+            trial_budget=task.trial_budget,
+            trials_done=task.trials_done,
+            best_latency_ms=_ms(task.best_mean_secs),
+        )
+
+
+class ArtifactPublic(BaseModel):
+    sha256: str
+    size: int
+    verified: bool
+    created_at: datetime | None
+    library_url: str
+    manifest_url: str
+
+
+class JobPublic(BaseModel):
+    id: int
+    model_id: int | None
+    target_key: str | None
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    trial_budget: int
+    trials_done: int
+    priority: int
+    error: str | None
+    worker: str | None
+    created_at: datetime | None
+    started_at: datetime | None
+    finished_at: datetime | None
+    url: str
+
+    @classmethod
+    def from_job(cls, job: db.Job, *, target_key: str | None, prefix: str) -> JobPublic:
+        return cls(
+            id=job.id,
+            model_id=job.model_id,
+            target_key=target_key,
+            status=job.status,  # type: ignore[arg-type]
+            trial_budget=job.trial_budget,
+            trials_done=job.trials_done,
+            priority=job.priority,
+            error=job.error,
+            worker=job.worker,
+            created_at=job.created_at,
+            started_at=job.started_at,
+            finished_at=job.finished_at,
+            url=f"{prefix}/jobs/{job.id}",
+        )
+
+
+class JobDetail(JobPublic):
+    tasks: list[JobTaskPublic]
+    best_latency_ms: float | None = Field(
+        description="the fastest task's best latency so far (per-task bests are in tasks)"
+    )
+    estimated_latency_ms: float | None = Field(
+        description="sum of weight x best latency over the job's tasks; null while any is unmeasured"
+    )
+    measured_latency_ms: float | None = Field(description="median of the verified artifact")
+    artifact: ArtifactPublic | None
+
+    @classmethod
+    def build(
+        cls,
+        job: db.Job,
+        tasks: list[db.JobTask],
+        artifact: db.Artifact | None,
+        *,
+        target_key: str | None,
+        prefix: str,
+        model_tasks: int | None = None,
+    ) -> JobDetail:
+        public = JobPublic.from_job(job, target_key=target_key, prefix=prefix)
+        bests = [t.best_mean_secs for t in tasks if t.best_mean_secs is not None]
+        covers_model = model_tasks is None or len(tasks) >= model_tasks
+        estimated = (
+            sum(t.weight * t.best_mean_secs for t in tasks)  # type: ignore[operator]
+            if tasks and len(bests) == len(tasks) and covers_model
+            else None
+        )
+        measured = None
+        artifact_public = None
+        if artifact is not None and job.status == db.JobStatus.SUCCEEDED and artifact.verified:
+            manifest = _json(artifact.manifest_json)
+            measured = (manifest.get("measured") or {}).get("median_ms")
+            if manifest.get("estimated_ms") is not None:
+                estimated = manifest["estimated_ms"] / 1e3
+            artifact_public = ArtifactPublic(
+                sha256=artifact.sha256,
+                size=artifact.size,
+                verified=artifact.verified,
+                created_at=artifact.created_at,
+                library_url=f"{public.url}/artifacts/model.so",
+                manifest_url=f"{public.url}/artifacts/manifest.json",
+            )
+        return cls(
+            **public.model_dump(),
+            tasks=[JobTaskPublic.from_task(t) for t in tasks],
+            best_latency_ms=_ms(min(bests)) if bests else None,
+            estimated_latency_ms=_ms(estimated),
+            measured_latency_ms=measured,
+            artifact=artifact_public,
+        )
+
+
+def _json(text: str) -> dict[str, Any]:
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+class JobsPublic(BaseModel):
+    data: list[JobPublic]
+    count: int
+
+
+# -- the tuning database ---------------------------------------------------------------------
+class TargetPublic(BaseModel):
+    id: int
+    key: str
+    kind: str
+    description: str
+    tvm_version: str
+
+    @classmethod
+    def from_record(cls, row: db.TargetRecord) -> TargetPublic:
+        fp = _json(row.fingerprint_json)
+        if row.kind == "cuda":
+            description = f"cuda ({fp.get('gpu', '?')})"
+        else:
+            description = f"cpu {fp.get('mcpu')} x{fp.get('cores')} ({fp.get('cpu_model')})"
+        return cls(
+            id=row.id, key=row.key, kind=row.kind, description=description,
+            tvm_version=row.tvm_version,
+        )
+
+
+class TargetsPublic(BaseModel):
+    data: list[TargetPublic]
+    count: int
+
+
+class WorkloadPublic(BaseModel):
+    id: int
+    key: str
+    summary: str
+    flops: float | None
+    records_valid: int
+    records_failed: int
+    best_latency_ms: float | None
+
+    @classmethod
+    def from_summary(cls, row: db.WorkloadSummary) -> WorkloadPublic:
+        return cls(
+            id=row.id, key=row.key, summary=row.summary, flops=row.flops,
+            records_valid=row.records_valid, records_failed=row.records_failed,
+            best_latency_ms=_ms(row.best_mean_secs),
+        )
+
+
+class WorkloadsPublic(BaseModel):
+    data: list[WorkloadPublic]
+    count: int
+
+
+class RecordPublic(BaseModel):
+    id: int
+    workload_id: int
+    target_id: int
+    trace_hash: str
+    is_valid: bool
+    mean_ms: float | None
+    run_ms: list[float] | None
+    error_text: str | None
+    measured_at: datetime | None
+    worker: str | None
+    job_id: int | None
+    trace: Any | None = Field(None, description="the schedule trace (with include_trace=true)")
+
+    @classmethod
+    def from_row(cls, row: db.TuningRecordRow, *, include_trace: bool) -> RecordPublic:
+        return cls(
+            id=row.id,
+            workload_id=row.workload_id,
+            target_id=row.target_id,
+            trace_hash=row.trace_hash,
+            is_valid=row.is_valid,
+            mean_ms=_ms(row.mean_secs),
+            run_ms=None if row.run_secs is None or not row.is_valid
+            else [s * 1e3 for s in row.run_secs],
+            error_text=row.error_text,
+            measured_at=row.measured_at,
+            worker=row.worker,
+            job_id=row.job_id,
+            trace=json.loads(row.trace_json) if include_trace else None,
+        )
+
+
+class RecordsPublic(BaseModel):
+    data: list[RecordPublic]
+    count: int = Field(description="all records matching the filters")
+    next_after: int | None = Field(description="pass as ?after= for the next page; null at the end")
+
+
+class StatsPublic(BaseModel):
+    schema_revision: str | None
+    workloads: int
+    targets: int
+    records: dict[str, int]
+    models: int
+    jobs: int
+    jobs_by_status: dict[str, int]
+    per_target: list[dict[str, Any]]
+
+
+# -- workers ---------------------------------------------------------------------------------
+class WorkerRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(pattern=NAME_PATTERN)
+    fingerprint: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    target_key: str | None = Field(None, pattern=KEY_PATTERN)
+
+
+class WorkerHeartbeat(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    status: Literal["idle", "busy", "offline"] | None = None
+
+
+class WorkerPublic(BaseModel):
+    id: int
+    name: str
+    status: str
+    target_id: int | None
+    last_heartbeat: datetime | None
+
+    @classmethod
+    def from_worker(cls, row: db.Worker) -> WorkerPublic:
+        return cls(
+            id=row.id, name=row.name, status=row.status, target_id=row.target_id,
+            last_heartbeat=row.last_heartbeat,
+        )
+
+
+class WorkersPublic(BaseModel):
+    data: list[WorkerPublic]
+    count: int
+
+
+# -- health ----------------------------------------------------------------------------------
+class Health(BaseModel):
+    status: Literal["ok"]
+
+
+class Readiness(BaseModel):
+    status: Literal["ready", "unavailable"]
+    database: str
+    schema_revision: str | None
+    storage_dir_writable: bool
+    detail: str | None = None

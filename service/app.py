@@ -1,0 +1,91 @@
+"""The FastAPI application: ``create_app(settings) -> FastAPI``.
+
+The app only reads and writes the database and the file store; tuning never runs inside a
+request (workers claim queued jobs, see :mod:`service.worker`). Model validation, the one heavy
+step of a request, runs in a worker thread so the event loop keeps serving.
+"""
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse, Response
+
+import db
+from service.api.deps import API_PREFIX, ServiceState
+from service.api.errors import install_error_handlers
+from service.api.main import api_router
+from service.files import FileStore
+from service.metrics import Metrics
+from service.settings import Settings
+
+logger = logging.getLogger("tunehub.service")
+STALE_UPLOAD_SECS = 3600
+
+
+def open_service_storage(settings: Settings) -> db.TuningStorage:
+    """The embedded default database is created on first use; any other must be upgraded by
+    ``tunehub db upgrade`` first (raises :class:`db.SchemaOutdatedError` naming the command)."""
+    url, embedded = settings.resolved_database_url()
+    if embedded:
+        settings.home_dir().mkdir(parents=True, exist_ok=True)
+    return db.open_storage(url, upgrade=embedded)
+
+
+def _clean_stale_uploads(files: FileStore) -> None:
+    cutoff = time.time() - STALE_UPLOAD_SECS
+    for entry in files.tmp.iterdir():
+        with contextlib.suppress(OSError):
+            if entry.is_file() and entry.stat().st_mtime < cutoff:
+                entry.unlink()
+
+
+class _MetricsMiddleware:
+    def __init__(self, app, metrics: Metrics) -> None:
+        self.app = metrics.middleware(app)
+
+    async def __call__(self, scope, receive, send):
+        await self.app(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | None = None) -> FastAPI:
+    settings = settings or Settings()
+    owns = storage is None
+    storage = storage or open_service_storage(settings)
+    files = FileStore(settings.resolved_storage_dir()).ensure()
+    _clean_stale_uploads(files)
+    metrics = Metrics(storage, settings.stale_after_secs)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_app: FastAPI):
+        yield
+        if owns:
+            storage.close()
+
+    app = FastAPI(
+        title="TuneHub",
+        summary="Upload a model, tune it with TVM MetaSchedule, download a verified library.",
+        version="1",
+        lifespan=lifespan,
+        docs_url="/docs",
+        openapi_url="/openapi.json",
+    )
+    app.state.tunehub = ServiceState(settings=settings, storage=storage, files=files, owns_storage=owns)
+    app.state.metrics = metrics
+    install_error_handlers(app)
+    app.include_router(api_router)
+    app.add_middleware(_MetricsMiddleware, metrics=metrics)
+
+    @app.get("/metrics", include_in_schema=False)
+    def prometheus_metrics() -> Response:
+        return Response(metrics.render(), media_type="text/plain; version=0.0.4")
+
+    @app.get("/", include_in_schema=False)
+    async def root() -> JSONResponse:
+        return JSONResponse(
+            {"name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json"}
+        )
+
+    return app

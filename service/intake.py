@@ -1,0 +1,96 @@
+"""Model intake: validate an uploaded file with the compiler, then store it, all or nothing.
+
+Runs in a worker thread (validation of a large model takes seconds of CPU). The order keeps every
+failure clean: validate the temp file first (nothing stored yet); then, under a process lock,
+move the file into ``models/<sha256>``, add the model row and its task list; if any of that fails,
+the row is deleted and the file removed unless another row still uses the content.
+"""
+from __future__ import annotations
+
+import threading
+from functools import lru_cache
+
+import db
+from compiler.errors import ModelError
+from compiler.model_spec import ModelLimits
+from compiler.target import TargetSpec, resolve_target
+from service.files import FileStore
+from service.uploads import ReceivedUpload
+
+#: Serializes file adoption/removal with the rows that reference the files.
+FILE_LOCK = threading.Lock()
+
+
+@lru_cache(maxsize=8)
+def _named_target(name: str) -> TargetSpec:
+    return resolve_target(name)
+
+
+def target_for(storage: db.TuningStorage, name: str) -> db.TargetRecord:
+    """``name`` is ``cpu`` (this machine's CPU) or the 16-hex key of a stored target."""
+    if len(name) == 16 and all(c in "0123456789abcdef" for c in name):
+        row = storage.get_target(name)
+        if row is None:
+            raise ModelError("bad_target", f"no target with key {name!r} is known")
+        return row
+    return storage.ensure_target(_named_target(name))
+
+
+def validate_and_store(
+    storage: db.TuningStorage,
+    files: FileStore,
+    upload: ReceivedUpload,
+    *,
+    owner: str,
+    target: str,
+    expected_format: str | None,
+    limits: ModelLimits,
+) -> db.ModelRecord:
+    """Validate ``upload`` and record it for ``owner``; raises ModelError for a bad model."""
+    from compiler.prepare import prepare_model
+    from tuner.job import _register_workloads  # the tuner's own task registration, reused as is
+
+    try:
+        spec = target_for(storage, target).spec()
+        prepared = prepare_model(
+            upload.path, spec, limits=limits, expected_format=expected_format  # type: ignore[arg-type]
+        )
+    except BaseException:
+        upload.path.unlink(missing_ok=True)
+        raise
+    content_hash = prepared.model.sha256
+    with FILE_LOCK:
+        files.adopt_model(upload.path, content_hash)
+        model = None
+        try:
+            model = storage.add_model(
+                content_hash=content_hash,
+                format=prepared.model.format,
+                filename=upload.filename,
+                size=prepared.model.size_bytes,
+                owner=owner,
+            )
+            _register_workloads(storage, prepared, model.id)
+        except BaseException:
+            if model is not None:
+                try:
+                    storage.delete_model(model.id)
+                except db.StorageError:
+                    pass
+            try:
+                in_use = storage.model_content_in_use(content_hash)
+            except db.StorageError:
+                in_use = True  # cannot tell: keep the file rather than break another model
+            if not in_use:
+                files.remove_model(content_hash)
+            raise
+    return model
+
+
+def delete_model(storage: db.TuningStorage, files: FileStore, model_id: int) -> db.ModelRecord:
+    """Delete the row, then the file if no other owner's row has the same content."""
+    with FILE_LOCK:
+        model = storage.delete_model(model_id)
+        if not storage.model_content_in_use(model.content_hash):
+            files.remove_model(model.content_hash)
+    return model
