@@ -169,6 +169,18 @@ class TuningStorage(abc.ABC):
         """The ``k`` best valid records of a workload on a target, lowest mean first
         (ties: oldest first)."""
 
+    @abc.abstractmethod
+    def top_k_ids(self, workload_id: int, target_id: int, k: int) -> list[tuple[int, float]]:
+        """``(id, mean_secs)`` of :meth:`top_k`'s records, same order, read from the index only.
+
+        For callers that cache parsed records by ``(id, mean_secs)`` (a record improved in place
+        keeps its id but changes its mean) and fetch the rest with :meth:`get_records`.
+        """
+
+    @abc.abstractmethod
+    def get_records(self, ids: Sequence[int]) -> list[TuningRecordRow]:
+        """The records with these ids (unknown ids are left out), in no particular order."""
+
     def best_record(self, workload_id: int, target_id: int) -> TuningRecordRow | None:
         """The best valid record of a workload on a target, or ``None``."""
         rows = self.top_k(workload_id, target_id, 1)

@@ -306,7 +306,7 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         )
 
     def _to_tuning_record(self, row: TuningRecordRow, workload: Workload) -> TuningRecord:
-        cache_key = (row.id, row.run_secs)
+        cache_key = (row.id, row.mean_secs)
         with self._lock:
             cached = self._records.get(cache_key)
             if cached is not None:
@@ -328,13 +328,25 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         return record
 
     def get_top_k(self, workload: Workload, top_k: int) -> list[TuningRecord]:
+        """Best first, valid only. Warm path: ids from the index, parsed records from the cache;
+        only records not parsed yet (or improved since) are read in full and replayed."""
         if top_k <= 0:
             return []
         workload_id = self._workload_id(workload, create=False)
         if workload_id is None:
             return []
-        rows = self._storage.top_k(workload_id, self._target_row.id, int(top_k))
-        return [self._to_tuning_record(row, workload) for row in rows]
+        keys = self._storage.top_k_ids(workload_id, self._target_row.id, int(top_k))
+        with self._lock:
+            found = {key: self._records.get(key) for key in keys}
+            for key, rec in found.items():
+                if rec is not None:
+                    self._records.move_to_end(key)
+        missing = [key[0] for key, rec in found.items() if rec is None]
+        if missing:
+            for row in self._storage.get_records(missing):
+                found[(row.id, row.mean_secs)] = self._to_tuning_record(row, workload)
+        # A record improved between the two reads is skipped this time rather than mislabelled.
+        return [found[key] for key in keys if found.get(key) is not None]
 
     def get_all_tuning_records(self) -> list[TuningRecord]:
         return [

@@ -154,6 +154,16 @@ class SQLStorage(TuningStorage):
             .order_by(_REC.c.mean_secs, _REC.c.id)
             .limit(bindparam("k"))
         )
+        self._top_k_ids = (
+            select(_REC.c.id, _REC.c.mean_secs)
+            .where(
+                _REC.c.workload_id == bindparam("workload_id"),
+                _REC.c.target_id == bindparam("target_id"),
+                _REC.c.is_valid.is_(True),
+            )
+            .order_by(_REC.c.mean_secs, _REC.c.id)
+            .limit(bindparam("k"))
+        )
 
     @classmethod
     def from_url(cls, url: str) -> SQLStorage:
@@ -344,6 +354,22 @@ class SQLStorage(TuningStorage):
         params = {"workload_id": workload_id, "target_id": target_id, "k": int(k)}
         with self._connection() as conn:
             return [_record_row(r) for r in conn.execute(self._top_k, params)]
+
+    def top_k_ids(self, workload_id: int, target_id: int, k: int) -> list[tuple[int, float]]:
+        if k <= 0:
+            return []
+        params = {"workload_id": workload_id, "target_id": target_id, "k": int(k)}
+        with self._connection() as conn:
+            return [(r[0], r[1]) for r in conn.execute(self._top_k_ids, params)]
+
+    def get_records(self, ids: Sequence[int]) -> list[TuningRecordRow]:
+        out: list[TuningRecordRow] = []
+        ids = list(ids)
+        for start in range(0, len(ids), 500):
+            stmt = select(*_RECORD_COLUMNS).where(_REC.c.id.in_(ids[start : start + 500]))
+            with self._connection() as conn:
+                out.extend(_record_row(r) for r in conn.execute(stmt))
+        return out
 
     def get_record(
         self, workload_id: int, target_id: int, trace_hash: str

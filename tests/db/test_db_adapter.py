@@ -63,6 +63,25 @@ def test_commit_top_k_len_and_all(adapter, storage, target):
     assert len(fresh) == 5
 
 
+def test_top_k_sees_improved_measurements(adapter, storage, target):
+    workload = adapter.commit_workload(matmul_mod())
+    records = make_records(workload, target.tvm_target(), [[3e-4], [2e-4], [1e-4]])
+    adapter.commit_tuning_records(records)
+    assert secs(adapter.get_top_k(workload, 3)) == pytest.approx([1e-4, 2e-4, 3e-4])
+    again = adapter.get_top_k(workload, 3)  # warm: served from the parsed-record cache
+    assert [str(r.trace) for r in again] == [str(r.trace) for r in reversed(records)]
+    # The slowest schedule is re-measured faster by another worker (another adapter object).
+    other = db.MetaScheduleDatabase(storage, target)
+    faster = make_records(other.commit_workload(matmul_mod()), None, [[5e-5]])[0]
+    other.commit_tuning_record(
+        tvm.s_tir.meta_schedule.database.TuningRecord(
+            records[0].trace, faster.workload, [5e-5], None, records[0].args_info
+        )
+    )
+    assert secs(adapter.get_top_k(workload, 3)) == pytest.approx([5e-5, 1e-4, 2e-4])
+    assert len(adapter) == 3
+
+
 def test_record_of_another_target_is_never_returned(adapter, storage, target, other_targets):
     mod = matmul_mod()
     workload = adapter.commit_workload(mod)

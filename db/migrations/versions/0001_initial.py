@@ -186,7 +186,7 @@ def upgrade() -> None:
     with op.batch_alter_table('tuning_records', schema=None) as batch_op:
         batch_op.create_index('ix_tuning_records_job', ['job_id'], unique=False)
         batch_op.create_index('ix_tuning_records_target', ['target_id', 'is_valid'], unique=False)
-        batch_op.create_index('ix_tuning_records_top_k', ['workload_id', 'target_id', 'is_valid', 'mean_secs'], unique=False)
+        batch_op.create_index('ix_tuning_records_top_k', ['workload_id', 'target_id', 'is_valid', 'mean_secs', 'id'], unique=False)
 
 
 
