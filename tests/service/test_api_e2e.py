@@ -1,0 +1,127 @@
+"""Through HTTP only, against a real ``tunehub serve``: upload → job → tuned by the embedded
+worker → verified artifact download → the artifact runs in a fresh process; a running job is
+cancelled and its worker stops; the tuning database is browsable; metrics count it all."""
+from __future__ import annotations
+
+import hashlib
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from tests.service.conftest import REPO, upload, wait_for_job
+
+
+@pytest.fixture(scope="module")
+def server(serve):
+    return serve()
+
+
+def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
+    model_path = example_model("mlp", "onnx")
+    with server.client(server.local_token()) as client:
+        created = upload(client, model_path)
+        assert created.status_code == 201, created.text
+        model = created.json()
+        assert created.headers["location"].endswith(f"/models/{model['id']}")
+        assert model["format"] == "onnx" and len(model["tasks"]) == 3
+        assert model["sha256"] == hashlib.sha256(model_path.read_bytes()).hexdigest()
+        # The same content again: the same model, no second file.
+        again = upload(client, model_path)
+        assert again.status_code == 200 and again.json()["id"] == model["id"]
+        assert sorted(p.name for p in (server.storage_dir / "models").iterdir()) == [model["sha256"]]
+        assert client.get("/models").json()["count"] == 1
+
+        response = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 12})
+        assert response.status_code == 201, response.text
+        job = response.json()
+        assert job["status"] == "queued" and job["url"] == f"/api/v1/jobs/{job['id']}"
+        started = time.monotonic()
+        job = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"})
+        assert job["status"] == "succeeded", job
+        print(f"job tuned and verified in {time.monotonic() - started:.0f} s")
+        assert job["trials_done"] >= 12 and job["worker"].endswith("-embedded-0")
+        assert job["tasks"] and all(t["status"] == "succeeded" for t in job["tasks"])
+        assert all(t["best_latency_ms"] > 0 for t in job["tasks"])
+        assert job["best_latency_ms"] > 0 and job["measured_latency_ms"] > 0
+        artifact = job["artifact"]
+        assert artifact["verified"] is True
+
+        library = client.get(artifact["library_url"].removeprefix("/api/v1"))
+        assert library.status_code == 200
+        digest = hashlib.sha256(library.content).hexdigest()
+        assert digest == artifact["sha256"] == library.headers["x-checksum-sha256"]
+        manifest = client.get(artifact["manifest_url"].removeprefix("/api/v1")).json()
+        assert manifest["verification"]["passed"] is True and manifest["tuned"] is True
+        assert manifest["job_id"] == job["id"]
+
+        # The tuning database: this model's workloads have records, the job's records are listed.
+        workloads = client.get("/workloads", params={"model_id": model["id"]}).json()
+        assert workloads["count"] == 3
+        assert sum(w["records_valid"] + w["records_failed"] for w in workloads["data"]) >= 12
+        records = client.get("/records", params={"job_id": job["id"], "limit": 5}).json()
+        assert records["count"] >= 12 and len(records["data"]) == 5 and records["next_after"]
+        page2 = client.get("/records", params={"job_id": job["id"], "after": records["next_after"]})
+        assert page2.json()["data"][0]["id"] > records["next_after"]
+        key = workloads["data"][0]["key"]
+        assert client.get(f"/workloads/{key}").json()["key"] == key
+        assert client.get("/stats").json()["jobs_by_status"]["succeeded"] == 1
+        assert client.get("/targets").json()["count"] == 1
+
+    # The downloaded artifact runs in a fresh process.
+    so_path = tmp_path / "model.so"
+    so_path.write_bytes(library.content)
+    code = (
+        "import sys, numpy as np; from compiler.runner import LoadedLibrary;"
+        "lib = LoadedLibrary(sys.argv[1]);"
+        "out = lib.run([np.ones((1, 784), 'float32')]); print(out[0].shape)"
+    )
+    result = subprocess.run([sys.executable, "-c", code, str(so_path)], cwd=REPO,
+                            capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "(1, 10)"
+
+    import httpx
+
+    metrics = httpx.get(f"{server.url}/metrics").text
+    assert 'tunehub_jobs{status="succeeded"} 1.0' in metrics
+    assert "tunehub_queue_depth 0.0" in metrics and "tunehub_trials_total" in metrics
+
+
+def test_cancel_running_job_stops_the_worker(server, example_model) -> None:
+    with server.client(server.local_token()) as client:
+        model = upload(client, example_model("small_cnn", "onnx")).json()
+        # 40 trials over 9 tasks: batches of 4, so the worker notices the cancel within seconds.
+        job = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 40}).json()
+        deadline = time.monotonic() + 300
+        while (current := client.get(f"/jobs/{job['id']}").json())["trials_done"] == 0:
+            assert current["status"] in ("queued", "running"), current
+            assert time.monotonic() < deadline, "no batch measured in time"
+            time.sleep(0.5)
+        cancelled = client.post(f"/jobs/{job['id']}/cancel")
+        assert cancelled.status_code == 200 and cancelled.json()["status"] == "cancelled"
+        # The worker notices at its next batch and goes idle; the job stays cancelled.
+        deadline = time.monotonic() + 180
+        while True:
+            workers = client.get("/workers").json()["data"]
+            if all(w["status"] == "idle" for w in workers):
+                break
+            assert time.monotonic() < deadline, workers
+            time.sleep(0.5)
+        final = client.get(f"/jobs/{job['id']}").json()
+        assert final["status"] == "cancelled" and final["artifact"] is None
+        assert final["trials_done"] < 40
+        assert not (server.storage_dir / "artifacts" / f"job-{job['id']}").exists()
+        # Cancelling a finished job is a clear 409, and the service keeps serving.
+        again = client.post(f"/jobs/{job['id']}/cancel")
+        assert again.status_code == 409 and again.json()["code"] == "job_finished"
+        assert "already cancelled" in again.json()["detail"]
+        assert client.get(f"/jobs/{job['id']}/artifacts/model.so").status_code == 409
+        # The model of a finished job can be deleted; its file goes with the last row.
+        assert client.delete(f"/models/{model['id']}").status_code == 204
+        assert not (server.storage_dir / "models" / model["sha256"]).exists()
+        assert client.get(f"/jobs/{job['id']}").json()["model_id"] is None
+    assert server.alive()
+    assert f"job {job['id']} cancelled" in (server.home / "logs" / "worker-0.log").read_text()
