@@ -72,6 +72,8 @@ if TYPE_CHECKING:  # pragma: no cover
 T = TypeVar("T")
 _REC = TuningRecordModel.__table__
 _REC_KEY = ("workload_id", "target_id", "trace_hash")
+#: ``= true`` (not ``IS true``): PostgreSQL only uses the top-k index for an equality.
+_VALID = _REC.c.is_valid == True  # noqa: E712
 _RECORD_COLUMNS = (
     _REC.c.id,
     _REC.c.workload_id,
@@ -149,7 +151,7 @@ class SQLStorage(TuningStorage):
             .where(
                 _REC.c.workload_id == bindparam("workload_id"),
                 _REC.c.target_id == bindparam("target_id"),
-                _REC.c.is_valid.is_(True),
+                _VALID,
             )
             .order_by(_REC.c.mean_secs, _REC.c.id)
             .limit(bindparam("k"))
@@ -159,7 +161,7 @@ class SQLStorage(TuningStorage):
             .where(
                 _REC.c.workload_id == bindparam("workload_id"),
                 _REC.c.target_id == bindparam("target_id"),
-                _REC.c.is_valid.is_(True),
+                _VALID,
             )
             .order_by(_REC.c.mean_secs, _REC.c.id)
             .limit(bindparam("k"))
