@@ -23,6 +23,25 @@ from service.settings import Settings
 
 logger = logging.getLogger("tunehub.service")
 STALE_UPLOAD_SECS = 3600
+VALIDATION_ERROR_SCHEMA = {
+    "title": "ValidationErrorBody",
+    "type": "object",
+    "required": ["detail", "code"],
+    "properties": {
+        "detail": {"type": "string"},
+        "code": {"type": "string", "enum": ["invalid_request"]},
+        "errors": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "loc": {"type": "array", "items": {"type": "string"}},
+                    "msg": {"type": "string"},
+                },
+            },
+        },
+    },
+}
 
 
 def open_service_storage(settings: Settings) -> db.TuningStorage:
@@ -77,6 +96,22 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     install_error_handlers(app)
     app.include_router(api_router)
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
+
+    def openapi() -> dict:
+        if app.openapi_schema is None:
+            from fastapi.openapi.utils import get_openapi
+
+            schema = get_openapi(
+                title=app.title, version=app.version, summary=app.summary, routes=app.routes
+            )
+            # Validation errors use the one error body too (see service.api.errors).
+            schema.setdefault("components", {}).setdefault("schemas", {})[
+                "HTTPValidationError"
+            ] = VALIDATION_ERROR_SCHEMA
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/metrics", include_in_schema=False)
     def prometheus_metrics() -> Response:

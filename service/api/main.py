@@ -5,7 +5,14 @@ from fastapi import APIRouter
 
 from service.api.deps import API_PREFIX
 from service.api.routes import artifacts, health, jobs, models, tuning_db, workers
+from service.api.schemas import ErrorBody
+
+AUTH_ERRORS = {
+    401: {"model": ErrorBody, "description": "missing, unknown or revoked token"},
+    403: {"model": ErrorBody, "description": "a token of the wrong kind"},
+}
 
 api_router = APIRouter(prefix=API_PREFIX)
-for module in (health, models, jobs, artifacts, tuning_db, workers):
-    api_router.include_router(module.router)
+api_router.include_router(health.router)
+for module in (models, jobs, artifacts, tuning_db, workers):
+    api_router.include_router(module.router, responses=AUTH_ERRORS)
