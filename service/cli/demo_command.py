@@ -17,10 +17,24 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     demo = subparsers.add_parser("demo", help="tune and compile a bundled example end to end")
     demo.add_argument("--example", default="mlp", help="example network (default: mlp)")
     demo.add_argument("--trials", type=int, default=48, help="trial budget (default: 48)")
+    demo.add_argument(
+        "--serve",
+        action="store_true",
+        help="through the service: start `tunehub serve`, upload over HTTP, follow the job",
+    )
+    demo.add_argument("--keep-serving", action="store_true",
+                      help="with --serve: keep serving after the job until Ctrl-C")
+    demo.add_argument("--port", type=int, default=None, help="with --serve: port (default 8470)")
     demo.set_defaults(handler=run_demo)
 
 
 def run_demo(args: argparse.Namespace) -> int:
+    if args.trials < 0:
+        raise CliError(f"--trials must be >= 0, got {args.trials}")
+    if args.serve:
+        from service.cli.demo_serve import run_demo_serve
+
+        return run_demo_serve(args)
     from rich.console import Console
     from rich.table import Table
 
