@@ -1,6 +1,7 @@
 """A rich progress bar for ``tunehub tune``: trials, the current task's best, model estimate."""
 from __future__ import annotations
 
+from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 
@@ -15,6 +16,7 @@ class RichTuneProgress:
             TimeElapsedColumn(),
             TextColumn("{task.fields[status]}"),
             transient=False,
+            console=Console(stderr=True),
         )
         self.bar = self.progress.add_task("tune", total=max(total_trials, 1), status="")
 
