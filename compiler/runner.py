@@ -5,6 +5,7 @@
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,12 +57,28 @@ class LoadedLibrary:
         result = self.vm["main"](*self._to_device(inputs))
         return _flatten(result)
 
-    def time(self, inputs: list[np.ndarray], *, repeat: int = 20, min_repeat_ms: int = 50) -> Timing:
-        """Median latency of ``main`` over ``repeat`` measurements of at least ``min_repeat_ms``."""
+    def time(
+        self,
+        inputs: list[np.ndarray],
+        *,
+        repeat: int = 20,
+        min_repeat_ms: int = 50,
+        max_total_secs: float = 10.0,
+    ) -> Timing:
+        """Median latency of ``main`` over ``repeat`` measurements of at least ``min_repeat_ms``.
+
+        A slow library (an untuned build runs naive loops: seconds per call) gets fewer repeats,
+        at least 3, so that timing stays near ``max_total_secs``.
+        """
         args = self._to_device(inputs)
         self.vm.set_input("main", *args)
+        start = time.perf_counter()
+        self.vm.invoke_stateful("main")
+        first = time.perf_counter() - start
+        per_repeat = max(first, min_repeat_ms / 1e3)
+        repeat = max(3, min(repeat, int(max_total_secs / per_repeat)))
         evaluator = self.vm.time_evaluator(
-            "invoke_stateful", self.device, repeat=repeat, min_repeat_ms=min_repeat_ms
+            "invoke_stateful", self.device, number=1, repeat=repeat, min_repeat_ms=min_repeat_ms
         )
         results = np.array(evaluator("main").results)
         return Timing(float(np.median(results)), float(results.min()), float(results.max()), repeat)
