@@ -64,6 +64,7 @@ from db.types import (
     CostModelBlob,
     DatabaseStats,
     Job,
+    JobProgress,
     JobTask,
     ModelRecord,
     ModelWorkload,
@@ -329,6 +330,11 @@ class TuningStorage(abc.ABC):
         offset: int = 0,
     ) -> list[Job]:
         """Jobs, newest first (only ``owner``'s if given)."""
+
+    @abc.abstractmethod
+    def job_progress(self, job_id: int) -> JobProgress | None:
+        """The job, its tasks, its artifacts, its target's key and its model's task count, read
+        in one transaction (the service's status page, polled often); ``None`` if no such job."""
 
     @abc.abstractmethod
     def count_jobs(self, *, status: str | None = None, owner: str | None = None) -> int:

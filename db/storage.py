@@ -50,6 +50,7 @@ from db.types import (
     CostModelBlob,
     DatabaseStats,
     Job,
+    JobProgress,
     JobStatus,
     JobTask,
     ModelRecord,
@@ -714,6 +715,36 @@ class SQLStorage(TuningStorage):
         with self._session() as session:
             return [_frozen(Job, r) for r in session.scalars(stmt)]
 
+    def job_progress(self, job_id: int) -> JobProgress | None:
+        jobs, tasks, artifacts = JobRow.__table__, JobTaskRow.__table__, ArtifactRow.__table__
+        with self._connection() as conn:
+            job = conn.execute(select(jobs).where(jobs.c.id == job_id)).one_or_none()
+            if job is None:
+                return None
+            task_rows = conn.execute(
+                select(tasks).where(tasks.c.job_id == job_id).order_by(tasks.c.id)
+            ).all()
+            artifact_rows = conn.execute(
+                select(artifacts).where(artifacts.c.job_id == job_id).order_by(artifacts.c.id)
+            ).all()
+            target_key = conn.execute(
+                select(TargetRow.key).where(TargetRow.id == job.target_id)
+            ).scalar_one()
+            model_tasks = None
+            if job.model_id is not None:
+                model_tasks = conn.execute(
+                    select(func.count())
+                    .select_from(ModelWorkloadRow)
+                    .where(ModelWorkloadRow.model_id == job.model_id)
+                ).scalar_one()
+        return JobProgress(
+            job=_frozen(Job, job),
+            tasks=tuple(_frozen(JobTask, r) for r in task_rows),
+            artifacts=tuple(_frozen(Artifact, r) for r in artifact_rows),
+            target_key=target_key,
+            model_tasks=None if model_tasks is None else int(model_tasks),
+        )
+
     def count_jobs(self, *, status: str | None = None, owner: str | None = None) -> int:
         stmt = select(func.count()).select_from(JobRow)
         if status is not None:
@@ -1062,7 +1093,7 @@ class SQLStorage(TuningStorage):
             return [_frozen(ApiToken, r) for r in rows]
 
 
-def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:
+def open_storage(url: str, *, upgrade: bool = False, pool_size: int | None = None) -> SQLStorage:
     """Open the tuning database at ``url`` and check its schema.
 
     Args:
@@ -1071,6 +1102,9 @@ def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:
             and the workers pass ``False`` (schema changes are an explicit step, ``tunehub db
             upgrade``); the embedded default SQLite database passes ``True``, so a first run on a
             fresh machine creates it.
+        pool_size: connections kept open (default: SQLAlchemy's 5); a process with more threads
+            using the storage at once (the API's request threads) sets it to that number, so
+            no request waits for a connection or reopens one.
 
     Raises:
         SchemaOutdatedError: the schema is missing or old (and ``upgrade`` is false), or newer
@@ -1086,7 +1120,7 @@ def open_storage(url: str, *, upgrade: bool = False) -> SQLStorage:
         if path and path != ":memory:" and not path.startswith("file:"):
             if not Path(path).expanduser().exists():  # do not leave an empty file behind
                 raise SchemaOutdatedError(display_url(parsed), None, schema.head_revision())
-    engine = create_storage_engine(url)
+    engine = create_storage_engine(url, **({"pool_size": pool_size} if pool_size else {}))
     try:
         if upgrade:
             current = schema.current_revision(engine)

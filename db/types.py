@@ -316,6 +316,17 @@ class JobTask:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """A job with everything its status page shows, read in one transaction."""
+
+    job: Job
+    tasks: tuple[JobTask, ...]
+    artifacts: tuple[Artifact, ...]
+    target_key: str
+    model_tasks: int | None
+
+
+@dataclass(frozen=True)
 class Worker:
     id: int
     name: str

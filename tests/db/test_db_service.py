@@ -158,3 +158,24 @@ def test_token_listing(storage):
     assert [(t.name, t.kind, t.revoked) for t in tokens] == [("alice", "user", True),
                                                                ("w1", "worker", False)]
     assert storage.find_api_token("1" * 64) is None and storage.find_api_token("2" * 64) == w
+
+
+def test_job_progress_in_one_read(storage, target, target_id):
+    model = storage.add_model(content_hash="ef" * 32, format="onnx", filename="m", size=1, owner="u")
+    wa = storage.ensure_workload("00000000000000aa", "{}")
+    wb = storage.ensure_workload("00000000000000bb", "{}")
+    storage.set_model_workloads(model.id, [ModelWorkload(model.id, wa.id, "a", 1),
+                                           ModelWorkload(model.id, wb.id, "b", 2)])
+    job = _job(storage, target_id, model_id=model.id, owner="u")
+    assert storage.job_progress(job.id + 100) is None
+    empty = storage.job_progress(job.id)
+    assert empty.job == job and empty.tasks == () and empty.artifacts == ()
+    assert empty.target_key == target.key and empty.model_tasks == 2
+    storage.add_job_tasks(job.id, [db.NewJobTask(wa.id, "a", trial_budget=4)])
+    storage.add_artifact(job_id=job.id, path="/x", sha256="0" * 64, size=3, verified=True)
+    full = storage.job_progress(job.id)
+    assert [t.name for t in full.tasks] == ["a"] and full.artifacts[0].verified
+    assert full.tasks == tuple(storage.list_job_tasks(job.id))
+    assert full.artifacts == tuple(storage.list_artifacts(job.id))
+    cli_job = _job(storage, target_id, owner="cli")
+    assert storage.job_progress(cli_job.id).model_tasks is None
