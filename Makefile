@@ -1,5 +1,6 @@
 # The two commands of the README's quick start. Each creates .venv if it is missing.
-#   make demo   - run the main job on the embedded default
+#   make demo   - the main job: `tunehub serve` on the embedded default, submit an example model
+#                 job over HTTP, print its URL, follow it to a verified artifact
 #   make test   - run the test suite (starts a throwaway PostgreSQL server for the storage tests)
 VENV ?= .venv
 PY := $(VENV)/bin/python
@@ -13,7 +14,7 @@ $(STAMP): pyproject.toml
 	@touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/tunehub demo
+	$(VENV)/bin/tunehub demo --serve
 
 test: $(STAMP)
 	bash scripts/run-tests.sh

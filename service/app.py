@@ -10,7 +10,7 @@ import contextlib
 import logging
 import time
 
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import db
@@ -50,7 +50,7 @@ def open_service_storage(settings: Settings) -> db.TuningStorage:
     url, embedded = settings.resolved_database_url()
     if embedded:
         settings.home_dir().mkdir(parents=True, exist_ok=True)
-    return db.open_storage(url, upgrade=embedded)
+    return db.open_storage(url, upgrade=embedded, pool_size=settings.api_threads + 2)
 
 
 def _clean_stale_uploads(files: FileStore) -> None:
@@ -79,6 +79,11 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
 
     @contextlib.asynccontextmanager
     async def lifespan(_app: FastAPI):
+        # Few request threads, each with a pooled connection: 40 threads (anyio's default)
+        # fighting over the GIL and a smaller pool only add queueing.
+        import anyio.to_thread
+
+        anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         yield
         if owns:
             storage.close()
@@ -90,6 +95,9 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
         lifespan=lifespan,
         docs_url="/docs",
         openapi_url="/openapi.json",
+        # FastAPI's built-in OpenTelemetry instrumentation costs milliseconds per request when an
+        # OpenTelemetry API is installed; TuneHub exports Prometheus metrics instead.
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.tunehub = ServiceState(settings=settings, storage=storage, files=files, owns_storage=owns)
     app.state.metrics = metrics
@@ -114,7 +122,15 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     app.openapi = openapi  # type: ignore[method-assign]
 
     @app.get("/metrics", include_in_schema=False)
-    def prometheus_metrics() -> Response:
+    def prometheus_metrics(request: Request) -> Response:
+        if not settings.metrics_public:
+            scheme, _, token = request.headers.get("authorization", "").partition(" ")
+            state: ServiceState = app.state.tunehub
+            if scheme.lower() != "bearer" or state.principal(token.strip()) is None:
+                return JSONResponse(
+                    {"detail": "metrics need an API token", "code": "unauthorized"}, 401,
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
 
     @app.get("/", include_in_schema=False)

@@ -28,6 +28,8 @@ from service.settings import Settings
 logger = logging.getLogger("tunehub.serve")
 STOP_GRACE_SECS = 15.0
 RESTART_DELAY_SECS = 5.0
+#: The API shares the machine with its embedded workers: tuning yields the CPU to requests.
+EMBEDDED_WORKER_NICE = 10
 
 
 @dataclass
@@ -74,7 +76,8 @@ class EmbeddedWorkers:
         proc.log.parent.mkdir(parents=True, exist_ok=True)
         with open(proc.log, "ab") as log:
             proc.popen = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--name", proc.name],
+                [sys.executable, "-m", "service.cli", "worker", "--name", proc.name,
+                 "--nice", str(EMBEDDED_WORKER_NICE)],
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

@@ -41,7 +41,13 @@ class Settings(BaseSettings):
         None, description="where serve keeps the local user token (default $TUNEHUB_HOME/token)"
     )
     validation_concurrency: int = Field(1, ge=1, description="model validations at once")
+    api_threads: int = Field(
+        8, ge=1, le=256, description="request threads (each holds one database connection)"
+    )
     metrics_public: bool = Field(True, description="serve /metrics without a token")
+    token_cache_secs: float = Field(
+        5.0, ge=0, description="how long a token lookup is cached (a revocation's delay)"
+    )
 
     # -- workers -------------------------------------------------------------------------------
     search_population: int = Field(

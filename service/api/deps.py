@@ -7,7 +7,11 @@ is 403.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import threading
+import time
+
+import anyio
+from dataclasses import dataclass, field
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -20,6 +24,7 @@ from service.files import FileStore
 from service.settings import Settings
 
 API_PREFIX = "/api/v1"
+_MISS = object()
 
 
 @dataclass
@@ -30,21 +35,45 @@ class ServiceState:
     storage: db.TuningStorage
     files: FileStore
     owns_storage: bool = True
+    #: token hash -> (principal or None, expiry): status pages are polled often, and a token
+    #: lookup is a database round trip. A revoked token stops working within the TTL.
+    token_cache: dict[str, tuple[Principal | None, float]] = field(default_factory=dict)
+    token_cache_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def cached_principal(self, token: str) -> Principal | None | object:
+        """The cached answer for ``token``, or ``_MISS``."""
+        cached = self.token_cache.get(hash_token(token))
+        if cached is not None and cached[1] > time.monotonic():
+            return cached[0]
+        return _MISS
+
+    def principal(self, token: str) -> Principal | None:
+        digest = hash_token(token)
+        now = time.monotonic()
+        row = self.storage.find_api_token(digest)
+        found = None if row is None else Principal(name=row.name, kind=row.kind, token_id=row.id)
+        ttl = self.settings.token_cache_secs
+        if ttl > 0:
+            with self.token_cache_lock:
+                if len(self.token_cache) > 10_000:
+                    self.token_cache.clear()
+                self.token_cache[digest] = (found, now + ttl)
+        return found
 
 
-def get_state(request: Request) -> ServiceState:
+async def get_state(request: Request) -> ServiceState:
     return request.app.state.tunehub
 
 
-def get_storage(request: Request) -> db.TuningStorage:
+async def get_storage(request: Request) -> db.TuningStorage:
     return request.app.state.tunehub.storage
 
 
-def get_files(request: Request) -> FileStore:
+async def get_files(request: Request) -> FileStore:
     return request.app.state.tunehub.files
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     return request.app.state.tunehub.settings
 
 
@@ -63,25 +92,29 @@ def _unauthorized(detail: str) -> ApiError:
     return ApiError(401, "unauthorized", detail, {"WWW-Authenticate": "Bearer"})
 
 
-def get_principal(
-    storage: StorageDep,
+async def get_principal(
+    state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
+    # Dependencies are async so that a request makes one thread hop (its endpoint), not one per
+    # dependency; only a token-cache miss reads the database, in a worker thread.
     if credentials is None or not credentials.credentials:
         raise _unauthorized("missing API token: send 'Authorization: Bearer <token>'")
-    token = storage.find_api_token(hash_token(credentials.credentials))
-    if token is None:
+    principal = state.cached_principal(credentials.credentials)
+    if principal is _MISS:
+        principal = await anyio.to_thread.run_sync(state.principal, credentials.credentials)
+    if principal is None:
         raise _unauthorized("invalid or revoked API token")
-    return Principal(name=token.name, kind=token.kind, token_id=token.id)
+    return principal
 
 
-def get_current_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+async def get_current_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     if principal.kind != "user":
         raise ApiError(403, "forbidden", f"a {principal.kind} token cannot use the user API")
     return principal
 
 
-def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+async def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
     if principal.kind != "worker":
         raise ApiError(403, "forbidden", "this endpoint needs a worker token")
     return principal

@@ -31,6 +31,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     worker.add_argument("--exit-when-idle", action="store_true",
                         help="exit when no job is queued (instead of waiting)")
+    worker.add_argument("--nice", type=int, default=0,
+                        help="lower this worker's CPU priority (serve's embedded workers use 10, "
+                        "so the API stays responsive while they tune)")
     worker.set_defaults(handler=run_worker_command)
 
 
@@ -106,6 +109,10 @@ def run_worker_command(args: argparse.Namespace) -> int:
 
     settings = settings_from_args(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if args.nice:
+        import os
+
+        os.nice(args.nice)
     try:
         done = run_worker(
             settings, name=args.name, max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle

@@ -16,6 +16,7 @@ from service.api.schemas import MAX_ID, ErrorBody, JobCreate, JobDetail, JobPubl
 router = APIRouter(prefix="/jobs", tags=["jobs"])
 
 JobId = Annotated[int, Path(ge=1, le=MAX_ID)]
+
 StatusFilter = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 
 
@@ -26,19 +27,17 @@ def owned_job(storage: db.TuningStorage, user, job_id: int) -> db.Job:
     return job
 
 
-def _target_key(storage: db.TuningStorage, target_id: int) -> str | None:
-    row = storage.get_target_by_id(target_id)
-    return None if row is None else row.key
-
-
-def job_detail(storage: db.TuningStorage, job: db.Job) -> JobDetail:
-    tasks = storage.list_job_tasks(job.id)
-    artifacts = storage.list_artifacts(job.id) if job.status == db.JobStatus.SUCCEEDED else []
-    artifact = next((a for a in reversed(artifacts) if a.verified), None)
-    model_tasks = len(storage.model_workloads(job.model_id)) if job.model_id is not None else None
+def job_detail(storage: db.TuningStorage, job_id: int, user) -> JobDetail:
+    """The status page of one of ``user``'s jobs (one database transaction)."""
+    progress = storage.job_progress(job_id)
+    if progress is None or progress.job.owner != user.name:
+        raise not_found("job", job_id)
+    job = progress.job
+    verified = [a for a in progress.artifacts if a.verified]
+    artifact = verified[-1] if verified and job.status == db.JobStatus.SUCCEEDED else None
     return JobDetail.build(
-        job, tasks, artifact, target_key=_target_key(storage, job.target_id), prefix=API_PREFIX,
-        model_tasks=model_tasks,
+        job, list(progress.tasks), artifact, target_key=progress.target_key, prefix=API_PREFIX,
+        model_tasks=progress.model_tasks,
     )
 
 
@@ -63,7 +62,7 @@ def create_job(body: JobCreate, response: Response, storage: StorageDep, user: C
         owner=user.name,
     )
     response.headers["Location"] = f"{API_PREFIX}/jobs/{job.id}"
-    return job_detail(storage, job)
+    return job_detail(storage, job.id, user)
 
 
 @router.get("", response_model=JobsPublic, summary="Your jobs, newest first")
@@ -89,7 +88,7 @@ def list_jobs(
     summary="Status, per-task progress, best and estimated latency, artifact links",
 )
 def get_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDetail:
-    return job_detail(storage, owned_job(storage, user, job_id))
+    return job_detail(storage, job_id, user)
 
 
 @router.post(
@@ -112,4 +111,4 @@ def cancel_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDeta
             409, "job_finished",
             f"job {job_id} is {err.current} now; only queued or running jobs can be cancelled",
         ) from None
-    return job_detail(storage, job)
+    return job_detail(storage, job.id, user)
