@@ -46,10 +46,21 @@ class SearchConfig:
 FAST_SEARCH = SearchConfig(population_size=64, init_min_unmeasured=16, genetic_num_iters=1)
 
 
-def quiet_metaschedule_console() -> None:
-    """MetaSchedule prints a task table at INFO after every batch; keep the console for rich."""
+def reset_metaschedule_logging() -> None:
+    """Prepare MetaSchedule's loggers for a new run in this process.
+
+    MetaSchedule re-runs ``logging.config.dictConfig`` for every tuning run, listing the handlers
+    already attached to its logger by name; a handler left from an earlier run whose stream was
+    closed or renamed (seen under pytest's output capture) makes that call fail. Each run gets
+    fresh handlers, so the old ones are closed and removed. The console stays at WARNING:
+    MetaSchedule prints a task table at INFO after every batch, and TuneHub shows progress itself.
+    """
     for name in ("tvm.s_tir.meta_schedule", "tvm.meta_schedule"):
-        logging.getLogger(name).setLevel(logging.WARNING)
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(logging.WARNING)
 
 
 def run_search(
