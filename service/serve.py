@@ -4,7 +4,8 @@ On the embedded default (SQLite in ``$TUNEHUB_HOME``) a fresh machine needs noth
 database is created, a local user token is made (:func:`service.auth.ensure_local_token`), and
 ``workers`` worker subprocesses (``tunehub worker``, one by default) claim jobs through the same
 storage calls remote workers use. Workers run in their own process groups with their logs in
-``$TUNEHUB_HOME/logs/worker-N.log``; one that dies is restarted and its job requeued; on
+``$TUNEHUB_HOME/logs/worker-N.log``, at a lower CPU priority (``worker_nice``, so requests are
+served first while they tune); one that dies is restarted and its job requeued; on
 shutdown each gets SIGTERM (it requeues a running job itself), then SIGKILL after a grace period,
 and whatever it still held is requeued.
 """
@@ -28,8 +29,6 @@ from service.settings import Settings
 logger = logging.getLogger("tunehub.serve")
 STOP_GRACE_SECS = 15.0
 RESTART_DELAY_SECS = 5.0
-#: The API shares the machine with its embedded workers: tuning yields the CPU to requests.
-EMBEDDED_WORKER_NICE = 10
 
 
 @dataclass
@@ -77,7 +76,7 @@ class EmbeddedWorkers:
         with open(proc.log, "ab") as log:
             proc.popen = subprocess.Popen(
                 [sys.executable, "-m", "service.cli", "worker", "--name", proc.name,
-                 "--nice", str(EMBEDDED_WORKER_NICE)],
+                 "--nice", str(self.settings.worker_nice)],
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,

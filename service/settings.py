@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     search_seed: int | None = Field(None, description="search seed (reproducible runs)")
     worker_poll_secs: float = Field(1.0, gt=0, description="idle worker's claim interval")
     heartbeat_secs: float = Field(5.0, gt=0, description="worker heartbeat interval")
+    worker_nice: int = Field(
+        10, ge=0, le=19, description="CPU niceness of serve's embedded workers (API stays responsive)"
+    )
     stale_after_secs: float = Field(
         60.0, gt=0, description="a running job's worker is dead after this long without heartbeat"
     )

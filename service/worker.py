@@ -181,6 +181,11 @@ class Worker:
             except ModelError as err:
                 self._fail(job, f"model refused: {err}")
                 return JobStatus.FAILED
+            current = self.storage.get_job(job.id)
+            if current is None or current.status != JobStatus.RUNNING or current.worker != self.name:
+                logger.info("job %s was %s before tuning started", job.id,
+                            "deleted" if current is None else current.status)
+                return JobStatus.CANCELLED if current is not None else JobStatus.FAILED
             resumed = self.storage.count_records(job_id=job.id) > 0
             logger.info("job %s: %s (%s), %d trials%s", job.id, model.filename,
                         self.target.describe(), job.trial_budget, ", resumed" if resumed else "")

@@ -53,13 +53,12 @@ class Server:
         return (self.home / "token").read_text().strip()
 
     def token(self, name: str, kind: str = "user") -> str:
-        """A new token made by the CLI (``tunehub token create``) against this server's database."""
-        out = subprocess.run(
-            [sys.executable, "-m", "service.cli", "token", "create", "--name", name,
-             "--kind", kind, "--db", self.db_url],
-            cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
-        )
-        return out.stdout.strip()
+        """A new token in this server's database (what `tunehub token create` does; the CLI
+        itself is tested in test_cli_tokens.py)."""
+        from service.auth import create_token
+
+        with self.storage() as storage:
+            return create_token(storage, name=name, kind=kind)[0]
 
     def client(self, token: str | None, **kwargs) -> httpx.Client:
         headers = {"Authorization": f"Bearer {token}"} if token else {}
@@ -86,6 +85,7 @@ def start_server(home: Path, *, workers: int = 1, env: dict[str, str] | None = N
         "TUNEHUB_MAX_UPLOAD_BYTES": str(UPLOAD_LIMIT),
         "TUNEHUB_WORKER_POLL_SECS": "0.5",
         "TUNEHUB_HEARTBEAT_SECS": "2",
+        "TUNEHUB_WORKER_NICE": "0",  # tests share a busy machine: tune at normal priority
         **(env or {}),
     }
     full_env.pop("TUNEHUB_DATABASE_URL", None)

@@ -37,10 +37,11 @@ def test_fuzz_no_server_errors(fuzz_server, tmp_path) -> None:
             "--max-time", str(MAX_SECONDS),
             "--request-timeout", "60",
             "--phases", "examples,coverage,fuzzing",
+            "--generation-database", "none",
             "--no-color",
             "--report", "junit", "--report-dir", str(tmp_path),
         ],
-        capture_output=True, text=True, timeout=MAX_SECONDS + 120,
+        capture_output=True, text=True, timeout=MAX_SECONDS + 120, cwd=tmp_path,
     )
     output = result.stdout + result.stderr
     print(output[-3000:])
