@@ -96,7 +96,10 @@ def test_continue_tunes_known_tasks_again(storage, example_model, tmp_path) -> N
         continue_tuning=True,
     )
     assert again.tasks_reused == 0
-    assert again.trials_this_run >= 8
+    # Every candidate measured counts on the job row; the records table keeps one row per
+    # schedule, so a schedule re-measured by the second job may stay attributed to the first.
+    assert storage.get_job(again.job_id).trials_done >= 8
+    assert again.trials_this_run > 0
 
 
 def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
