@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import gc
 import os
 import platform
 import random
@@ -131,6 +132,8 @@ def main() -> int:
                         raise SystemExit(f"the job did not start tuning: {current}")
                     time.sleep(0.5)
                 trials_before = current["trials_done"]
+                gc.collect()
+                gc.freeze()  # this process imported torch (export): keep the GC off its objects
                 print(f"job {job['id']} tuning ({trials_before} trials so far); "
                       f"{args.clients} clients for {args.duration:.0f} s ...", flush=True)
                 latencies, errors, elapsed = asyncio.run(run_load(

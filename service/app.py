@@ -7,6 +7,7 @@ step of a request, runs in a worker thread so the event loop keeps serving.
 from __future__ import annotations
 
 import contextlib
+import gc
 import logging
 import time
 
@@ -84,6 +85,11 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
         import anyio.to_thread
 
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
+        # The process holds millions of long-lived objects (TVM, torch, ONNX for validation):
+        # move them out of the collector's view so a full collection does not stall requests
+        # for hundreds of milliseconds.
+        gc.collect()
+        gc.freeze()
         yield
         if owns:
             storage.close()

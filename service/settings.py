@@ -45,6 +45,9 @@ class Settings(BaseSettings):
         8, ge=1, le=256, description="request threads (each holds one database connection)"
     )
     metrics_public: bool = Field(True, description="serve /metrics without a token")
+    job_status_cache_secs: float = Field(
+        0.25, ge=0, description="how long a job's status page is reused (polled by many clients)"
+    )
     token_cache_secs: float = Field(
         5.0, ge=0, description="how long a token lookup is cached (a revocation's delay)"
     )

@@ -39,6 +39,8 @@ class ServiceState:
     #: lookup is a database round trip. A revoked token stops working within the TTL.
     token_cache: dict[str, tuple[Principal | None, float]] = field(default_factory=dict)
     token_cache_lock: threading.Lock = field(default_factory=threading.Lock)
+    #: job id -> (status page, owner, expiry): a micro-cache for the most polled endpoint.
+    job_cache: dict[int, tuple[object, str | None, float]] = field(default_factory=dict)
 
     def cached_principal(self, token: str) -> Principal | None | object:
         """The cached answer for ``token``, or ``_MISS``."""

@@ -1,6 +1,7 @@
 """``/jobs``: create (queued; a worker claims it), list, get with per-task progress, cancel."""
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path, Query, Response, status
@@ -8,7 +9,7 @@ from fastapi import APIRouter, Path, Query, Response, status
 import db
 from compiler.errors import ModelError
 from service import intake
-from service.api.deps import API_PREFIX, CurrentUser, StorageDep
+from service.api.deps import API_PREFIX, CurrentUser, ServiceState, StateDep, StorageDep
 from service.api.errors import ApiError, model_error, not_found
 from service.api.routes.models import owned_model
 from service.api.schemas import MAX_ID, ErrorBody, JobCreate, JobDetail, JobPublic, JobsPublic
@@ -39,6 +40,24 @@ def job_detail(storage: db.TuningStorage, job_id: int, user) -> JobDetail:
         job, list(progress.tasks), artifact, target_key=progress.target_key, prefix=API_PREFIX,
         model_tasks=progress.model_tasks,
     )
+
+
+def cached_job_detail(state: ServiceState, job_id: int, user) -> JobDetail:
+    """:func:`job_detail`, reused for ``job_status_cache_secs``: many clients polling one job
+    share one database read (progress changes once per measured batch, seconds apart)."""
+    now = time.monotonic()
+    hit = state.job_cache.get(job_id)
+    if hit is not None and hit[2] > now:
+        if hit[1] != user.name:
+            raise not_found("job", job_id)
+        return hit[0]  # type: ignore[return-value]
+    detail = job_detail(state.storage, job_id, user)
+    ttl = state.settings.job_status_cache_secs
+    if ttl > 0:
+        if len(state.job_cache) > 10_000:
+            state.job_cache.clear()
+        state.job_cache[job_id] = (detail, user.name, now + ttl)
+    return detail
 
 
 @router.post(
@@ -87,8 +106,8 @@ def list_jobs(
     responses={404: {"model": ErrorBody}},
     summary="Status, per-task progress, best and estimated latency, artifact links",
 )
-def get_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDetail:
-    return job_detail(storage, job_id, user)
+def get_job(job_id: JobId, state: StateDep, user: CurrentUser) -> JobDetail:
+    return cached_job_detail(state, job_id, user)
 
 
 @router.post(
@@ -97,7 +116,9 @@ def get_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDetail:
     responses={404: {"model": ErrorBody}, 409: {"model": ErrorBody}},
     summary="Cancel a queued or running job (its worker stops at the next batch)",
 )
-def cancel_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDetail:
+def cancel_job(job_id: JobId, state: StateDep, user: CurrentUser) -> JobDetail:
+    storage = state.storage
+    state.job_cache.pop(job_id, None)
     job = owned_job(storage, user, job_id)
     if job.status in db.JobStatus.TERMINAL:
         raise ApiError(
@@ -111,4 +132,5 @@ def cancel_job(job_id: JobId, storage: StorageDep, user: CurrentUser) -> JobDeta
             409, "job_finished",
             f"job {job_id} is {err.current} now; only queued or running jobs can be cancelled",
         ) from None
+    state.job_cache.pop(job_id, None)
     return job_detail(storage, job.id, user)
