@@ -178,7 +178,8 @@ def main() -> int:
         f"- command: `.venv/bin/python bench/bench_api_load.py --clients {args.clients} "
         f"--duration {args.duration:g} --interval {args.interval:g}`",
         f"- server: `tunehub serve` (one uvicorn process, one embedded worker process tuning "
-        f"{args.example}, SQLite WAL); clients: one asyncio process, {args.clients} httpx "
+        f"{args.example} at niceness 10, SQLite WAL, job status page reused for 0.25 s); "
+        f"clients: one asyncio process, {args.clients} httpx "
         f"connections, each `GET /api/v1/jobs/{{id}}` every {args.interval:g} s, same machine",
         f"- the job kept tuning during the window: {tuned} trials measured "
         f"({after['status']}, {after['trials_done']}/{args.trials})",
