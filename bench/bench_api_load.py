@@ -24,8 +24,6 @@ import gc
 import os
 import platform
 import random
-import statistics
-import subprocess
 import sys
 import tempfile
 import time

@@ -32,7 +32,6 @@ import shutil
 import signal
 import socket
 import threading
-from pathlib import Path
 
 import db
 from db import JobStatus
@@ -265,7 +264,3 @@ def run_worker(
     finally:
         if own:
             storage.close()
-
-
-def artifact_dir(settings: Settings, job_id: int) -> Path:
-    return FileStore(settings.resolved_storage_dir()).artifact_dir(job_id)

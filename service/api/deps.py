@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import threading
 import time
-
-import anyio
 from dataclasses import dataclass, field
 from typing import Annotated
 
+import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 

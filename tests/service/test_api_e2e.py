@@ -4,7 +4,6 @@ cancelled and its worker stops; the tuning database is browsable; metrics count 
 from __future__ import annotations
 
 import hashlib
-import json
 import subprocess
 import sys
 import time

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Path, Request, Response, status
 
 from compiler.errors import ModelError
 from service import intake
-from service.api.deps import CurrentUser, FilesDep, SettingsDep, StateDep, StorageDep
+from service.api.deps import CurrentUser, FilesDep, StateDep, StorageDep
 from service.api.errors import ApiError, model_error, not_found
 from service.api.schemas import MAX_ID, ErrorBody, ModelDetail, ModelPublic, ModelsPublic, ModelTask
 from service.uploads import receive_upload
