@@ -2,6 +2,7 @@
 
     .venv/bin/python -m bench.bench_models [--models resnet18 mobilenetv2 bert mlp]
         [--trials 200 1000 2000] [--threads 2] [--throughput-model mlp] [--throughput-trials 64]
+        [--db URL]
 
 For each example network at batch 1 it measures, in one run and on the same inputs: ONNX Runtime,
 torch eager, ``torch.compile`` (inductor), TVM untuned, and TuneHub tuned after each cumulative
@@ -62,38 +63,42 @@ def torch_latencies(name: str, inputs: list[np.ndarray], threads: int) -> dict[s
     return out
 
 
-def bench_model(name: str, budgets: list[int], threads: int, work: Path, storage) -> dict:
+def baseline_row(name: str, threads: int, work: Path) -> tuple[dict, object, list[np.ndarray]]:
+    """Export ``name``, prepare it and measure every framework that needs no tuning."""
     from compiler.build import build
     from compiler.prepare import prepare_model
     from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
     from compiler.verify import random_inputs, time_reference
     from examples.export import export_onnx
-    from tuner.job import tune_model
 
     path = export_onnx(name, work / f"{name}.onnx")
     target = cpu_target(threads)
     prepared = prepare_model(path, target)
     inputs = random_inputs(prepared.model.inputs)
-    row: dict = {"model": name, "tasks": len(prepared.partition.tasks)}
+    row: dict = {"model": name, "tasks": len(prepared.partition.tasks), "path": path}
     row["ONNX Runtime"] = time_reference(prepared.model, repeat=50, threads=threads)
     row.update(torch_latencies(name, inputs, threads))
     untuned = LoadedLibrary.from_executable(build(prepared.mod, target)).time(inputs)
     row["TVM untuned"] = untuned.median_secs
-    done = 0
-    for budget in budgets:
-        start = time.perf_counter()
-        summary = tune_model(
-            storage, prepared, trials=budget - done, output_dir=work / f"{name}-{budget}",
-            continue_tuning=done > 0, filename=path.name,
-        )
-        elapsed = time.perf_counter() - start
-        done += summary.trials_this_run
-        row[f"TuneHub {budget}"] = summary.measured.median_secs if summary.measured else None
-        row[f"trials {budget}"] = done
-        row[f"wall {budget}"] = elapsed
-        row[f"verified {budget}"] = summary.verification["passed"]
-    return row
+    return row, prepared, inputs
+
+
+def tune_rung(row: dict, prepared, budget: int, work: Path, storage) -> None:
+    """Tune ``row``'s model up to ``budget`` cumulative trials and record the tuned latency."""
+    from tuner.job import tune_model
+
+    done = row.get("trials done", 0)
+    start = time.perf_counter()
+    summary = tune_model(
+        storage, prepared, trials=budget - done, output_dir=work / f"{row['model']}-{budget}",
+        continue_tuning=done > 0, filename=row["path"].name,
+    )
+    row["trials done"] = done + summary.trials_this_run
+    row[f"TuneHub {budget}"] = summary.measured.median_secs if summary.measured else None
+    row[f"trials {budget}"] = row["trials done"]
+    row[f"wall {budget}"] = time.perf_counter() - start
+    row[f"verified {budget}"] = summary.verification["passed"]
 
 
 def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
@@ -171,9 +176,12 @@ def write_report(rows: list[dict], budgets: list[int], throughput: dict | None, 
         rungs = ", ".join(
             f"{row.get(f'trials {b}')} trials in {row.get(f'wall {b}', 0):.0f} s"
             f" (verified: {row.get(f'verified {b}')})"
-            for b in budgets
+            for b in budgets if f"trials {b}" in row
         )
         lines.append(f"- {row['model']}: {rungs}")
+    pending = [b for b in budgets if any(f"TuneHub {b}" not in row for row in rows)]
+    if pending:
+        lines += ["", f"Not (yet) run: rungs {pending} for some models ('-' above)."]
     if throughput:
         t = throughput
         ours = t["tunehub_trials"] / t["tunehub_secs"]
@@ -204,6 +212,8 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--throughput-model", default="mlp")
     parser.add_argument("--throughput-trials", type=int, default=64)
+    parser.add_argument("--db", help="keep the tuning database at this URL (default: a temporary "
+                        "SQLite file); bench/bench_cost_model.py trains on such a database")
     args = parser.parse_args()
     import db
 
@@ -216,11 +226,17 @@ def main() -> int:
             throughput = bench_throughput(args.throughput_model, args.throughput_trials,
                                           args.threads, work)
             print(json.dumps(throughput), flush=True)
-        storage = db.open_storage(f"sqlite:///{work / 'bench.db'}", upgrade=True)
+        storage = db.open_storage(args.db or f"sqlite:///{work / 'bench.db'}", upgrade=True)
+        prepared = {}
         for name in args.models:
-            rows.append(bench_model(name, budgets, args.threads, work, storage))
-            print(json.dumps(rows[-1], default=str), flush=True)
-            write_report(rows, budgets, throughput, args.threads)
+            row, prepared[name], _ = baseline_row(name, args.threads, work)
+            rows.append(row)
+            print(json.dumps(row, default=str), flush=True)
+        for budget in budgets:  # rung-major: every model gets the small budget first
+            for row in rows:
+                tune_rung(row, prepared[row["model"]], budget, work, storage)
+                print(json.dumps(row, default=str), flush=True)
+                write_report(rows, budgets, throughput, args.threads)
         storage.close()
     print(write_report(rows, budgets, throughput, args.threads))
     return 0
