@@ -2,7 +2,8 @@
 
     .venv/bin/python -m bench.bench_models [--models resnet18 mobilenetv2 bert mlp]
         [--trials 200 1000 2000] [--threads 2] [--throughput-model mlp] [--throughput-trials 64]
-        [--db URL]
+        [--db URL] [--work DIR]
+    .venv/bin/python -m bench.bench_models --retime DIR [--threads 2]
 
 For each example network at batch 1 it measures, in one run and on the same inputs: ONNX Runtime,
 torch eager, ``torch.compile`` (inductor), TVM untuned, and TuneHub tuned after each cumulative
@@ -10,11 +11,17 @@ trial budget (the database keeps growing: the 1,000-trial artifact is the 200-tr
 ``--continue`` job of 800 more, and so on). Latencies are medians of repeated runs with
 ``--threads`` intra-op threads for every framework (TVM's target has ``num-cores = threads``).
 
+Every TuneHub run uses MetaSchedule's cold XGBModel (``cost_model="cold"``): these runs are the cold
+baseline of ``bench/bench_cost_model.py``, which reads the database ``--db`` keeps.
+
 Throughput: trials/s of TuneHub (SQL database, progress and error callbacks) against a plain
 ``ms.relax_integration.tune_relax`` run with MetaSchedule's JSON database, the same builder,
 runner and search settings and the same budget, on ``--throughput-model``.
 
-Writes ``bench/results/models_<date>.md`` with the machine and date.
+Writes ``bench/results/models_<date>.md`` with the machine and date. ``--work DIR`` keeps the
+artifacts of every rung and ``DIR/rows.json``; ``--retime DIR`` measures the baselines and those
+artifacts again, in one run, without tuning (for a quieter moment than the tuning run had: on a
+shared machine, latencies measured while other work runs are inflated, torch's most of all).
 """
 from __future__ import annotations
 
@@ -92,7 +99,7 @@ def tune_rung(row: dict, prepared, budget: int, work: Path, storage) -> None:
     start = time.perf_counter()
     summary = tune_model(
         storage, prepared, trials=budget - done, output_dir=work / f"{row['model']}-{budget}",
-        continue_tuning=done > 0, filename=row["path"].name,
+        continue_tuning=done > 0, filename=Path(row["path"]).name, cost_model="cold",
     )
     row["trials done"] = done + summary.trials_this_run
     row[f"TuneHub {budget}"] = summary.measured.median_secs if summary.measured else None
@@ -119,7 +126,8 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     batch = choose_batch_size(len(prepared.partition.tasks), trials)
     storage = db.open_storage(f"sqlite:///{work / 'throughput.db'}", upgrade=True)
     start = time.perf_counter()
-    summary = tune_model(storage, prepared, trials=trials, output_dir=work / "tp-tunehub", seed=0)
+    summary = tune_model(storage, prepared, trials=trials, output_dir=work / "tp-tunehub", seed=0,
+                         cost_model="cold")
     tunehub_secs = time.perf_counter() - start
     storage.close()
     measure = MeasureConfig()
@@ -142,13 +150,43 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     }
 
 
+def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None]:
+    """Measure baselines and every stored rung artifact of ``work/rows.json`` again."""
+    from compiler.runner import LoadedLibrary
+
+    saved = json.loads((work / "rows.json").read_text())
+    budgets = saved["budgets"]
+    rows = []
+    for old in saved["rows"]:
+        (work / "retime").mkdir(exist_ok=True)
+        row, _, inputs = baseline_row(old["model"], threads, work / "retime")
+        for key, value in old.items():
+            if key.startswith(("trials ", "wall ", "verified ")):
+                row[key] = value
+        for budget in budgets:
+            library = work / f"{old['model']}-{budget}" / "model.so"
+            if f"TuneHub {budget}" in old and library.exists():
+                row[f"TuneHub {budget}"] = LoadedLibrary(library).time(inputs).median_secs
+        rows.append(row)
+        print(json.dumps(row, default=str), flush=True)
+    return rows, budgets, saved.get("throughput")
+
+
+def save_rows(work: Path, rows: list[dict], budgets: list[int], throughput: dict | None) -> None:
+    (work / "rows.json").write_text(json.dumps(
+        {"budgets": budgets, "rows": rows, "throughput": throughput}, default=str, indent=1
+    ))
+
+
 def _fmt(value) -> str:
     if isinstance(value, float):
         return f"{value * 1e3:.3f}"
     return "-" if value is None else str(value)
 
 
-def write_report(rows: list[dict], budgets: list[int], throughput: dict | None, threads: int) -> Path:
+def write_report(
+    rows: list[dict], budgets: list[int], throughput: dict | None, threads: int, note: str = ""
+) -> Path:
     from bench.bench_db import machine
 
     today = dt.date.today().isoformat()
@@ -161,6 +199,8 @@ def write_report(rows: list[dict], budgets: list[int], throughput: dict | None, 
         "Command: `.venv/bin/python -m bench.bench_models " + " ".join(os.sys.argv[1:]) + "`",
         "",
     ]
+    if note:
+        lines += [note, ""]
     columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned"]
     columns += [f"TuneHub {b}" for b in budgets]
     lines.append("| model | tasks | " + " | ".join(columns) + " | TuneHub best / ORT |")
@@ -214,13 +254,23 @@ def main() -> int:
     parser.add_argument("--throughput-trials", type=int, default=64)
     parser.add_argument("--db", help="keep the tuning database at this URL (default: a temporary "
                         "SQLite file); bench/bench_cost_model.py trains on such a database")
+    parser.add_argument("--work", type=Path, help="keep artifacts and rows.json in DIR")
+    parser.add_argument("--retime", type=Path, metavar="DIR",
+                        help="re-measure baselines and the artifacts a --work run left in DIR")
     args = parser.parse_args()
+    if args.retime:
+        rows, budgets, throughput = retime(args.retime, args.threads)
+        print(write_report(rows, budgets, throughput, args.threads, note=(
+            "Latencies re-measured in one run with `--retime` from the artifacts each rung "
+            "published (tuning itself ran earlier, see trials and wall times).")))
+        return 0
     import db
 
     budgets = sorted(args.trials)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tunehub-bench-") as tmp:
-        work = Path(tmp)
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         throughput = None
         if args.throughput_model:
             throughput = bench_throughput(args.throughput_model, args.throughput_trials,
@@ -237,6 +287,7 @@ def main() -> int:
                 tune_rung(row, prepared[row["model"]], budget, work, storage)
                 print(json.dumps(row, default=str), flush=True)
                 write_report(rows, budgets, throughput, args.threads)
+                save_rows(work, rows, budgets, throughput)
         storage.close()
     print(write_report(rows, budgets, throughput, args.threads))
     return 0

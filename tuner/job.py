@@ -31,6 +31,7 @@ from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs
 from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
+from tuner.cost_models import CostModelChoice, choose_cost_model
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
@@ -224,8 +225,11 @@ def tune_model(
     listeners: Sequence[ProgressListener] = (),
     force: bool = False,
     seed: int | None = None,
+    cost_model: str = "auto",
 ) -> TuneSummary:
     """Tune, compile, verify and publish (see the module docstring).
+
+    ``cost_model`` is a mode of :func:`tuner.cost_models.choose_cost_model`.
 
     Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned library does
     not match the reference; other exceptions also fail the job. ``KeyboardInterrupt`` leaves the
@@ -243,7 +247,7 @@ def tune_model(
     return run_job(
         storage, prepared, job, resumed=resumed, output_dir=output_dir,
         continue_tuning=continue_tuning, measure=measure, search=search, listeners=listeners,
-        force=force, seed=seed,
+        force=force, seed=seed, cost_model=cost_model,
     )
 
 
@@ -260,6 +264,7 @@ def run_job(
     listeners: Sequence[ProgressListener] = (),
     force: bool = False,
     seed: int | None = None,
+    cost_model: str = "auto",
 ) -> TuneSummary:
     """Run a job the caller has moved to ``running`` (a CLI run or a worker's claim).
 
@@ -277,6 +282,7 @@ def run_job(
             output_dir=output_dir, continue_tuning=continue_tuning,
             measure=measure or MeasureConfig(), search=search, listeners=listeners,
             force=force, seed=seed,
+            cost_model=choose_cost_model(storage, prepared.target, cost_model),
         )
     except KeyboardInterrupt:
         storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)
@@ -288,7 +294,7 @@ def run_job(
 
 def _run_job(
     storage, prepared, job, resumed, target_row, workload_ids, *, output_dir, continue_tuning,
-    measure, search, listeners, force, seed,
+    measure, search, listeners, force, seed, cost_model: CostModelChoice,
 ) -> TuneSummary:
     tasks = prepared.partition.tasks
     measured_before = storage.count_records(job_id=job.id)
@@ -324,13 +330,14 @@ def _run_job(
                 measure=measure,
                 search=search,
                 callbacks=[RecordErrorsCallback(database), callback],
+                cost_model=cost_model.model,
                 seed=seed,
             )
+    statuses = {t.id: t.status for t in storage.list_job_tasks(job.id)}
     for key in (t.key for t in to_tune):
         best = _best_secs(storage, workload_ids[key], target_row.id)
         storage.update_job_task_progress(task_ids[key], best_mean_secs=best)
-        current = {t.id: t for t in storage.list_job_tasks(job.id)}[task_ids[key]]
-        if current.status == JobStatus.RUNNING:
+        if statuses[task_ids[key]] == JobStatus.RUNNING:
             storage.transition_job_task(task_ids[key], JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
 
     outcomes = tuple(
@@ -392,4 +399,5 @@ def _run_job(
         measured=timing.get("t"),
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
+        extra={"cost_model": cost_model.summary()},
     )

@@ -14,6 +14,7 @@ import sys
 from collections.abc import Sequence
 
 from service.cli import (
+    cost_model_commands,
     db_commands,
     demo_command,
     model_commands,
@@ -24,7 +25,8 @@ from service.cli import (
 from service.cli.errors import CliError
 
 COMMAND_GROUPS = (
-    model_commands, tune_commands, db_commands, demo_command, serve_command, token_commands
+    model_commands, tune_commands, db_commands, cost_model_commands, demo_command, serve_command,
+    token_commands,
 )
 
 

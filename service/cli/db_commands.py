@@ -10,7 +10,13 @@ import argparse
 from pathlib import Path
 
 from service.cli.errors import CliError
-from service.cli.options import add_db_option, open_storage_from_args, print_json
+from service.cli.options import (
+    add_db_option,
+    add_target_options,
+    open_storage_from_args,
+    print_json,
+    target_from_args,
+)
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,7 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "import", help="merge a MetaSchedule JSON database (best-of, no duplicates)"
     )
     import_.add_argument("directory", type=Path, metavar="DIR")
-    _add_target_options(import_)
+    add_target_options(import_)
     import_.add_argument(
         "--any-target",
         action="store_true",
@@ -42,28 +48,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     export = commands.add_parser("export", help="write one target's records as a JSON database")
     export.add_argument("directory", type=Path, metavar="DIR")
-    _add_target_options(export)
+    add_target_options(export)
     export.add_argument("--valid-only", action="store_true", help="leave failed candidates out")
     add_db_option(export)
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.set_defaults(handler=run_export)
-
-
-def _add_target_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--target", default="cpu", help="target of the records (default: cpu)")
-    parser.add_argument(
-        "--num-cores", type=int, default=None, help="cores for the CPU target (default: all usable)"
-    )
-
-
-def _target(args: argparse.Namespace):
-    from compiler.errors import ModelError
-    from compiler.target import resolve_target
-
-    try:
-        return resolve_target(args.target, args.num_cores)
-    except ModelError as err:
-        raise CliError(str(err)) from None
 
 
 def run_upgrade(args: argparse.Namespace) -> int:
@@ -143,7 +132,7 @@ def run_import(args: argparse.Namespace) -> int:
 
     import db
 
-    target = _target(args)
+    target = target_from_args(args)
     storage = open_storage_from_args(args)
     try:
         report = db.import_json_database(
@@ -172,7 +161,7 @@ def run_export(args: argparse.Namespace) -> int:
 
     import db
 
-    target = _target(args)
+    target = target_from_args(args)
     storage = open_storage_from_args(args)
     try:
         report = db.export_json_database(

@@ -68,3 +68,23 @@ def open_storage_from_args(args: argparse.Namespace):
         return db.open_storage(url, upgrade=embedded)
     except db.StorageError as err:
         raise CliError(str(err)) from None
+
+
+def add_target_options(parser: argparse.ArgumentParser) -> None:
+    """``--target`` and ``--num-cores`` for commands that name a target without a model."""
+    parser.add_argument("--target", default="cpu", help="target of the records (default: cpu)")
+    parser.add_argument(
+        "--num-cores", type=int, default=None, help="cores for the CPU target (default: all usable)"
+    )
+
+
+def target_from_args(args: argparse.Namespace):
+    """The :class:`compiler.target.TargetSpec` of ``--target``/``--num-cores`` (CliError if bad)."""
+    from compiler.errors import ModelError
+    from compiler.target import resolve_target
+    from service.cli.errors import CliError
+
+    try:
+        return resolve_target(args.target, args.num_cores)
+    except ModelError as err:
+        raise CliError(str(err)) from None

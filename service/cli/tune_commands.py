@@ -28,6 +28,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         help="evolutionary-search population per task (default 512, MetaSchedule's; smaller is "
         "faster and searches less)",
     )
+    tune.add_argument(
+        "--cost-model",
+        choices=("auto", "transfer", "cold"),
+        default="auto",
+        help="auto (default): the target's trained model from the database if there is one, "
+        "else MetaSchedule's cold XGBModel; transfer: require the trained model; cold: "
+        "MetaSchedule's XGBModel",
+    )
     tune.set_defaults(handler=run_tune)
 
 
@@ -49,6 +57,13 @@ def run_tune(args: argparse.Namespace) -> int:
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)
     try:
+        if args.cost_model == "transfer":
+            from tuner.cost_models import CostModelUnavailable, choose_cost_model
+
+            try:
+                choose_cost_model(storage, prepared.target, "transfer")
+            except CostModelUnavailable as err:
+                raise CliError(str(err)) from None
         with RichTuneProgress(args.trials) as progress:
             summary = tune_model(
                 storage,
@@ -61,6 +76,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 listeners=[progress],
                 force=args.force,
                 seed=args.seed,
+                cost_model=args.cost_model,
             )
     except ModelError as err:
         raise CliError(str(err)) from None

@@ -1,0 +1,246 @@
+"""Cost-model benchmark: offline ranking quality and search efficiency, warm vs cold.
+
+    .venv/bin/python -m bench.bench_cost_model --source URL [--models mlp bert mobilenetv2]
+        [--folds 4] [--skip-search]
+
+``--source`` is a tuning database holding cold tuning runs of the example models, as
+``bench/bench_models.py --db URL`` leaves it (MetaSchedule's cold XGBModel, every trial stored).
+
+1. Offline evaluation (:mod:`cost_model.evaluate`) over every workload of the source database:
+   held-out workloads, pairwise rank accuracy and top-1/top-5 recall of the transferred model
+   (both objectives) against MetaSchedule's cold XGBModel.
+2. Search efficiency, per model M: the cold curve is M's own run in the source database
+   (estimated model latency, ``sum(weight * best so far)``, after each stored trial). A fresh
+   database receives every record of the *other* workloads of the source (none of M's), a
+   transferred model is trained on it, and M is tuned there with ``--cost-model transfer`` and
+   the same trial budget, stopping as soon as it is within 5 % of the cold run's final estimate.
+   Reported: trials each run needed to get within 5 % of the cold run's final estimate.
+
+Writes ``bench/results/cost_model_<date>.md`` with the machine and date.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+WITHIN = 1.05
+
+
+class _Reached(BaseException):
+    """Raised from a progress listener to stop tuning once the target estimate is reached."""
+
+
+class StopWhenWithin:
+    def __init__(self, goal_secs: float) -> None:
+        self.goal_secs = goal_secs
+        self.reached_at: int | None = None
+
+    def on_batch(self, update) -> None:
+        est = update.estimated_model_secs
+        if est is not None and est <= self.goal_secs:
+            self.reached_at = update.total_trials
+            raise _Reached()
+
+
+def curve(records, weights: dict[int, int]) -> list[float]:
+    """Estimated model latency after each record (inf until every task has a valid one)."""
+    best: dict[int, float] = {}
+    out = []
+    for row in records:
+        if row.workload_id in weights and row.is_valid and row.mean_secs:
+            best[row.workload_id] = min(best.get(row.workload_id, np.inf), row.mean_secs)
+        est = sum(w * best[k] for k, w in weights.items()) if len(best) == len(weights) else np.inf
+        out.append(est)
+    return out
+
+
+def trials_to(goal: float, values: list[float]) -> int | None:
+    for i, value in enumerate(values):
+        if value <= goal:
+            return i + 1
+    return None
+
+
+def model_runs(storage, name: str):
+    """The source database's model row for example ``name`` and its cold records, in order."""
+    models = [m for m in storage.list_models() if m.filename.startswith(f"{name}.")]
+    if not models:
+        raise SystemExit(f"the source database has no model named {name}")
+    model = models[0]
+    jobs = [j for j in storage.list_jobs() if j.model_id == model.id]
+    records = []
+    for job in jobs:
+        after = 0
+        while batch := storage.list_records(job_id=job.id, after_id=after, limit=2000):
+            records.extend(batch)
+            after = batch[-1].id
+    records.sort(key=lambda r: r.id)
+    return model, records
+
+
+def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
+    """Copy every record of ``target_row`` whose workload is not in ``exclude``; return count."""
+    from db import NewTuningRecord
+
+    spec = target_row.spec()
+    dest_target = dest.ensure_target(spec)
+    copied = 0
+    for workload in source.list_workloads(target_id=target_row.id):
+        if workload.id in exclude:
+            continue
+        new = dest.ensure_workload(workload.key, workload.mod_json, flops=workload.flops,
+                                   summary=workload.summary)
+        rows = list(source.iter_records(target_id=target_row.id, workload_id=workload.id))
+        dest.commit_records([
+            NewTuningRecord(
+                workload_id=new.id, target_id=dest_target.id,
+                trace_json=r.trace_json, run_secs=r.run_secs, args_info_json=r.args_info_json,
+                error_text=r.error_text,
+            )
+            for r in rows
+        ])
+        copied += len(rows)
+    return copied
+
+
+def search_efficiency(source, target_row, name: str, work: Path) -> dict:
+    import db
+    from compiler.prepare import prepare_model
+    from cost_model.store import save_model, train_for_target
+    from examples.export import export_onnx
+    from tuner.job import tune_model
+
+    model, cold_records = model_runs(source, name)
+    weights = {w.workload_id: w.weight for w in source.model_workloads(model.id)}
+    tuned = {r.workload_id for r in cold_records}
+    weights = {k: w for k, w in weights.items() if k in tuned}  # untunable tasks left out
+    cold = curve(cold_records, weights)
+    cold_final = cold[-1]
+    goal = WITHIN * cold_final
+    row = {"model": name, "cold_trials": len(cold_records), "cold_final_ms": cold_final * 1e3,
+           "cold_to_goal": trials_to(goal, cold)}
+    dest = db.open_storage(f"sqlite:///{work / f'warm-{name}.db'}", upgrade=True)
+    try:
+        row["transfer_records"] = copy_other_workloads(source, dest, target_row, set(weights))
+        spec = target_row.spec()
+        start = time.perf_counter()
+        trained = train_for_target(dest, spec)
+        row["train_secs"] = time.perf_counter() - start
+        save_model(dest, spec, trained)
+        path = export_onnx(name, work / f"{name}.onnx")
+        prepared = prepare_model(path, spec)
+        if prepared.target.key != spec.key:
+            raise SystemExit("this machine's target differs from the source database's")
+        stop = StopWhenWithin(goal)
+        start = time.perf_counter()
+        try:
+            tune_model(dest, prepared, trials=len(cold_records), output_dir=work / f"out-{name}",
+                       filename=path.name, listeners=[stop], cost_model="transfer", seed=0)
+        except (_Reached, RuntimeError) as err:
+            if stop.reached_at is None:
+                raise err
+        row["warm_secs"] = time.perf_counter() - start
+        job = max(dest.list_jobs(), key=lambda j: j.id)
+        warm_records = dest.list_records(job_id=job.id, limit=100000)
+        dest_weights = {dest.workload_ids([source.get_workload_by_id(k).key])[
+            source.get_workload_by_id(k).key]: w for k, w in weights.items()}
+        warm = curve(warm_records, dest_weights)
+        row["warm_trials"] = len(warm_records)
+        row["warm_to_goal"] = trials_to(goal, warm)
+        row["warm_best_ms"] = min(warm, default=np.inf) * 1e3
+    finally:
+        dest.close()
+    return row
+
+
+def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
+    from bench.bench_db import machine
+
+    today = dt.date.today().isoformat()
+    lines = [
+        f"# Cost-model benchmark ({today})",
+        "",
+        f"Machine: {json.dumps(machine())}.",
+        "Command: `.venv/bin/python -m bench.bench_cost_model " + " ".join(os.sys.argv[1:]) + "`",
+        f"Source database: cold runs written by `bench/bench_models.py --db` ({source_url}).",
+        "",
+    ]
+    if eval_rows:
+        lines += [
+            "## Offline evaluation: held-out workloads",
+            "",
+            f"{args.folds} workload folds; each held-out workload's records in measurement order, "
+            "first half = history a run may have measured (`seen`), second half = test candidates. "
+            "cold = MetaSchedule's XGBModel updated with the `seen` records (random below its 100 "
+            "warm-up samples); transfer = booster trained on the other folds' workloads, "
+            "fine-tuned on the `seen` records.",
+            "",
+            "| model | seen | workloads | pairwise acc | top-1 recall | top-5 recall |",
+            "|---|---|---|---|---|---|",
+        ]
+        for r in eval_rows:
+            lines.append(f"| {r.model} | {r.seen} | {r.workloads} | {r.pairwise:.3f} | "
+                         f"{r.top1:.3f} | {r.top5:.3f} |")
+    if search_rows:
+        lines += [
+            "",
+            "## Search efficiency: trials to within 5 % of the cold run's final estimate",
+            "",
+            "| model | cold trials | cold final est. (ms) | cold trials to goal | records transferred "
+            "| warm trials to goal | warm / cold | warm best est. (ms) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for r in search_rows:
+            ratio = (f"{r['warm_to_goal'] / r['cold_to_goal']:.2f}"
+                     if r.get("warm_to_goal") and r.get("cold_to_goal") else "-")
+            warm = r.get("warm_to_goal") or f"not within {r.get('warm_trials')}"
+            lines.append(
+                f"| {r['model']} | {r['cold_trials']} | {r['cold_final_ms']:.4f} | "
+                f"{r['cold_to_goal']} | {r.get('transfer_records')} | {warm} | {ratio} | "
+                f"{r.get('warm_best_ms', float('nan')):.4f} |"
+            )
+    out = REPO / "bench" / "results" / f"cost_model_{today}.md"
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--source", required=True, help="database URL with cold runs")
+    parser.add_argument("--models", nargs="*", default=["mlp", "bert", "mobilenetv2"])
+    parser.add_argument("--folds", type=int, default=4)
+    parser.add_argument("--skip-eval", action="store_true")
+    args = parser.parse_args()
+    import db
+    from compiler.target import cpu_target
+    from cost_model.dataset import extend_training_set
+    from cost_model.evaluate import evaluate
+
+    source = db.open_storage(args.source)
+    target_row = source.get_target(cpu_target().key)
+    if target_row is None:
+        raise SystemExit("the source database has no records for this machine's CPU target")
+    eval_rows, search_rows = [], []
+    if not args.skip_eval:
+        training_set = extend_training_set(source, target_row)
+        eval_rows = evaluate(source, target_row, training_set, folds=args.folds)
+        print(write_report(eval_rows, search_rows, args.source, args), flush=True)
+    with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
+        for name in args.models:
+            search_rows.append(search_efficiency(source, target_row, name, Path(tmp)))
+            print(json.dumps(search_rows[-1], default=str), flush=True)
+            print(write_report(eval_rows, search_rows, args.source, args), flush=True)
+    source.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,193 @@
+"""The MetaSchedule cost model TuneHub tunes with: transferred from the database, guarded.
+
+:class:`TransferCostModel` starts from a booster trained on every stored record of the target
+(:mod:`cost_model.store`), so its first predictions already rank candidates, where MetaSchedule's
+own ``XGBModel`` predicts at random until it has 100 samples of the current run. During tuning it
+keeps the run's measurements per workload and fine-tunes a copy of the transferred booster on
+them (a few boosting rounds on top of it, whenever the run's data grew by a fifth).
+
+Negative transfer guard: MetaSchedule's cold ``XGBModel`` is trained alongside on the same
+measurements. Before learning from a measured batch, both models score it, and each one's
+pairwise rank accuracy on that batch is kept per workload over the last ``guard_window`` batches.
+When the cold model ranks that workload's batches better by more than ``guard_margin``,
+predictions for it come from the cold model (and switch back when the transferred one recovers).
+:attr:`TransferCostModel.guard_log` keeps every decision for reports.
+"""
+from __future__ import annotations
+
+import logging
+import os
+from collections import defaultdict, deque
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from tvm.ir.utils import derived_object
+from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.cost_model import PyCostModel
+
+from compiler.keys import workload_key
+from cost_model.booster import BoosterConfig, booster_from_bytes, booster_to_bytes, predict
+from cost_model.booster import train_booster
+from cost_model.dataset import throughput_labels
+from cost_model.features import candidate_features, make_extractor
+from cost_model.metrics import pairwise_counts
+
+logger = logging.getLogger("tunehub.cost_model")
+
+
+@dataclass(frozen=True)
+class GuardDecision:
+    """One measured batch as the guard saw it."""
+
+    workload: str
+    transfer_accuracy: float
+    cold_accuracy: float
+    uses_cold: bool
+
+
+def measured_costs(results: list[Any]) -> np.ndarray:
+    """Mean run time of each ``RunnerResult``; ``inf`` for a failed candidate."""
+    costs = []
+    for result in results:
+        secs = [float(s) for s in (result.run_secs or [])]
+        valid = result.error_msg is None and secs and max(secs) < 1e9
+        costs.append(float(np.mean(secs)) if valid else np.inf)
+    return np.array(costs, dtype=np.float64)
+
+
+class _RankWindow:
+    """Correct and comparable pair counts of the last ``size`` batches."""
+
+    def __init__(self, size: int) -> None:
+        self.batches: deque[tuple[int, int]] = deque(maxlen=size)
+
+    def add(self, correct: int, total: int) -> None:
+        if total:
+            self.batches.append((correct, total))
+
+    @property
+    def pairs(self) -> int:
+        return sum(t for _, t in self.batches)
+
+    @property
+    def accuracy(self) -> float:
+        total = self.pairs
+        return sum(c for c, _ in self.batches) / total if total else float("nan")
+
+
+@derived_object
+class TransferCostModel(PyCostModel):
+    """A MetaSchedule cost model warm-started from a booster trained on the database.
+
+    Args:
+        base_booster: the transferred ``xgb.Booster`` (never modified).
+        config: booster settings (the objective must match the one ``base_booster`` was
+            trained with).
+        cold: MetaSchedule's cost model to compare with and fall back to (default: a fresh
+            ``ms.cost_model.XGBModel``).
+        guard_window: batches per workload the rank comparison looks back over.
+        guard_margin: how much better (pairwise accuracy) the cold model must rank to be used.
+        guard_min_pairs: comparable pairs needed in the window before any switch.
+    """
+
+    def __init__(
+        self,
+        base_booster: Any,
+        config: BoosterConfig,
+        *,
+        cold: Any | None = None,
+        guard_window: int = 4,
+        guard_margin: float = 0.03,
+        guard_min_pairs: int = 50,
+    ) -> None:
+        super().__init__()
+        self.base_booster = base_booster
+        self.booster = base_booster
+        self.config = config
+        self.extractor = make_extractor()
+        self.cold = cold or ms.cost_model.XGBModel(
+            num_tuning_cores=max(1, len(os.sched_getaffinity(0))), verbose_eval=0
+        )
+        self.guard_window = guard_window
+        self.guard_margin = guard_margin
+        self.guard_min_pairs = guard_min_pairs
+        self.guard_log: list[GuardDecision] = []
+        self._transfer_rank: dict[str, _RankWindow] = defaultdict(lambda: _RankWindow(guard_window))
+        self._cold_rank: dict[str, _RankWindow] = defaultdict(lambda: _RankWindow(guard_window))
+        self._uses_cold: dict[str, bool] = {}
+        self._features: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._costs: dict[str, list[np.ndarray]] = defaultdict(list)
+        self._samples = 0
+        self._last_fine_tune = 0
+        self._keys: dict[int, str] = {}
+
+    # -- PyCostModel -----------------------------------------------------------------------
+    def load(self, path: str) -> None:
+        with open(path, "rb") as file:
+            self.booster = self.base_booster = booster_from_bytes(file.read())
+
+    def save(self, path: str) -> None:
+        with open(path, "wb") as file:
+            file.write(booster_to_bytes(self.booster))
+
+    def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
+        key = self._key(context)
+        if self._uses_cold.get(key, False):
+            return np.asarray(self.cold.predict(context, candidates), dtype=np.float64)
+        return predict(self.booster, candidate_features(context, candidates, self.extractor))
+
+    def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
+        if not candidates:
+            return
+        key = self._key(context)
+        features = candidate_features(context, candidates, self.extractor)
+        costs = measured_costs(results)
+        self._observe(key, predict(self.booster, features),
+                      np.asarray(self.cold.predict(context, candidates)), costs)
+        self.cold.update(context, candidates, results)
+        self._features[key].append(features)
+        self._costs[key].append(costs)
+        self._samples += len(costs)
+        if self._samples - self._last_fine_tune >= max(16, self._last_fine_tune // 5):
+            self._fine_tune()
+
+    # -- internals -------------------------------------------------------------------------
+    def _key(self, context: Any) -> str:
+        handle = context.mod.__hash__()
+        key = self._keys.get(handle)
+        if key is None:
+            key = self._keys[handle] = workload_key(context.mod)
+        return key
+
+    def _observe(self, key: str, transfer: np.ndarray, cold: np.ndarray, costs: np.ndarray) -> None:
+        self._transfer_rank[key].add(*pairwise_counts(transfer, costs))
+        self._cold_rank[key].add(*pairwise_counts(cold, costs))
+        t_window, c_window = self._transfer_rank[key], self._cold_rank[key]
+        uses_cold = self._uses_cold.get(key, False)
+        if t_window.pairs >= self.guard_min_pairs:
+            gap = c_window.accuracy - t_window.accuracy
+            if not uses_cold and gap > self.guard_margin:
+                uses_cold = True
+            elif uses_cold and gap < -self.guard_margin:
+                uses_cold = False
+        if uses_cold != self._uses_cold.get(key, False):
+            logger.info("cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)", key,
+                        "cold" if uses_cold else "transferred", t_window.accuracy,
+                        c_window.accuracy)
+        self._uses_cold[key] = uses_cold
+        self.guard_log.append(GuardDecision(key, t_window.accuracy, c_window.accuracy, uses_cold))
+
+    def _fine_tune(self) -> None:
+        keys = list(self._features)
+        features = np.concatenate([np.concatenate(self._features[k]) for k in keys])
+        costs = np.concatenate([np.concatenate(self._costs[k]) for k in keys])
+        groups = np.concatenate(
+            [np.full(sum(len(c) for c in self._costs[k]), i) for i, k in enumerate(keys)]
+        )
+        labels = throughput_labels(costs, groups)
+        if not labels.any():
+            return
+        self.booster = train_booster(features, labels, groups, self.config,
+                                     base=self.base_booster, rounds=self.config.fine_tune_rounds)
+        self._last_fine_tune = self._samples

@@ -1,0 +1,147 @@
+"""The transferred cost model on a real tuning database (a few real MetaSchedule trials).
+
+One small CNN is tuned cold into a SQLite database once for the module; the tests then extract
+features from its records, train and persist a model, tune another model with it, check that
+the negative-transfer guard falls back to MetaSchedule's cold model when the transferred one
+ranks backwards, and drive the CLI.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from cost_model.booster import BoosterConfig, predict, train_booster
+from cost_model.dataset import extend_training_set, throughput_labels
+from cost_model.features import FEATURE_LENGTH, records_to_candidates, tune_context
+from cost_model.store import load_model, maybe_retrain, save_model, train
+from cost_model.transfer import TransferCostModel
+from tuner.job import tune_model
+from tuner.search import FAST_SEARCH
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+def tuned(tmp_path_factory, example_model):
+    """A database holding one cold tuning run of the small CNN (6 tasks, ~24 trials)."""
+    work = tmp_path_factory.mktemp("cost-model")
+    url = f"sqlite:///{work / 'tune.db'}"
+    storage = db.open_storage(url, upgrade=True)
+    target = cpu_target()
+    prepared = prepare_model(example_model("small_cnn", "onnx"), target)
+    summary = tune_model(storage, prepared, trials=24, output_dir=work / "cnn", search=FAST_SEARCH,
+                         seed=0, cost_model="cold")
+    assert summary.extra["cost_model"]["kind"] == "cold"
+    yield storage, target, url, work
+    storage.close()
+
+
+def test_training_set_persist_and_reload(tuned) -> None:
+    storage, target, _, _ = tuned
+    target_row = storage.get_target(target.key)
+    records = storage.count_records(target_id=target_row.id)
+    training_set = extend_training_set(storage, target_row)
+    # Every stored record replays into one feature row, in record-id order.
+    assert len(training_set) == records > 0
+    assert training_set.features.shape == (records, FEATURE_LENGTH)
+    assert np.isfinite(training_set.features).all()
+    assert (np.diff(training_set.record_ids) > 0).all()
+    labels = throughput_labels(training_set.costs, training_set.groups)
+    assert ((labels >= 0) & (labels <= 1)).all() and labels.max() == 1.0
+    # Nothing new since: extending is a no-op.
+    assert extend_training_set(storage, target_row, training_set) is training_set
+
+    model = train(training_set, BoosterConfig(rounds=20))
+    model_id = save_model(storage, target, model)
+    loaded = load_model(storage, target)
+    assert loaded is not None and loaded.model_id == model_id
+    assert loaded.n_samples == records and loaded.objective == "rank"
+    np.testing.assert_array_equal(
+        predict(loaded.booster, training_set.features), predict(model.booster, training_set.features)
+    )
+    # Too few new records since that model: no retraining.
+    assert maybe_retrain(storage, target) is None
+
+
+def test_tune_with_transferred_model(tuned, example_model) -> None:
+    storage, target, _, work = tuned
+    if load_model(storage, target) is None:
+        save_model(storage, target, train(extend_training_set(storage, storage.get_target(target.key)),
+                                          BoosterConfig(rounds=20)))
+    prepared = prepare_model(example_model("mlp", "onnx"), target)
+    summary = tune_model(storage, prepared, trials=8, output_dir=work / "mlp", search=FAST_SEARCH,
+                         seed=0, cost_model="transfer")
+    info = summary.extra["cost_model"]
+    assert info["kind"] == "transfer" and info["model_id"] == load_model(storage, target).model_id
+    assert info["batches_scored"] >= 1
+    assert summary.trials_this_run >= 8 and summary.verification["passed"]
+
+
+def _candidates(storage, target):
+    """Replayed candidates and measured costs of the workload with the most valid records."""
+    target_row = storage.get_target(target.key)
+    best = max(storage.list_workloads(target_id=target_row.id), key=lambda w: storage.count_records(
+        target_id=target_row.id, workload_id=w.id, valid=True))
+    rows = storage.list_records(target_id=target_row.id, workload_id=best.id, limit=1000)
+    mod = tvm.ir.load_json(best.mod_json)
+    candidates, kept = records_to_candidates(mod, ((r.trace_json, r.args_info_json) for r in rows))
+    costs = np.array([rows[i].mean_secs if rows[i].is_valid else np.inf for i in kept])
+    return tune_context(mod, target.tvm_target()), candidates, costs
+
+
+def test_guard_falls_back_to_cold_model_when_transfer_ranks_backwards(tuned) -> None:
+    storage, target, _, _ = tuned
+    context, candidates, costs = _candidates(storage, target)
+    assert np.isfinite(costs).sum() >= 3
+    from cost_model.features import candidate_features
+
+    features = candidate_features(context, candidates)
+    groups = np.zeros(len(costs), dtype=np.int32)
+    # A booster that learned the opposite order: negative transfer on purpose.
+    backwards = train_booster(features, 1.0 - throughput_labels(costs, groups), groups,
+                              BoosterConfig(objective="throughput", rounds=30))
+    model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
+                              guard_min_pairs=1, guard_margin=0.0)
+    results = [ms.runner.RunnerResult(run_secs=[float(c)] if np.isfinite(c) else None,
+                                      error_msg=None if np.isfinite(c) else "failed")
+               for c in costs]
+    np.random.seed(0)
+    model.update(context, candidates, results)
+    decision = model.guard_log[-1]
+    assert decision.transfer_accuracy < 0.5 and decision.uses_cold
+    # Predictions for that workload now come from MetaSchedule's cold model.
+    assert len(model.predict(context, candidates)) == len(candidates)
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO, text=True,
+                          capture_output=True, env={**os.environ}, timeout=600)
+
+
+def test_cli_train_and_refusals(tuned, tmp_path, example_model) -> None:
+    _, _, url, _ = tuned
+    done = _cli("cost-model", "train", "--db", url, "--json")
+    assert done.returncode == 0, done.stderr
+    summary = json.loads(done.stdout)
+    assert summary["records"] > 0 and summary["model_id"] > 0
+    # Evaluation needs several workloads with enough records: a clear refusal, exit 2.
+    done = _cli("cost-model", "eval", "--db", url, "--min-records", "1000")
+    assert done.returncode == 2 and "workloads with at least 1000 records" in done.stderr
+    # A database without a trained model cannot tune with --cost-model transfer.
+    empty = f"sqlite:///{tmp_path / 'empty.db'}"
+    db.open_storage(empty, upgrade=True).close()
+    done = _cli("tune", str(example_model("mlp", "onnx")), "--trials", "4", "--db", empty,
+                "--cost-model", "transfer")
+    assert done.returncode == 2 and "no trained cost model" in done.stderr
+    assert db.open_storage(empty).count_jobs() == 0

@@ -1,0 +1,71 @@
+"""Which cost model a tuning run uses, and what it reports about it afterwards.
+
+Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tuner.job.tune_model`):
+
+``auto`` (default)
+    the target's persisted transferred model (:func:`cost_model.store.load_model`) when there is
+    one for this feature and TVM version, else MetaSchedule's cold ``XGBModel``;
+``transfer``
+    the persisted model, or :class:`CostModelUnavailable` when there is none;
+``cold``
+    MetaSchedule's cold ``XGBModel`` (what plain ``tune_relax`` uses).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+COST_MODEL_MODES = ("auto", "transfer", "cold")
+
+
+class CostModelUnavailable(ValueError):
+    """``--cost-model transfer`` was asked for but the target has no usable persisted model."""
+
+
+@dataclass
+class CostModelChoice:
+    """The MetaSchedule cost model of a run plus what to say about it in the summary."""
+
+    model: Any  # a PyCostModel instance or MetaSchedule's name "xgb"
+    kind: str  # "transfer" or "cold"
+    model_id: int | None = None
+    trained_on: int = 0
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def summary(self) -> dict[str, Any]:
+        """JSON for the run summary: kind, persisted model id and size, guard fallbacks."""
+        out: dict[str, Any] = {"kind": self.kind, "model_id": self.model_id,
+                               "trained_on_records": self.trained_on}
+        log = getattr(self.model, "guard_log", None) if self.kind == "transfer" else None
+        if log:
+            last: dict[str, Any] = {}
+            for decision in log:
+                last[decision.workload] = decision
+            out["workloads_on_cold_model"] = sorted(k for k, d in last.items() if d.uses_cold)
+            out["batches_scored"] = len(log)
+        return out
+
+
+def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
+    """The cost model for tuning ``target`` (a :class:`compiler.target.TargetSpec`).
+
+    Raises ``ValueError`` for an unknown mode and :class:`CostModelUnavailable` for
+    ``transfer`` without a persisted model.
+    """
+    if mode not in COST_MODEL_MODES:
+        raise ValueError(f"unknown cost model {mode!r}; choose one of {', '.join(COST_MODEL_MODES)}")
+    if mode == "cold":
+        return CostModelChoice("xgb", "cold")
+    from cost_model.store import load_model
+    from cost_model.transfer import TransferCostModel
+
+    trained = load_model(storage, target)
+    if trained is None:
+        if mode == "transfer":
+            raise CostModelUnavailable(
+                f"no trained cost model for target {target.describe()}; "
+                "run `tunehub cost-model train` first"
+            )
+        return CostModelChoice("xgb", "cold")
+    model = TransferCostModel(trained.booster, trained.config())
+    return CostModelChoice(model, "transfer", trained.model_id, trained.n_samples)
