@@ -70,7 +70,7 @@ Errors
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from db.types import (
@@ -445,13 +445,19 @@ class TuningStorage(abc.ABC):
 
     @abc.abstractmethod
     def claim_task_lease(
-        self, worker: str, *, target_id: int, lease_secs: float, max_trials: int
+        self,
+        worker: str,
+        *,
+        target_id: int,
+        lease_secs: float,
+        max_trials: int | Callable[[int], int],
     ) -> TaskLease | None:
         """Lease the next queued task of a running job for ``target_id`` to ``worker``.
 
         Order: job priority, job age, heaviest task (FLOPs x weight). The lease covers
-        ``min(remaining, max_trials)`` trials and expires ``lease_secs`` from now unless renewed.
-        ``None`` when no task is waiting.
+        ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the task's
+        trial budget) and expires ``lease_secs`` from now unless renewed. ``None`` when no task
+        is waiting.
         """
 
     @abc.abstractmethod

@@ -10,7 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -1064,10 +1064,14 @@ class SQLStorage(TuningStorage):
             return _frozen(Job, session.get(JobRow, job_id, populate_existing=True))
 
     def claim_task_lease(
-        self, worker: str, *, target_id: int, lease_secs: float, max_trials: int
+        self,
+        worker: str,
+        *,
+        target_id: int,
+        lease_secs: float,
+        max_trials: int | Callable[[int], int],
     ) -> TaskLease | None:
-        if max_trials < 1:
-            raise StorageError(f"max_trials must be >= 1, got {max_trials}")
+        cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
         candidate = (
             select(JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id)
             .join(JobRow, JobRow.id == JobTaskRow.job_id)
@@ -1116,7 +1120,7 @@ class SQLStorage(TuningStorage):
                     work_key=f"task:{task_id}",
                     worker=worker,
                     status=LeaseStatus.ACTIVE,
-                    trials=min(remaining, max_trials),
+                    trials=max(1, min(remaining, int(cap(budget)))),
                     expires_at=self._db_now_plus(lease_secs),
                 )
                 session.add(lease)
