@@ -219,7 +219,6 @@ class Worker:
             return self._end(offer, "failed", f"{type(err).__name__}: {err}")
         reason = verdict["reason"]
         if reason == "cancelled":
-            logger.info("job %s cancelled", offer.job_id)
             return self._end(offer, "cancelled")
         if reason == "lost":
             return "lost"

@@ -149,6 +149,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
     if args.concurrency > 1:
         return _run_worker_processes(args)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per heartbeat otherwise
     if args.nice:
         os.nice(args.nice)
     try:
