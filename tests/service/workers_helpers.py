@@ -111,11 +111,19 @@ def start_rpc(folder: Path, *, servers: int, key: str = "tunehub-test") -> RpcCl
 
 
 def _wait_tracker(cluster: RpcCluster, *, servers: int, timeout: float = 120) -> None:
+    import socket
+
     from tvm import rpc
 
     deadline = time.monotonic() + timeout
     while True:
+        dead = [p for p in cluster.procs if p.popen.poll() is not None]
+        if dead:
+            cluster.stop()
+            raise RuntimeError(f"{dead[0].name} exited:\n{dead[0].text()[-3000:]}")
         try:
+            # A plain connection first: TVM's own tracker client retries for a minute.
+            socket.create_connection(("127.0.0.1", cluster.tracker_port), timeout=1).close()
             summary = rpc.connect_tracker("127.0.0.1", cluster.tracker_port).summary()
             free = sum(1 for s in summary["server_info"] if s["key"].endswith(f":{cluster.key}"))
             if free >= servers:
