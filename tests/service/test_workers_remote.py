@@ -124,6 +124,40 @@ def test_killed_worker_loses_its_lease_and_another_finishes(server, tmp_path) ->
     assert server.alive()
 
 
+def test_sigterm_returns_the_lease(server, tmp_path) -> None:
+    import signal
+
+    import onnx
+
+    from tests.onnx_factory import matmul_model
+
+    path = tmp_path / "matmul-small.onnx"
+    onnx.save(matmul_model(rows=16, inner=64, cols=32), path)
+    token = server.token("ci-term", kind="worker")
+    with server.client(server.token("erin")) as user:
+        model = upload(user, path).json()
+        job = user.post("/jobs", json={"model_id": model["id"], "trial_budget": 8}).json()
+        worker = start_worker(server, token, "terminated", tmp_path)
+        deadline = time.monotonic() + 300
+        while True:
+            listed = {w["name"]: w for w in user.get("/workers").json()["data"]}
+            if listed.get("terminated", {}).get("current_lease"):
+                break
+            assert worker.popen.poll() is None, worker.text()[-3000:]
+            assert time.monotonic() < deadline, worker.text()[-3000:]
+            time.sleep(0.3)
+        worker.popen.send_signal(signal.SIGTERM)  # a CI runner being cancelled
+        assert wait_exit(worker, 60) == 128 + signal.SIGTERM
+        (lease,) = _leases(user, job["id"])
+        assert lease["status"] == "returned" and "signal" in lease["error"]
+        detail = user.get(f"/jobs/{job['id']}").json()
+        assert detail["status"] == "running" and detail["tasks"][0]["status"] == "queued"
+        assert detail["tasks"][0]["trials_done"] == lease["trials_done"]  # uploads kept
+        assert {w["name"]: w for w in user.get("/workers").json()["data"]}["terminated"]["status"] == "offline"
+        assert "lease" in worker.text() and "returned" in worker.text()
+        user.post(f"/jobs/{job['id']}/cancel")
+
+
 @pytest.fixture
 def postgres_url(tmp_path):
     from tests.db.conftest import new_database_url
