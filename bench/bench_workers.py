@@ -3,7 +3,7 @@
     .venv/bin/python bench/bench_workers.py [--workers 1 2 4] [--tasks 4] [--trials 8] [--rpc 0]
 
 For each worker count, a fresh ``tunehub serve --no-worker`` (SQLite, temporary home; PostgreSQL
-with ``--db URL``) gets ``--tasks`` one-task models (matmuls of different shapes, so no task is
+with ``--db URL``, a fresh database per run) gets ``--tasks`` one-task models (matmuls of different shapes, so no task is
 shared), each with a job of ``--trials`` trials; then N ``tunehub worker --server ... --once``
 processes lease the tasks over HTTP until the queue is empty. Measurement throughput is the
 trials uploaded (counted by the coordinator) divided by the window from the first lease to the
@@ -58,6 +58,25 @@ def _parse_time(text: str) -> float:
     return dt.datetime.fromisoformat(text.replace("Z", "+00:00")).timestamp()
 
 
+def _fresh_postgres(admin_url: str, name: str) -> str:
+    """A new empty, upgraded database next to ``admin_url`` (each run starts with no records)."""
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    import db
+
+    admin = make_url(admin_url).set(drivername="postgresql+psycopg")
+    engine = create_engine(admin, isolation_level="AUTOCOMMIT")
+    with engine.connect() as conn:
+        conn.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        conn.execute(text(f'CREATE DATABASE "{name}"'))
+    engine.dispose()
+    url = admin.set(database=name).render_as_string(hide_password=False)
+    with db.open_storage(url, upgrade=True):
+        pass
+    return url
+
+
 def run_once(n_workers: int, args, folder: Path) -> dict:
     import onnx
 
@@ -65,7 +84,8 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
 
     home = folder / f"home-{n_workers}"
     env = {"TUNEHUB_LEASE_SECS": "120", "TUNEHUB_SEARCH_POPULATION": str(args.population)}
-    server = start_server(home, workers=0, env=env, db_url=args.db)
+    db_url = _fresh_postgres(args.db, f"tunehub_bench_workers_{n_workers}") if args.db else None
+    server = start_server(home, workers=0, env=env, db_url=db_url)
     rpc = start_rpc(folder, servers=args.rpc, key=f"bench-{n_workers}") if args.rpc else None
     procs = []
     try:
@@ -121,17 +141,14 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=8, help="trials per task")
     parser.add_argument("--population", type=int, default=64, help="search population")
     parser.add_argument("--rpc", type=int, default=0, help="measure through K RPC servers")
-    parser.add_argument("--db", default=None, help="database URL (default: SQLite in the home)")
+    parser.add_argument("--db", default=None, metavar="POSTGRES_URL",
+                        help="PostgreSQL server URL: a fresh database is made on it for each run "
+                        "(default: SQLite in a temporary home)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not 1 <= args.tasks <= len(SHAPES):
         parser.error(f"--tasks must be 1..{len(SHAPES)}")
-    if args.db:
-        import db
-
-        with db.open_storage(args.db, upgrade=True):
-            pass
     results = []
     with tempfile.TemporaryDirectory(prefix="tunehub-bench-workers-") as tmp:
         for n in args.workers:
