@@ -38,6 +38,21 @@ Workers and job leases
     may call it; each move is a compare-and-set) and the next claim resumes them from their
     stored records. Jobs run by the CLI have no worker and are never reaped.
 
+Task leases (distributed workers)
+    A queued job is *started* (:meth:`TuningStorage.start_job`: ``queued -> running`` and its
+    tasks created, one transaction) by whoever plans it. Its queued tasks are then leased one at a
+    time (:meth:`claim_task_lease`: a lease of at most ``max_trials`` of the task's remaining
+    trials; ``FOR UPDATE SKIP LOCKED`` on PostgreSQL), each measured batch is counted once
+    (:meth:`record_lease_batch`, idempotent by batch number), and the worker ends its lease
+    (:meth:`finish_lease`). Once no task of a running job is queued or running, one worker takes
+    its ``finalize`` lease (:meth:`claim_finalize_lease`) and completes the job
+    (:meth:`complete_finalize`). A lease lives while its worker heartbeats
+    (:meth:`renew_leases`); any process may expire stale ones (:meth:`reap_expired_leases`,
+    compare-and-set): their work goes back to the queue with the trials already counted kept. At
+    most one lease per piece of work is active (a partial unique index), so work is never
+    assigned twice. A task whose leases expired or failed ``max_attempts`` times fails instead of
+    going back; so does a finalize step (failing its job).
+
 Cancellation
     The job's user may cancel it in ``queued`` or ``running`` (``-> cancelled``, final) without
     owning it; the worker running it notices at its next progress write and stops. Its own later
@@ -55,7 +70,7 @@ Errors
 from __future__ import annotations
 
 import abc
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 from db.types import (
@@ -66,11 +81,13 @@ from db.types import (
     Job,
     JobProgress,
     JobTask,
+    LeaseBatchResult,
     ModelRecord,
     ModelWorkload,
     NewJobTask,
     NewTuningRecord,
     TargetRecord,
+    TaskLease,
     TuningRecordRow,
     Worker,
     WorkloadRecord,
@@ -416,6 +433,127 @@ class TuningStorage(abc.ABC):
         self, task_id: int, *, trials_done: int | None = None, best_mean_secs: float | None = None
     ) -> JobTask:
         """Record progress; ``best_mean_secs`` only ever decreases."""
+
+    # -- task leases (distributed workers; see the module docstring) --------------------------
+    @abc.abstractmethod
+    def start_job(self, job_id: int, tasks: Sequence[NewJobTask]) -> Job | None:
+        """Move a queued job to ``running`` and create its planned tasks, in one transaction.
+
+        Tasks of an earlier run (same workload) are kept, unfinished ones queued again. Returns
+        ``None`` (nothing written) when the job is no longer queued: another process started it.
+        """
+
+    @abc.abstractmethod
+    def claim_task_lease(
+        self,
+        worker: str,
+        *,
+        target_id: int,
+        lease_secs: float,
+        max_trials: int | Callable[[int], int],
+    ) -> TaskLease | None:
+        """Lease the next queued task of a running job for ``target_id`` to ``worker``.
+
+        Order: job priority, job age, heaviest task (FLOPs x weight). The lease covers
+        ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the task's
+        trial budget) and expires ``lease_secs`` from now unless renewed. ``None`` when no task
+        is waiting.
+        """
+
+    @abc.abstractmethod
+    def claim_finalize_lease(
+        self, worker: str, *, target_id: int, lease_secs: float
+    ) -> TaskLease | None:
+        """Lease the finalize step of a running job whose tasks are all finished, or ``None``."""
+
+    @abc.abstractmethod
+    def get_lease(self, lease_id: int) -> TaskLease | None:
+        """The lease, or ``None``."""
+
+    @abc.abstractmethod
+    def list_leases(
+        self,
+        *,
+        job_id: int | None = None,
+        worker: str | None = None,
+        status: str | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+    ) -> list[TaskLease]:
+        """Leases in id order (keyset pages: ``id > after_id``), filtered as given."""
+
+    @abc.abstractmethod
+    def renew_leases(self, worker: str, *, lease_secs: float) -> list[TaskLease]:
+        """Push the expiry of ``worker``'s active leases to ``lease_secs`` from now; return them."""
+
+    @abc.abstractmethod
+    def record_lease_batch(
+        self,
+        lease_id: int,
+        *,
+        batch: int,
+        trials: int,
+        best_mean_secs: float | None,
+        lease_secs: float,
+    ) -> LeaseBatchResult:
+        """Count batch number ``batch`` (0, 1, ...) of a tune lease: ``trials`` on the lease, its
+        task and its job, the task's best latency, and renew the lease. Counted at most once: a
+        repeated batch number, or a lease no longer active, counts nothing (``counted`` false).
+        The records themselves are committed separately (:meth:`commit_records`).
+
+        Raises:
+            NotFoundError: no such lease.
+            ConflictError: ``batch`` skips ahead of the next expected number.
+        """
+
+    @abc.abstractmethod
+    def finish_lease(
+        self, lease_id: int, outcome: str, *, error: str | None = None, max_attempts: int = 3
+    ) -> TaskLease:
+        """End an active lease with ``outcome`` (``done``, ``returned``, ``failed``,
+        ``cancelled``) and move its work on: a task is ``succeeded`` once its budget is counted
+        (or a ``done`` lease measured fewer trials than leased: the search ran out of
+        candidates), ``failed`` after ``max_attempts`` expired/failed leases, else ``queued``
+        again; a failed finalize lease fails its job.
+
+        Raises:
+            NotFoundError: no such lease.
+            InvalidTransitionError: the lease is no longer active (expired, or ended before).
+        """
+
+    @abc.abstractmethod
+    def reap_expired_leases(self, *, max_attempts: int = 3) -> list[int]:
+        """Expire active leases past ``expires_at`` (database clock) and requeue their work (as
+        :meth:`finish_lease` does for ``expired``); return their ids. Any process may call it;
+        each expiry is a compare-and-set, so concurrent reapers never expire a lease twice."""
+
+    @abc.abstractmethod
+    def release_worker_leases(self, worker: str, *, max_attempts: int = 3) -> list[int]:
+        """Expire every active lease of ``worker`` now (it restarted or its process exited)."""
+
+    @abc.abstractmethod
+    def complete_finalize(
+        self,
+        lease_id: int,
+        *,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str,
+        verified: bool,
+    ) -> Artifact:
+        """End an active finalize lease ``done``, record the job's artifact and move the job to
+        ``succeeded`` (``Job.worker`` becomes the lease's worker), in one transaction.
+
+        Raises:
+            NotFoundError: no such lease.
+            ConflictError: not a finalize lease.
+            InvalidTransitionError: the lease is not active or the job is no longer running.
+        """
+
+    @abc.abstractmethod
+    def count_open_jobs(self, *, target_id: int) -> int:
+        """Jobs for ``target_id`` still ``queued`` or ``running``."""
 
     # -- workers, artifacts, cost models, tokens --------------------------------------------
     @abc.abstractmethod

@@ -133,6 +133,9 @@ class ModelWorkloadRow(Base):
     )
     task_name: Mapped[str] = mapped_column(String(255), nullable=False)
     weight: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("1"))
+    #: Why the task is not tuned (e.g. indexing ops that crash random-input measurement); NULL:
+    #: tunable. Planning a distributed job reads it instead of re-importing the model.
+    skip_reason: Mapped[str | None] = mapped_column(Text)
 
 
 class JobRow(Base):
@@ -182,6 +185,47 @@ class JobTaskRow(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
+
+
+class TaskLeaseRow(Base):
+    """A worker's lease: a trial batch of one job task (``tune``) or a job's ``finalize`` step.
+
+    ``work_key`` names the work (``task:<id>`` / ``finalize:<job id>``); at most one *active*
+    lease per work key (partial unique index), so two claimers can never both hold it.
+    ``expires_at`` moves forward with the worker's heartbeats and uploads (database clock).
+    """
+
+    __tablename__ = "task_leases"
+    __table_args__ = (
+        CheckConstraint("kind IN ('tune', 'finalize')", name="kind"),
+        CheckConstraint(
+            "status IN ('active', 'done', 'expired', 'returned', 'failed', 'cancelled')",
+            name="status",
+        ),
+        Index(
+            "uq_task_leases_active_work", "work_key", unique=True,
+            postgresql_where=text("status = 'active'"), sqlite_where=text("status = 'active'"),
+        ),
+        Index("ix_task_leases_worker", "worker", "status"),
+        Index("ix_task_leases_job", "job_id", "id"),
+        Index("ix_task_leases_expiry", "status", "expires_at"),
+    )
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    job_id: Mapped[int] = mapped_column(ForeignKey("jobs.id", ondelete="CASCADE"), nullable=False)
+    task_id: Mapped[int | None] = mapped_column(ForeignKey("job_tasks.id", ondelete="CASCADE"))
+    kind: Mapped[str] = mapped_column(String(16), nullable=False)
+    work_key: Mapped[str] = mapped_column(String(64), nullable=False)
+    worker: Mapped[str] = mapped_column(String(128), nullable=False)
+    status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="active")
+    trials: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    trials_done: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    batches_done: Mapped[int] = mapped_column(Integer, nullable=False, server_default=text("0"))
+    error: Mapped[str | None] = mapped_column(Text)
+    created_at: Mapped[datetime] = _created()
+    updated_at: Mapped[datetime] = _created()
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
 
 
 class WorkerRow(Base):

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import json
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from sqlalchemy import Engine, and_, bindparam, case, func, not_, or_, select, update
+from sqlalchemy import Engine, and_, bindparam, case, func, not_, or_, select, true as true_, update
 from sqlalchemy.dialects import postgresql as pg_dialect
 from sqlalchemy.dialects import sqlite as sqlite_dialect
 
@@ -38,6 +38,7 @@ from db.models import (
     ModelRow,
     ModelWorkloadRow,
     TargetRow,
+    TaskLeaseRow,
     TuningRecordModel,
     WorkerRow,
     WorkloadRow,
@@ -53,12 +54,15 @@ from db.types import (
     JobProgress,
     JobStatus,
     JobTask,
+    LeaseBatchResult,
+    LeaseStatus,
     ModelRecord,
     ModelWorkload,
     NewJobTask,
     NewTuningRecord,
     TargetRecord,
     TargetStats,
+    TaskLease,
     TuningRecordRow,
     Worker,
     WorkloadRecord,
@@ -655,6 +659,7 @@ class SQLStorage(TuningStorage):
                     workload_id=t.workload_id,
                     task_name=t.task_name,
                     weight=t.weight,
+                    skip_reason=t.skip_reason,
                 )
                 for t in tasks
             )
@@ -887,7 +892,8 @@ class SQLStorage(TuningStorage):
                     weight=t.weight,
                     flops=t.flops,
                     trial_budget=t.trial_budget,
-                    status=JobStatus.QUEUED,
+                    status=t.status,
+                    best_mean_secs=t.best_mean_secs,
                 )
                 for t in tasks
             ]
@@ -1006,6 +1012,439 @@ class SQLStorage(TuningStorage):
         with self._session() as session:
             rows = session.scalars(select(WorkerRow).order_by(WorkerRow.id))
             return [_frozen(Worker, r) for r in rows]
+
+    # -- task leases (distributed workers) ---------------------------------------------------
+    def start_job(self, job_id: int, tasks: Sequence[NewJobTask]) -> Job | None:
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == JobStatus.QUEUED)
+                .values(
+                    status=JobStatus.RUNNING,
+                    worker=None,
+                    started_at=func.coalesce(JobRow.started_at, func.now()),
+                    updated_at=func.now(),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                return None
+            existing = {
+                t.workload_id: t
+                for t in session.scalars(select(JobTaskRow).where(JobTaskRow.job_id == job_id))
+            }
+            # Tasks left by an earlier run of this job: unfinished ones are lease-able again.
+            session.execute(
+                update(JobTaskRow)
+                .where(
+                    JobTaskRow.job_id == job_id,
+                    JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+                )
+                .values(
+                    status=JobStatus.QUEUED, leased_by=None, lease_expires_at=None,
+                    updated_at=func.now(),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            session.add_all(
+                JobTaskRow(
+                    job_id=job_id,
+                    workload_id=t.workload_id,
+                    name=t.name,
+                    weight=t.weight,
+                    flops=t.flops,
+                    trial_budget=t.trial_budget,
+                    status=t.status,
+                    best_mean_secs=t.best_mean_secs,
+                )
+                for t in tasks
+                if t.workload_id not in existing
+            )
+            session.flush()
+            return _frozen(Job, session.get(JobRow, job_id, populate_existing=True))
+
+    def claim_task_lease(
+        self,
+        worker: str,
+        *,
+        target_id: int,
+        lease_secs: float,
+        max_trials: int | Callable[[int], int],
+    ) -> TaskLease | None:
+        cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
+        candidate = (
+            select(JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id)
+            .join(JobRow, JobRow.id == JobTaskRow.job_id)
+            .where(
+                JobTaskRow.status == JobStatus.QUEUED,
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+            )
+            .order_by(
+                JobRow.priority.desc(),
+                JobRow.id,
+                (func.coalesce(JobTaskRow.flops, 0.0) * JobTaskRow.weight).desc(),
+                JobTaskRow.id,
+            )
+            .limit(1)
+            .with_for_update(skip_locked=True, of=JobTaskRow)  # PostgreSQL; SQLite: write lock
+        )
+        with self._session(write=True) as session:
+            while True:
+                row = session.execute(candidate).one_or_none()
+                if row is None:
+                    return None
+                task_id, budget, done, job_id = row
+                remaining = budget - done
+                values: dict[str, Any] = {"updated_at": func.now()}
+                if remaining <= 0:  # nothing left to measure: finished, not lease-able
+                    values["status"] = JobStatus.SUCCEEDED
+                else:
+                    values.update(
+                        status=JobStatus.RUNNING,
+                        leased_by=worker,
+                        lease_expires_at=self._db_now_plus(lease_secs),
+                    )
+                claimed = session.execute(
+                    update(JobTaskRow)
+                    .where(JobTaskRow.id == task_id, JobTaskRow.status == JobStatus.QUEUED)
+                    .values(**values)
+                    .execution_options(synchronize_session=False)
+                )
+                if claimed.rowcount != 1 or remaining <= 0:
+                    continue
+                lease = TaskLeaseRow(
+                    job_id=job_id,
+                    task_id=task_id,
+                    kind="tune",
+                    work_key=f"task:{task_id}",
+                    worker=worker,
+                    status=LeaseStatus.ACTIVE,
+                    trials=max(1, min(remaining, int(cap(budget)))),
+                    expires_at=self._db_now_plus(lease_secs),
+                )
+                session.add(lease)
+                session.flush()
+                session.refresh(lease)
+                return _frozen(TaskLease, lease)
+
+    def claim_finalize_lease(
+        self, worker: str, *, target_id: int, lease_secs: float
+    ) -> TaskLease | None:
+        from sqlalchemy import exc  # noqa: PLC0415
+
+        unfinished = (
+            select(JobTaskRow.id)
+            .where(
+                JobTaskRow.job_id == JobRow.id,
+                JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+            )
+            .exists()
+        )
+        finalizing = (
+            select(TaskLeaseRow.id)
+            .where(
+                TaskLeaseRow.job_id == JobRow.id,
+                TaskLeaseRow.kind == "finalize",
+                TaskLeaseRow.status == LeaseStatus.ACTIVE,
+            )
+            .exists()
+        )
+        candidates = (
+            select(JobRow.id)
+            .where(
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+                not_(unfinished),
+                not_(finalizing),
+            )
+            .order_by(JobRow.priority.desc(), JobRow.id)
+            .limit(5)
+        )
+        with self._session(write=True) as session:
+            for job_id in list(session.scalars(candidates)):
+                lease = TaskLeaseRow(
+                    job_id=job_id,
+                    task_id=None,
+                    kind="finalize",
+                    work_key=f"finalize:{job_id}",
+                    worker=worker,
+                    status=LeaseStatus.ACTIVE,
+                    trials=0,
+                    expires_at=self._db_now_plus(lease_secs),
+                )
+                try:
+                    # The partial unique index on the active work key settles a race between
+                    # two claimers (PostgreSQL: the second waits for the first, then fails).
+                    with session.begin_nested():
+                        session.add(lease)
+                        session.flush()
+                except exc.IntegrityError:
+                    continue
+                session.refresh(lease)
+                return _frozen(TaskLease, lease)
+        return None
+
+    def get_lease(self, lease_id: int) -> TaskLease | None:
+        with self._session() as session:
+            row = session.get(TaskLeaseRow, lease_id)
+            return None if row is None else _frozen(TaskLease, row)
+
+    def list_leases(
+        self,
+        *,
+        job_id: int | None = None,
+        worker: str | None = None,
+        status: str | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+    ) -> list[TaskLease]:
+        stmt = select(TaskLeaseRow).where(TaskLeaseRow.id > after_id)
+        if job_id is not None:
+            stmt = stmt.where(TaskLeaseRow.job_id == job_id)
+        if worker is not None:
+            stmt = stmt.where(TaskLeaseRow.worker == worker)
+        if status is not None:
+            stmt = stmt.where(TaskLeaseRow.status == status)
+        stmt = stmt.order_by(TaskLeaseRow.id).limit(max(0, int(limit)))
+        with self._session() as session:
+            return [_frozen(TaskLease, r) for r in session.scalars(stmt)]
+
+    def renew_leases(self, worker: str, *, lease_secs: float) -> list[TaskLease]:
+        active = (TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE)
+        with self._session(write=True) as session:
+            session.execute(
+                update(TaskLeaseRow)
+                .where(*active)
+                .values(expires_at=self._db_now_plus(lease_secs), updated_at=func.now())
+                .execution_options(synchronize_session=False)
+            )
+            rows = session.scalars(select(TaskLeaseRow).where(*active).order_by(TaskLeaseRow.id))
+            return [_frozen(TaskLease, r) for r in rows]
+
+    def record_lease_batch(
+        self,
+        lease_id: int,
+        *,
+        batch: int,
+        trials: int,
+        best_mean_secs: float | None,
+        lease_secs: float,
+    ) -> LeaseBatchResult:
+        with self._session(write=True) as session:
+            lease = session.get(TaskLeaseRow, lease_id)
+            if lease is None:
+                raise NotFoundError(f"task lease {lease_id} does not exist")
+            counted = False
+            if lease.status == LeaseStatus.ACTIVE and lease.kind == "tune":
+                if batch > lease.batches_done:
+                    raise ConflictError(
+                        f"batch {batch} of lease {lease_id} arrived before batch "
+                        f"{lease.batches_done}: upload batches in order"
+                    )
+                if batch == lease.batches_done:
+                    counted = self._count_batch(session, lease, trials, best_mean_secs, lease_secs)
+            job_status = session.execute(
+                select(JobRow.status).where(JobRow.id == lease.job_id)
+            ).scalar_one()
+            lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
+            return LeaseBatchResult(_frozen(TaskLease, lease), counted, job_status)
+
+    def _count_batch(self, session, lease, trials: int, best: float | None, lease_secs: float) -> bool:
+        moved = session.execute(
+            update(TaskLeaseRow)
+            .where(
+                TaskLeaseRow.id == lease.id,
+                TaskLeaseRow.status == LeaseStatus.ACTIVE,
+                TaskLeaseRow.batches_done == lease.batches_done,
+            )
+            .values(
+                trials_done=TaskLeaseRow.trials_done + trials,
+                batches_done=TaskLeaseRow.batches_done + 1,
+                expires_at=self._db_now_plus(lease_secs),
+                updated_at=func.now(),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            return False
+        task_values: dict[str, Any] = {
+            "trials_done": JobTaskRow.trials_done + trials,
+            "updated_at": func.now(),
+        }
+        if best is not None:
+            task_values["best_mean_secs"] = case(
+                (
+                    or_(JobTaskRow.best_mean_secs.is_(None), JobTaskRow.best_mean_secs > best),
+                    best,
+                ),
+                else_=JobTaskRow.best_mean_secs,
+            )
+        session.execute(
+            update(JobTaskRow)
+            .where(JobTaskRow.id == lease.task_id)
+            .values(**task_values)
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(
+            update(JobRow)
+            .where(JobRow.id == lease.job_id)
+            .values(trials_done=JobRow.trials_done + trials, updated_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
+        return True
+
+    def finish_lease(
+        self, lease_id: int, outcome: str, *, error: str | None = None, max_attempts: int = 3
+    ) -> TaskLease:
+        if outcome not in LeaseStatus.OUTCOMES:
+            raise StorageError(f"unknown lease outcome {outcome!r}")
+        with self._session(write=True) as session:
+            self._end_lease(session, lease_id, outcome, error=error)
+            lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
+            self._release_work(session, lease, max_attempts=max_attempts)
+            return _frozen(TaskLease, lease)
+
+    def _end_lease(self, session, lease_id: int, outcome: str, *, error=None, where=()) -> bool:
+        values: dict[str, Any] = {
+            "status": outcome, "finished_at": func.now(), "updated_at": func.now(),
+        }
+        if error is not None:
+            values["error"] = error
+        result = session.execute(
+            update(TaskLeaseRow)
+            .where(TaskLeaseRow.id == lease_id, TaskLeaseRow.status == LeaseStatus.ACTIVE, *where)
+            .values(**values)
+            .execution_options(synchronize_session=False)
+        )
+        if result.rowcount == 1:
+            return True
+        if where:
+            return False
+        current = session.execute(
+            select(TaskLeaseRow.status).where(TaskLeaseRow.id == lease_id)
+        ).scalar_one_or_none()
+        if current is None:
+            raise NotFoundError(f"task lease {lease_id} does not exist")
+        raise InvalidTransitionError("task lease", lease_id, current, outcome)
+
+    def _attempts(self, session, work_key: str) -> int:
+        return int(
+            session.execute(
+                select(func.count())
+                .select_from(TaskLeaseRow)
+                .where(
+                    TaskLeaseRow.work_key == work_key,
+                    TaskLeaseRow.status.in_((LeaseStatus.EXPIRED, LeaseStatus.FAILED)),
+                )
+            ).scalar_one()
+        )
+
+    def _release_work(self, session, lease: TaskLeaseRow, *, max_attempts: int) -> None:
+        """After ``lease`` ended: move its task (or its job, for a finalize lease) on."""
+        job = session.get(JobRow, lease.job_id, populate_existing=True)
+        outcome = lease.status
+        if lease.kind == "finalize":
+            failed = outcome == LeaseStatus.FAILED or (
+                outcome == LeaseStatus.EXPIRED and self._attempts(session, lease.work_key) >= max_attempts
+            )
+            if failed and job.status == JobStatus.RUNNING:
+                reason = lease.error or f"the finalize step was lost {max_attempts} times"
+                self._compare_and_set(
+                    session, JobRow, "job", job.id, JobStatus.FAILED, [JobStatus.RUNNING],
+                    {"finished_at": func.now(), "error": f"finalize failed: {reason}"},
+                )
+            return
+        task = session.get(JobTaskRow, lease.task_id, populate_existing=True)
+        if task is None or task.status != JobStatus.RUNNING:
+            return
+        if job.status != JobStatus.RUNNING or outcome == LeaseStatus.CANCELLED:
+            new = JobStatus.CANCELLED
+        elif task.trials_done >= task.trial_budget:
+            new = JobStatus.SUCCEEDED
+        elif outcome == LeaseStatus.DONE and lease.trials_done < lease.trials:
+            new = JobStatus.SUCCEEDED  # the search ran out of new candidates
+        elif outcome in (LeaseStatus.EXPIRED, LeaseStatus.FAILED) and (
+            self._attempts(session, lease.work_key) >= max_attempts
+        ):
+            new = JobStatus.FAILED
+        else:
+            new = JobStatus.QUEUED
+        session.execute(
+            update(JobTaskRow)
+            .where(JobTaskRow.id == task.id, JobTaskRow.status == JobStatus.RUNNING)
+            .values(status=new, leased_by=None, lease_expires_at=None, updated_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
+
+    def reap_expired_leases(self, *, max_attempts: int = 3) -> list[int]:
+        expired = (TaskLeaseRow.status == LeaseStatus.ACTIVE, TaskLeaseRow.expires_at < func.now())
+        reaped: list[int] = []
+        with self._session(write=True) as session:
+            ids = list(session.scalars(select(TaskLeaseRow.id).where(*expired).limit(100)))
+            for lease_id in ids:
+                # Compare-and-set on the same conditions: a lease renewed or reaped by another
+                # process meanwhile is left alone (PostgreSQL re-checks after the row lock).
+                if not self._end_lease(session, lease_id, LeaseStatus.EXPIRED,
+                                       error="lease expired (no heartbeat)", where=expired[1:]):
+                    continue
+                lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
+                self._release_work(session, lease, max_attempts=max_attempts)
+                reaped.append(lease_id)
+        return reaped
+
+    def release_worker_leases(self, worker: str, *, max_attempts: int = 3) -> list[int]:
+        released: list[int] = []
+        with self._session(write=True) as session:
+            ids = list(session.scalars(select(TaskLeaseRow.id).where(
+                TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE
+            )))
+            for lease_id in ids:
+                if not self._end_lease(session, lease_id, LeaseStatus.EXPIRED,
+                                       error=f"worker {worker} went away", where=(true_(),)):
+                    continue
+                lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
+                self._release_work(session, lease, max_attempts=max_attempts)
+                released.append(lease_id)
+        return released
+
+    def complete_finalize(
+        self,
+        lease_id: int,
+        *,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str,
+        verified: bool,
+    ) -> Artifact:
+        with self._session(write=True) as session:
+            lease = session.get(TaskLeaseRow, lease_id)
+            if lease is None:
+                raise NotFoundError(f"task lease {lease_id} does not exist")
+            if lease.kind != "finalize":
+                raise ConflictError(f"lease {lease_id} is a {lease.kind} lease, not a finalize lease")
+            self._end_lease(session, lease_id, LeaseStatus.DONE)
+            artifact = ArtifactRow(
+                job_id=lease.job_id, path=path, sha256=sha256, size=size,
+                manifest_json=manifest_json, verified=verified,
+            )
+            session.add(artifact)
+            self._compare_and_set(
+                session, JobRow, "job", lease.job_id, JobStatus.SUCCEEDED, [JobStatus.RUNNING],
+                {"finished_at": func.now(), "worker": lease.worker},
+            )
+            session.flush()
+            session.refresh(artifact)
+            return _frozen(Artifact, artifact)
+
+    def count_open_jobs(self, *, target_id: int) -> int:
+        stmt = select(func.count()).select_from(JobRow).where(
+            JobRow.target_id == target_id,
+            JobRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+        )
+        with self._connection() as conn:
+            return int(conn.execute(stmt).scalar_one())
 
     # -- artifacts, cost models, tokens -----------------------------------------------------
     def _add(self, cls: type[T], row: Any) -> T:

@@ -88,6 +88,24 @@ class JobStatus:
 
 
 WORKER_STATUSES: Final = ("idle", "busy", "offline")
+
+
+class LeaseStatus:
+    """Status values of task leases. ``active`` is the only non-final one."""
+
+    ACTIVE: Final = "active"
+    DONE: Final = "done"
+    EXPIRED: Final = "expired"
+    RETURNED: Final = "returned"
+    FAILED: Final = "failed"
+    CANCELLED: Final = "cancelled"
+
+    ALL: Final = (ACTIVE, DONE, EXPIRED, RETURNED, FAILED, CANCELLED)
+    #: What a worker may end its own lease with (``expired`` is the reaper's).
+    OUTCOMES: Final = (DONE, RETURNED, FAILED, CANCELLED)
+
+
+LEASE_KINDS: Final = ("tune", "finalize")
 TOKEN_KINDS: Final = ("user", "worker")
 
 
@@ -266,10 +284,13 @@ class ModelRecord:
 
 @dataclass(frozen=True)
 class ModelWorkload:
+    """One tuning task of a model; ``skip_reason`` is set when the task is not tunable."""
+
     model_id: int
     workload_id: int
     task_name: str
     weight: int
+    skip_reason: str | None = None
 
 
 @dataclass(frozen=True)
@@ -292,11 +313,16 @@ class Job:
 
 @dataclass(frozen=True)
 class NewJobTask:
+    """A job task to create; ``status`` ``succeeded`` (with ``best_mean_secs``) records a task
+    reused from earlier tuning, which needs no measurement."""
+
     workload_id: int
     name: str
     weight: int = 1
     flops: float | None = None
     trial_budget: int = 0
+    status: str = JobStatus.QUEUED
+    best_mean_secs: float | None = None
 
 
 @dataclass(frozen=True)
@@ -335,6 +361,42 @@ class Worker:
     status: str
     last_heartbeat: datetime | None = None
     created_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class TaskLease:
+    """A worker's lease: ``trials`` of one job task (``kind='tune'``, ``task_id`` set) or the
+    compile/verify/publish step of a job (``kind='finalize'``, ``task_id`` ``None``).
+
+    ``trials_done``/``batches_done`` count the batches uploaded while the lease was active;
+    ``expires_at`` is pushed forward by the worker's heartbeats and uploads (database clock).
+    """
+
+    id: int
+    job_id: int
+    task_id: int | None
+    kind: str
+    work_key: str
+    worker: str
+    status: str
+    trials: int
+    trials_done: int
+    batches_done: int
+    error: str | None = None
+    created_at: datetime | None = None
+    updated_at: datetime | None = None
+    expires_at: datetime | None = None
+    finished_at: datetime | None = None
+
+
+@dataclass(frozen=True)
+class LeaseBatchResult:
+    """What :meth:`TuningStorage.record_lease_batch` did: ``counted`` is false for a batch
+    already counted (a retried upload) or a lease that is no longer active."""
+
+    lease: TaskLease
+    counted: bool
+    job_status: str
 
 
 @dataclass(frozen=True)

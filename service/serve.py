@@ -69,6 +69,8 @@ class EmbeddedWorkers:
         env["TUNEHUB_STALE_AFTER_SECS"] = str(self.settings.stale_after_secs)
         env["TUNEHUB_HEARTBEAT_SECS"] = str(self.settings.heartbeat_secs)
         env["TUNEHUB_WORKER_POLL_SECS"] = str(self.settings.worker_poll_secs)
+        env["TUNEHUB_LEASE_SECS"] = str(self.settings.lease_secs)
+        env["TUNEHUB_LEASE_BATCHES"] = str(self.settings.lease_batches)
         return env
 
     def _spawn(self, proc: _Proc) -> None:
@@ -91,14 +93,17 @@ class EmbeddedWorkers:
         self._monitor.start()
 
     def _requeue(self, name: str) -> None:
+        """The worker process ``name`` is gone: release its leases (and any job it claimed
+        whole, the pre-lease protocol) so other workers take the work over at once."""
         try:
             with db.open_storage(self.database_url) as storage:
+                leases = storage.release_worker_leases(name, max_attempts=self.settings.lease_max_attempts)
                 ids = storage.requeue_jobs(worker=name)
         except db.StorageError as err:
-            logger.warning("could not requeue the jobs of %s: %s", name, err)
+            logger.warning("could not release the work of %s: %s", name, err)
             return
-        if ids:
-            logger.warning("requeued jobs %s of worker %s", ids, name)
+        if leases or ids:
+            logger.warning("released leases %s / requeued jobs %s of worker %s", leases, ids, name)
 
     def _watch(self) -> None:
         while not self._stopping.wait(1.0):

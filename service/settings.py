@@ -66,6 +66,27 @@ class Settings(BaseSettings):
         60.0, gt=0, description="a running job's worker is dead after this long without heartbeat"
     )
 
+    lease_secs: float = Field(
+        60.0, gt=0,
+        description="a worker's lease expires this long after its last heartbeat or upload",
+    )
+    lease_batches: int = Field(4, ge=1, le=1000, description="measured batches per task lease")
+    lease_max_attempts: int = Field(
+        3, ge=1, description="a task (or finalize step) whose leases expire or fail this often fails"
+    )
+    worker_retry_secs: float = Field(
+        300.0, gt=0, description="how long a worker retries an unreachable server before giving up"
+    )
+
+    def lease_policy(self):
+        from tuner.coordinator import LeasePolicy
+
+        return LeasePolicy(
+            lease_secs=self.lease_secs,
+            batches_per_lease=self.lease_batches,
+            max_attempts=self.lease_max_attempts,
+        )
+
     def model_limits(self) -> ModelLimits:
         return ModelLimits(
             max_bytes=self.max_model_bytes,

@@ -1,67 +1,50 @@
-"""A worker: claim a queued job, prepare its model from the file store, run it, heartbeat.
+"""A tuning worker: lease work from the coordinator, tune or finalize, upload, heartbeat.
 
-The loop (``tunehub worker``; ``tunehub serve`` starts one as a subprocess on the embedded
-default) talks to the database only through the storage contract, so the same steps can later
-sit behind HTTP for remote workers:
+``tunehub worker --server URL --token T`` talks to a TuneHub server over HTTP
+(:class:`service.worker_client.HttpClient`); ``tunehub worker [--db URL]`` (and the embedded
+workers of ``tunehub serve``) reach the database directly (:class:`DirectClient`). The loop is the
+same (the coordinator's rules are in :mod:`tuner.coordinator`):
 
-1. ``register_worker`` (name, hardware fingerprint, target), then ``requeue_jobs(worker=name)``:
-   anything this name held before a restart goes back to the queue.
-2. Idle: heartbeat, requeue jobs of workers silent for ``stale_after_secs``, claim the next job
-   for this worker's target (``claim_next_job``: priority, then age; ``SKIP LOCKED`` on
-   PostgreSQL), sleep ``worker_poll_secs`` when there is none.
-3. Busy: a heartbeat thread stamps ``busy`` every ``heartbeat_secs`` while
-   :func:`tuner.job.run_job` tunes, compiles, verifies and publishes to
-   ``<storage>/artifacts/job-<id>``. A job that was claimed before (its worker died) resumes from
-   its stored records.
+1. Register the worker's name, hardware fingerprint and target (an earlier process of the same
+   name is gone: what it held goes back to the queue).
+2. Ask for a lease. A **tune** lease is a trial batch of one task: the worker fetches the records
+   the server has for that task, runs MetaSchedule's search locally from them
+   (:func:`tuner.task_tuning.tune_workload`; measured locally or through an RPC tracker) and uploads
+   every measured batch. A **finalize** lease: fetch the model, compile it with the best records,
+   verify it against the reference framework and upload the artifact
+   (:func:`tuner.finalize.publish_tuned`).
+3. A heartbeat thread stamps the worker every ``heartbeat_secs``, which keeps its lease alive;
+   when the coordinator no longer lists the lease (expired, the job cancelled), or an upload
+   answers that it should stop, tuning stops at the next batch.
+4. No work: wait ``worker_poll_secs`` and ask again; with ``once`` (CI), exit when no job of this
+   target is queued or running any more.
 
-Cancellation: the API moves the job to ``cancelled`` directly. :class:`JobWatcher`, a progress
-listener, reads the job after every measured batch and raises :class:`JobCancelled` when the job is
-no longer running for this worker. MetaSchedule's FFI turns that into a ``RuntimeError`` that
-aborts tuning; ``run_job``'s own attempt to mark the job failed then loses the compare-and-set
-(``cancelled`` is final), and the worker removes whatever artifact directory was published.
-
-Shutdown: SIGTERM/SIGINT while idle ends the loop; while busy, the worker requeues its job, marks
-itself offline and exits at once (the job resumes on the next claim from its stored records).
+Shutdown: SIGTERM/SIGINT while idle ends the loop; while busy, the worker returns its lease at
+once (the batches already uploaded stay counted; the next lease resumes from their records),
+marks itself offline and exits. A server that cannot be reached is retried with backoff.
 """
 from __future__ import annotations
 
 import contextlib
 import logging
 import os
-import shutil
 import signal
 import socket
+import tempfile
 import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
-import db
-from db import JobStatus
-from service.files import FileStore
 from service.settings import Settings
+from service.worker_client import ServerUnavailable, WorkClient, WorkerApiError
+from tuner.work import TargetInfo, WorkOffer
 
 logger = logging.getLogger("tunehub.worker")
 
-
-class JobCancelled(BaseException):
-    """Raised from a progress listener to stop tuning (a BaseException: the tuner's progress
-    callback swallows ``Exception`` from listeners)."""
-
-
-class JobWatcher:
-    """Progress listener: stop tuning when the job was cancelled or taken from this worker."""
-
-    def __init__(self, storage: db.TuningStorage, job_id: int, worker: str) -> None:
-        self.storage = storage
-        self.job_id = job_id
-        self.worker = worker
-
-    def on_batch(self, _update) -> None:
-        try:
-            job = self.storage.get_job(self.job_id)
-        except db.StorageError:
-            return  # a transient database error must not stop the job
-        if job is None or job.status != JobStatus.RUNNING or job.worker != self.worker:
-            state = "gone" if job is None else job.status
-            raise JobCancelled(f"job {self.job_id} is {state}; tuning stopped")
+#: Records a tune lease starts from: the evolutionary search seeds its population with the best
+#: (``init_measured_ratio`` x population) and the cost model learns from all of them.
+SEED_RECORDS = 256
 
 
 def default_worker_name(index: int = 0) -> str:
@@ -75,161 +58,269 @@ def search_config(settings: Settings):
     return SearchConfig(population_size=population, init_min_unmeasured=min(50, population // 4))
 
 
+@dataclass
+class _Current:
+    offer: WorkOffer
+    lost: bool = False
+
+
 class Worker:
+    """The worker loop over a :class:`WorkClient` (see the module docstring)."""
+
     def __init__(
         self,
         settings: Settings,
-        storage: db.TuningStorage,
+        client: WorkClient,
         *,
         name: str,
-        target=None,
+        target,
+        rpc=None,
+        once: bool = False,
+        max_leases: int | None = None,
     ) -> None:
-        from compiler.target import cpu_target
-
         self.settings = settings
-        self.storage = storage
+        self.client = client
         self.name = name
-        self.files = FileStore(settings.resolved_storage_dir()).ensure()
-        self.target = target or cpu_target()
-        self.target_row = storage.ensure_target(self.target)
+        self.target = target
+        self.rpc = rpc
+        self.once = once
+        self.max_leases = max_leases
         self.stop = threading.Event()
-        self.current_job: int | None = None
-        self.worker_id: int | None = None
+        self.current: _Current | None = None
+        self.leases_done = 0
+
+    @property
+    def target_info(self) -> TargetInfo:
+        t = self.target
+        return TargetInfo(t.key, t.kind, t.target_json, t.fingerprint_json, t.tvm_version)
 
     # -- the loop ------------------------------------------------------------------------------
-    def register(self) -> None:
-        row = self.storage.register_worker(
-            self.name,
-            fingerprint_json=self.target.fingerprint_json,
-            target_id=self.target_row.id,
-        )
-        self.worker_id = row.id
-        released = self.storage.requeue_jobs(worker=self.name)
-        if released:
-            logger.info("requeued jobs %s left by an earlier run of %s", released, self.name)
-
-    def run(self, *, max_jobs: int | None = None, exit_when_idle: bool = False) -> int:
-        """Claim and run jobs until stopped; return how many jobs were run."""
-        self.register()
-        done = 0
-        while not self.stop.is_set():
-            try:
-                self.storage.heartbeat(self.worker_id, status="idle")
-                reaped = self.storage.requeue_jobs(stale_after_secs=self.settings.stale_after_secs)
-                if reaped:
-                    logger.warning("requeued jobs %s of workers without heartbeat", reaped)
-                job = self.storage.claim_next_job(self.name, target_id=self.target_row.id)
-            except db.StorageUnavailableError as err:
-                logger.warning("database unavailable, retrying: %s", err)
-                self.stop.wait(self.settings.worker_poll_secs * 5)
-                continue
-            if job is None:
-                if exit_when_idle:
-                    break
-                self.stop.wait(self.settings.worker_poll_secs)
-                continue
-            self.run_job(job)
-            done += 1
-            if max_jobs is not None and done >= max_jobs:
-                break
-        with contextlib.suppress(db.StorageError):
-            self.storage.heartbeat(self.worker_id, status="offline")
-        return done
-
-    # -- one job -------------------------------------------------------------------------------
-    def _fail(self, job: db.Job, message: str) -> None:
-        logger.error("job %s failed: %s", job.id, message)
-        with contextlib.suppress(db.InvalidTransitionError):
-            self.storage.transition_job(
-                job.id, JobStatus.FAILED, expected=JobStatus.RUNNING, error=message
-            )
-
-    def _heartbeat_loop(self, done: threading.Event) -> None:
-        while not done.wait(self.settings.heartbeat_secs):
-            try:
-                self.storage.heartbeat(self.worker_id, status="busy")
-            except db.StorageError as err:
-                logger.warning("heartbeat failed: %s", err)
-
-    def run_job(self, job: db.Job) -> str:
-        """Run one claimed job to its end; return its final status."""
-        from compiler.errors import ModelError
-        from compiler.prepare import prepare_model
-        from tuner.job import run_job
-
-        self.current_job = job.id
-        done = threading.Event()
-        beat = threading.Thread(target=self._heartbeat_loop, args=(done,), daemon=True)
+    def run(self) -> int:
+        """Lease and run work until stopped (or, with ``once``, until no job of this target is
+        open); return the number of leases worked on."""
+        self.client.register(self.name, self.target_info, self.target.fingerprint_json)
+        logger.info("worker %s registered for %s (target %s)%s", self.name, self.target.describe(),
+                    self.target.key, f", measuring through RPC key {self.rpc.key}" if self.rpc else "")
+        beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
-        out_dir = self.files.artifact_dir(job.id)
         try:
-            self.storage.heartbeat(self.worker_id, status="busy")
-            model = self.storage.get_model(job.model_id) if job.model_id is not None else None
-            if model is None:
-                self._fail(job, "the job's model was deleted")
-                return JobStatus.FAILED
-            path = self.files.model_path(model.content_hash)
-            if not path.is_file():
-                self._fail(job, f"the model file of model {model.id} is missing from the store")
-                return JobStatus.FAILED
+            while not self.stop.is_set():
+                try:
+                    offer, pending = self.client.lease(self.name)
+                except ServerUnavailable as err:
+                    if self.once:
+                        raise
+                    logger.warning("no answer from the coordinator: %s", err)
+                    self.stop.wait(self.settings.worker_poll_secs * 5)
+                    continue
+                if offer is None:
+                    if self.once and pending == 0:
+                        logger.info("no open job for target %s: done", self.target.key)
+                        break
+                    self.stop.wait(self.settings.worker_poll_secs)
+                    continue
+                self.work(offer)
+                self.leases_done += 1
+                if self.max_leases is not None and self.leases_done >= self.max_leases:
+                    break
+        finally:
+            self.stop.set()
+            with contextlib.suppress(Exception):
+                self.client.heartbeat(self.name, "offline")
+        return self.leases_done
+
+    def _heartbeat_loop(self) -> None:
+        while not self.stop.wait(self.settings.heartbeat_secs):
+            current = self.current
+            try:
+                active = self.client.heartbeat(self.name, "busy" if current else "idle")
+            except (ServerUnavailable, WorkerApiError) as err:
+                logger.warning("heartbeat failed: %s", err)
+                continue
+            if current is not None and current is self.current and current.offer.lease_id not in active:
+                if not current.lost:
+                    logger.warning("lease %s is no longer ours (expired or its job ended)",
+                                   current.offer.lease_id)
+                current.lost = True
+
+    # -- one lease -----------------------------------------------------------------------------
+    def work(self, offer: WorkOffer) -> str:
+        """Run one lease to its end; return how it ended (``done``, ``failed``, ``cancelled``,
+        ``returned`` or ``lost``)."""
+        self.current = current = _Current(offer)
+        logger.info("lease %s: %s job %s%s", offer.lease_id, offer.kind, offer.job_id,
+                    f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else "")
+        try:
+            if offer.kind == "tune":
+                return self._tune(current)
+            return self._finalize(current)
+        except WorkerApiError as err:
+            logger.warning("lease %s ended by the coordinator: %s", offer.lease_id, err.detail)
+            return "lost"
+        except ServerUnavailable as err:
+            logger.warning("lease %s abandoned, the coordinator is unreachable: %s", offer.lease_id, err)
+            return "lost"
+        except Exception as err:  # noqa: BLE001 - a bug or a broken lease must not stop the worker
+            logger.exception("lease %s failed", offer.lease_id)
+            with contextlib.suppress(Exception):
+                return self._end(offer, "failed", f"{type(err).__name__}: {err}")
+            return "lost"
+        finally:
+            self.current = None
+
+    def _end(self, offer: WorkOffer, outcome: str, error: str | None = None) -> str:
+        try:
+            end = self.client.finish(offer.lease_id, outcome, error)
+        except WorkerApiError as err:  # expired meanwhile: its work is already requeued
+            logger.warning("lease %s could not be ended %s: %s", offer.lease_id, outcome, err.detail)
+            return "lost"
+        if end.job_status == "cancelled":
+            logger.info("job %s cancelled", offer.job_id)
+            return "cancelled"
+        return outcome
+
+    def _tune(self, current: _Current) -> str:
+        from tuner.finalize import tvm_module
+        from tuner.task_tuning import tune_workload
+
+        offer = current.offer
+        seeds = self.client.records(offer.workload_key, offer.target.key, SEED_RECORDS)
+        batch_no = 0
+        verdict = {"reason": None}
+
+        def on_batch(batch) -> bool:
+            nonlocal batch_no
+            try:
+                ack = self.client.upload(offer.lease_id, batch_no, list(batch.records))
+            except (ServerUnavailable, WorkerApiError) as err:
+                logger.warning("lease %s: upload of batch %d failed: %s", offer.lease_id, batch_no, err)
+                verdict["reason"] = "lost"
+                return False
+            batch_no += 1
+            logger.info("lease %s: batch %d uploaded (%d trials, best %s)", offer.lease_id,
+                        batch_no, len(batch.records),
+                        "-" if batch.best_secs is None else f"{batch.best_secs * 1e3:.4f} ms")
+            if ack.job_status == "cancelled":
+                verdict["reason"] = "cancelled"
+            elif not ack.keep_going or current.lost:
+                verdict["reason"] = "lost"
+            elif self.stop.is_set():
+                verdict["reason"] = "returned"
+            return verdict["reason"] is None
+
+        try:
+            measured, stopped = tune_workload(
+                tvm_module(offer.mod_json), self.target, task_name=offer.workload_name or "task",
+                trials=offer.trials, batch_size=offer.batch_size, on_batch=on_batch, seeds=seeds,
+                search=search_config(self.settings), rpc=self.rpc, seed=self.settings.search_seed,
+            )
+        except Exception as err:  # noqa: BLE001 - the lease fails with the reason; the loop goes on
+            logger.exception("lease %s failed", offer.lease_id)
+            return self._end(offer, "failed", f"{type(err).__name__}: {err}")
+        reason = verdict["reason"]
+        if reason == "cancelled":
+            return self._end(offer, "cancelled")
+        if reason == "lost":
+            return "lost"
+        if reason == "returned":
+            return self._end(offer, "returned")
+        logger.info("lease %s: %d of %d trials measured%s", offer.lease_id, measured, offer.trials,
+                    "" if measured >= offer.trials else " (the search ran out of candidates)")
+        return self._end(offer, "done")
+
+    def _finalize(self, current: _Current) -> str:
+        from compiler.errors import ModelError, VerificationError
+        from compiler.prepare import prepare_model
+        from tuner.finalize import database_from_records, publish_tuned
+
+        offer = current.offer
+        with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
+            try:
+                path = self.client.model_file(offer, Path(tmp))
+            except WorkerApiError as err:
+                return self._end(offer, "failed", err.detail)
             try:
                 prepared = prepare_model(
                     path, self.target, limits=self.settings.model_limits(),
-                    expected_format=model.format,  # type: ignore[arg-type]
+                    expected_format=offer.model_format,  # type: ignore[arg-type]
                 )
             except ModelError as err:
-                self._fail(job, f"model refused: {err}")
-                return JobStatus.FAILED
-            current = self.storage.get_job(job.id)
-            if current is None or current.status != JobStatus.RUNNING or current.worker != self.name:
-                logger.info("job %s was %s before tuning started", job.id,
-                            "deleted" if current is None else current.status)
-                return JobStatus.CANCELLED if current is not None else JobStatus.FAILED
-            resumed = self.storage.count_records(job_id=job.id) > 0
-            logger.info("job %s: %s (%s), %d trials%s", job.id, model.filename,
-                        self.target.describe(), job.trial_budget, ", resumed" if resumed else "")
+                return self._end(offer, "failed", f"model refused: {err}")
+            best = {
+                task.key: self.client.records(task.key, offer.target.key, 1)
+                for task in prepared.partition.tasks
+            }
+            database = database_from_records(prepared, best)
+            by_key = {t.workload_key: t for t in offer.tasks}
+            schedules = []
+            for task in prepared.partition.tasks:
+                known = by_key.get(task.key)
+                record = best.get(task.key) or []
+                best_secs = _mean(record[0][1]) if record else None
+                schedules.append({
+                    "key": task.key, "name": task.name, "weight": task.weight, "flops": task.flops,
+                    "action": "tune" if known and known.trials_done else ("reuse" if known else "skip"),
+                    "trials": known.trials_done if known else 0,
+                    "best_ms": None if best_secs is None else best_secs * 1e3,
+                })
+            bests = [s["best_ms"] for s in schedules]
+            estimated = (
+                sum(s["weight"] * s["best_ms"] for s in schedules) / 1e3
+                if bests and all(b is not None for b in bests) else None
+            )
+            staged = self.client.staging_dir()
+            out_dir = staged / "artifact"
             try:
-                run_job(
-                    self.storage, prepared, job, resumed=resumed, output_dir=out_dir,
-                    search=search_config(self.settings),
-                    listeners=[JobWatcher(self.storage, job.id, self.name)],
-                    force=True, seed=self.settings.search_seed,
+                publish_tuned(
+                    prepared, database, out_dir, job_id=offer.job_id,
+                    trials_measured=offer.job_trials_done, schedules=schedules,
+                    estimated_secs=estimated,
                 )
-            except BaseException as err:  # noqa: BLE001 - the job's state says what happened
-                current = self.storage.get_job(job.id)
-                if current is not None and current.status == JobStatus.CANCELLED:
-                    logger.info("job %s cancelled", job.id)
-                    shutil.rmtree(out_dir, ignore_errors=True)
-                    return JobStatus.CANCELLED
-                if isinstance(err, KeyboardInterrupt):
-                    raise
-                if current is not None and current.status == JobStatus.RUNNING:
-                    self._fail(job, f"{type(err).__name__}: {err}")
-                logger.error("job %s failed: %s: %s", job.id, type(err).__name__, err)
-                return current.status if current is not None else JobStatus.FAILED
-            logger.info("job %s succeeded: %s", job.id, out_dir)
-            return JobStatus.SUCCEEDED
-        finally:
-            done.set()
-            beat.join(timeout=5)
-            self.current_job = None
+            except VerificationError as err:
+                _rmtree(staged)
+                return self._end(offer, "failed", str(err))
+            except Exception as err:  # noqa: BLE001
+                logger.exception("finalize of job %s failed", offer.job_id)
+                _rmtree(staged)
+                return self._end(offer, "failed", f"{type(err).__name__}: {err}")
+            if current.lost or self.stop.is_set():
+                _rmtree(staged)
+                return "lost" if current.lost else self._end(offer, "returned")
+            try:
+                end = self.client.publish(offer.lease_id, out_dir)
+            finally:
+                _rmtree(staged)
+        logger.info("job %s %s: artifact published", offer.job_id, end.job_status)
+        return "done"
 
     # -- shutdown ------------------------------------------------------------------------------
-    def install_signal_handlers(self) -> None:
-        def handle(signum, _frame) -> None:
-            self.stop.set()
-            if self.current_job is None:
-                return
-            # Busy: give the job back and leave now (tuning cannot be interrupted cleanly).
-            with contextlib.suppress(Exception):
-                self.storage.requeue_jobs(worker=self.name)
-                self.storage.heartbeat(self.worker_id, status="offline")
-            logger.warning("signal %s: job %s requeued, exiting", signum, self.current_job)
-            _kill_children()
-            os._exit(128 + signum)
+    def shutdown(self, signum: int) -> None:
+        """On SIGTERM/SIGINT: stop; give the current lease back (its uploaded batches stay
+        counted) and go offline. Called from the main thread while the loop runs in another."""
+        self.stop.set()
+        current = self.current
+        if current is None:
+            return
+        with contextlib.suppress(Exception):
+            self.client.finish(current.offer.lease_id, "returned", f"worker stopped by signal {signum}")
+            logger.warning("signal %s: lease %s returned", signum, current.offer.lease_id)
+        with contextlib.suppress(Exception):
+            self.client.heartbeat(self.name, "offline")
+        _kill_children()
+        os._exit(128 + signum)
 
-        signal.signal(signal.SIGTERM, handle)
-        signal.signal(signal.SIGINT, handle)
+
+def _mean(run_secs) -> float | None:
+    values = [float(x) for x in run_secs or ()]
+    if not values or any(v >= 1e9 for v in values):
+        return None
+    return sum(values) / len(values)
+
+
+def _rmtree(path: Path) -> None:
+    import shutil
+
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_children() -> None:
@@ -244,23 +335,86 @@ def _kill_children() -> None:
                 child.kill()
 
 
+def run_in_thread(worker: Worker) -> int:
+    """Run ``worker.run`` in a thread and keep the main thread free for signals: SIGTERM is
+    handled at once even while MetaSchedule runs C++ code for seconds."""
+    outcome: dict[str, object] = {}
+
+    def target() -> None:
+        try:
+            outcome["done"] = worker.run()
+        except BaseException as err:  # noqa: BLE001 - re-raised in the main thread
+            outcome["error"] = err
+
+    def handle(signum, _frame) -> None:
+        worker.shutdown(signum)
+
+    previous = {sig: signal.signal(sig, handle) for sig in (signal.SIGTERM, signal.SIGINT)}
+    thread = threading.Thread(target=target, name="worker-loop")
+    thread.start()
+    try:
+        while thread.is_alive():
+            thread.join(0.5)
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    return int(outcome.get("done", 0))  # type: ignore[arg-type]
+
+
 def run_worker(
     settings: Settings,
     *,
     name: str | None = None,
-    max_jobs: int | None = None,
-    exit_when_idle: bool = False,
-    storage: db.TuningStorage | None = None,
+    server: str | None = None,
+    token: str | None = None,
+    target_name: str = "cpu",
+    rpc=None,
+    once: bool = False,
+    max_leases: int | None = None,
 ) -> int:
-    """Open the storage (the embedded default is created on first use) and run the loop."""
-    from service.app import open_service_storage
+    """Build the client (HTTP with ``server``, else the database of ``settings``), check the
+    target, and run the loop; return the number of leases worked on."""
+    from service.worker_client import DirectClient, HttpClient
 
-    own = storage is None
-    storage = storage or open_service_storage(settings)
+    target = resolve_worker_target(target_name, rpc)
+    name = name or default_worker_name()
+    if server is not None:
+        client: WorkClient = HttpClient(server, token or "", retry_secs=settings.worker_retry_secs)
+        storage = None
+    else:
+        from service.app import open_service_storage
+        from service.files import FileStore
+
+        storage = open_service_storage(settings)
+        client = DirectClient(storage, settings, FileStore(settings.resolved_storage_dir()).ensure(),
+                              retry_secs=settings.worker_retry_secs)
     try:
-        worker = Worker(settings, storage, name=name or default_worker_name())
-        worker.install_signal_handlers()
-        return worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
+        worker = Worker(settings, client, name=name, target=target, rpc=rpc, once=once,
+                        max_leases=max_leases)
+        return run_in_thread(worker)
     finally:
-        if own:
+        client.close()
+        if storage is not None:
             storage.close()
+
+
+def resolve_worker_target(name: str, rpc=None):
+    """The worker's :class:`compiler.target.TargetSpec`: ``cpu`` is this machine's CPU (or, with
+    an RPC tracker, the devices behind it, assumed identical to this machine: the tracker does
+    not describe them); a 16-hex key must be that same target. Raises ``ValueError`` otherwise."""
+    from compiler.target import resolve_target
+
+    if len(name) == 16 and all(c in "0123456789abcdef" for c in name):
+        local = resolve_target("cpu")
+        if local.key != name:
+            raise ValueError(
+                f"--target {name} is not this machine's target ({local.key}, {local.describe()}): "
+                "a worker measures only on the hardware it runs on"
+            )
+        return local
+    try:
+        return resolve_target(name)
+    except Exception as err:  # ModelError: unknown target name
+        raise ValueError(str(err)) from None

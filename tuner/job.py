@@ -24,14 +24,13 @@ from typing import Any
 
 import tvm
 
-from compiler.artifact import LIBRARY_NAME, check_output_dir, publish_artifact
-from compiler.build import build
+from compiler.artifact import LIBRARY_NAME, check_output_dir
 from compiler.prepare import PreparedModel
-from compiler.runner import LoadedLibrary, Timing
-from compiler.verify import random_inputs
+from compiler.runner import Timing
 from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.cost_models import CostModelChoice, choose_cost_model
+from tuner.finalize import publish_tuned
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
@@ -145,7 +144,10 @@ def _register_workloads(storage: TuningStorage, prepared: PreparedModel, model_i
         storage.set_model_workloads(
             model_id,
             [
-                ModelWorkload(model_id, workload_ids[t.key], t.name, t.weight)
+                ModelWorkload(
+                    model_id, workload_ids[t.key], t.name, t.weight,
+                    skip_reason=None if t.tunable else (t.skip_reason or "not tunable"),
+                )
                 for t in prepared.partition.tasks
             ],
         )
@@ -360,23 +362,9 @@ def _run_job(
     )
     measured_total = storage.count_records(job_id=job.id)
     out_dir = output_dir or default_artifact_dir(job.id)
-    timing: dict[str, Timing] = {}
-
-    def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
-        timing["t"] = library.time(random_inputs(prepared.model.inputs))
-        return {
-            "tuned": True,
-            "job_id": job.id,
-            "trials_measured": measured_total,
-            "schedules": [o.to_json() for o in outcomes],
-            "estimated_ms": None if estimated is None else estimated * 1e3,
-            "measured": timing["t"].to_json(),
-        }
-
-    executable = build(prepared.mod, prepared.target, database)
-    manifest = publish_artifact(
-        executable, prepared.model, prepared.target, out_dir,
-        tasks=[t.to_json() for t in tasks], extra=timed_extra, force=force,
+    manifest, timing = publish_tuned(
+        prepared, database, out_dir, job_id=job.id, trials_measured=measured_total,
+        schedules=[o.to_json() for o in outcomes], estimated_secs=estimated, force=force,
     )
     library = out_dir / LIBRARY_NAME
     storage.add_artifact(
@@ -396,7 +384,7 @@ def _run_job(
         trials_this_run=measured_total - measured_before,
         tasks=outcomes,
         estimated_secs=estimated,
-        measured=timing.get("t"),
+        measured=timing,
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
         extra={"cost_model": cost_model.summary()},

@@ -61,7 +61,71 @@ def make_builder(config: MeasureConfig) -> ms.builder.Builder:
     )
 
 
-def make_runner(config: MeasureConfig) -> ms.runner.Runner:
+@dataclass(frozen=True)
+class RpcConfig:
+    """Measure on remote devices through a TVM RPC tracker (``tunehub worker --rpc-tracker``).
+
+    ``session_timeout_sec`` bounds both the wait for a free device of ``key`` at the tracker and
+    one measurement session; ``max_sessions`` measurements of a batch run at once.
+    """
+
+    tracker_host: str
+    tracker_port: int
+    key: str
+    session_timeout_sec: int = 120
+    max_sessions: int = 1
+
+    @classmethod
+    def parse(cls, tracker: str, key: str, **kwargs: Any) -> RpcConfig:
+        """From ``HOST:PORT`` and a device key; raises ``ValueError`` for a malformed address."""
+        host, sep, port = tracker.rpartition(":")
+        if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise ValueError(f"--rpc-tracker must be HOST:PORT, got {tracker!r}")
+        if not key:
+            raise ValueError("--rpc-key must not be empty")
+        return cls(host.strip("[]"), int(port), key, **kwargs)
+
+    def ms_config(self) -> ms.runner.RPCConfig:
+        return ms.runner.RPCConfig(
+            tracker_host=self.tracker_host,
+            tracker_port=self.tracker_port,
+            tracker_key=self.key,
+            session_timeout_sec=self.session_timeout_sec,
+        )
+
+
+def create_rpc_session(rpc_config: ms.runner.RPCConfig) -> Any:
+    """``f_create_session`` for ``RPCRunner`` that cannot hang: ``TrackerSession.request`` waits
+    forever for a server with the key (STACK.md); here the tracker socket times out after the
+    session timeout and the candidate fails with that error instead."""
+    from tvm import rpc
+
+    tracker = rpc.connect_tracker(rpc_config.tracker_host, rpc_config.tracker_port)
+    tracker._sock.settimeout(float(rpc_config.session_timeout_sec))  # noqa: SLF001
+    try:
+        return tracker.request(
+            rpc_config.tracker_key,
+            priority=rpc_config.session_priority,
+            session_timeout=rpc_config.session_timeout_sec,
+            max_retry=1,
+        )
+    except (OSError, RuntimeError) as err:
+        raise RuntimeError(
+            f"no RPC server with key {rpc_config.tracker_key!r} became free at "
+            f"{rpc_config.tracker_host}:{rpc_config.tracker_port} within "
+            f"{rpc_config.session_timeout_sec} s: {err}"
+        ) from err
+
+
+def make_runner(config: MeasureConfig, rpc: RpcConfig | None = None) -> ms.runner.Runner:
+    """A local runner, or an ``RPCRunner`` through the tracker in ``rpc``."""
+    if rpc is not None:
+        return ms.runner.RPCRunner(
+            rpc_config=rpc.ms_config(),
+            evaluator_config=config.evaluator(),
+            f_create_session=create_rpc_session,
+            max_workers=rpc.max_sessions,
+        )
     return ms.runner.LocalRunner(
         timeout_sec=config.run_timeout_sec, evaluator_config=config.evaluator()
     )

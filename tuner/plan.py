@@ -51,6 +51,39 @@ def choose_batch_size(num_tasks: int, trials: int) -> int:
     return max(MIN_BATCH, min(MAX_BATCH, trials // (2 * num_tasks)))
 
 
+def task_batch_size(task_trials: int) -> int:
+    """Trials per measured batch when one task is tuned alone (a distributed lease): two batches
+    at least when the task's budget allows it, within ``[MIN_BATCH, MAX_BATCH]``."""
+    return max(MIN_BATCH, min(MAX_BATCH, task_trials // 2))
+
+
+def allot_trials(plan: TuningPlan) -> dict[str, int]:
+    """Split ``plan.trials`` over the tuned tasks, for workers that tune tasks separately.
+
+    Every tuned task gets one batch (``plan.batch_size``: the plan's first round); the rest goes
+    by each task's share of the tuned FLOPs x weight (largest remainders), so the heavy tasks get
+    most measurements, as the gradient task scheduler would give them. The allotments add up to
+    ``plan.trials`` exactly (or to nothing when nothing is tuned).
+    """
+    tuned = plan.to_tune
+    if not tuned or plan.trials <= 0:
+        return {}
+    base = min(plan.batch_size, plan.trials // len(tuned))
+    allot = {task.key: base for task in tuned}
+    rest = plan.trials - base * len(tuned)
+    work = [max(task.flops, 0.0) * task.weight for task in tuned]
+    total = sum(work)
+    shares = [w / total * rest if total > 0 else rest / len(tuned) for w in work]
+    whole = [int(share) for share in shares]
+    left = rest - sum(whole)
+    order = sorted(range(len(tuned)), key=lambda i: (-(shares[i] - whole[i]), i))
+    for i in order[:left]:
+        whole[i] += 1
+    for task, extra in zip(tuned, whole):
+        allot[task.key] += extra
+    return allot
+
+
 def plan_tuning(
     tasks: Sequence[TaskInfo],
     trials: int,

@@ -98,6 +98,7 @@ class JobTaskPublic(BaseModel):
     trial_budget: int
     trials_done: int
     best_latency_ms: float | None
+    leased_by: str | None = Field(None, description="the worker holding this task's lease")
 
     @classmethod
     def from_task(cls, task: db.JobTask) -> JobTaskPublic:
@@ -111,6 +112,7 @@ class JobTaskPublic(BaseModel):
             trial_budget=task.trial_budget,
             trials_done=task.trials_done,
             best_latency_ms=_ms(task.best_mean_secs),
+            leased_by=task.leased_by,
         )
 
 
@@ -325,12 +327,26 @@ class StatsPublic(BaseModel):
 
 
 # -- workers ---------------------------------------------------------------------------------
+class TargetSpecBody(BaseModel):
+    """A target as a worker describes its own hardware (``compiler.target.TargetSpec``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    kind: Literal["cpu", "cuda"]
+    target_json: str = Field(min_length=2, max_length=4096)
+    fingerprint_json: str = Field(min_length=2, max_length=4096)
+    tvm_version: str = Field(min_length=1, max_length=64)
+
+
 class WorkerRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
     fingerprint: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
     target_key: str | None = Field(None, pattern=KEY_PATTERN)
+    target: TargetSpecBody | None = Field(
+        None, description="the worker's own target (registered if new); overrides target_key"
+    )
 
 
 class WorkerHeartbeat(BaseModel):
@@ -339,24 +355,173 @@ class WorkerHeartbeat(BaseModel):
     status: Literal["idle", "busy", "offline"] | None = None
 
 
+class LeasePublic(BaseModel):
+    """A lease: a trial batch of one job task (``tune``) or a job's ``finalize`` step."""
+
+    id: int
+    kind: Literal["tune", "finalize"]
+    job_id: int
+    task_id: int | None
+    worker: str
+    status: Literal["active", "done", "expired", "returned", "failed", "cancelled"]
+    trials: int = Field(description="trials leased (tune)")
+    trials_done: int = Field(description="trials uploaded and counted while the lease was active")
+    batches_done: int
+    error: str | None
+    created_at: datetime | None
+    expires_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_lease(cls, lease: db.TaskLease) -> LeasePublic:
+        return cls(
+            id=lease.id, kind=lease.kind, job_id=lease.job_id,  # type: ignore[arg-type]
+            task_id=lease.task_id, worker=lease.worker, status=lease.status,  # type: ignore[arg-type]
+            trials=lease.trials, trials_done=lease.trials_done, batches_done=lease.batches_done,
+            error=lease.error, created_at=lease.created_at, expires_at=lease.expires_at,
+            finished_at=lease.finished_at,
+        )
+
+
+class LeasesPublic(BaseModel):
+    data: list[LeasePublic]
+    next_after: int | None = Field(description="pass as ?after= for the next page; null at the end")
+
+
 class WorkerPublic(BaseModel):
     id: int
     name: str
     status: str
     target_id: int | None
     last_heartbeat: datetime | None
+    target_key: str | None = None
+    fingerprint: dict[str, Any] = Field(default_factory=dict)
+    current_lease: LeasePublic | None = Field(None, description="the worker's active lease, if any")
 
     @classmethod
-    def from_worker(cls, row: db.Worker) -> WorkerPublic:
+    def from_worker(
+        cls, row: db.Worker, *, target_key: str | None = None, lease: db.TaskLease | None = None
+    ) -> WorkerPublic:
         return cls(
             id=row.id, name=row.name, status=row.status, target_id=row.target_id,
-            last_heartbeat=row.last_heartbeat,
+            last_heartbeat=row.last_heartbeat, target_key=target_key,
+            fingerprint=_json(row.fingerprint_json),
+            current_lease=None if lease is None else LeasePublic.from_lease(lease),
         )
 
 
 class WorkersPublic(BaseModel):
     data: list[WorkerPublic]
     count: int
+
+
+class WorkerHeartbeatReply(WorkerPublic):
+    leases: list[int] = Field(description="the worker's active leases, renewed by this heartbeat")
+
+
+class TargetInfoPublic(BaseModel):
+    key: str
+    kind: str
+    target_json: str
+    fingerprint_json: str
+    tvm_version: str
+
+
+class JobTaskInfoPublic(BaseModel):
+    workload_key: str
+    name: str
+    weight: int
+    flops: float | None
+    status: str
+    trials_done: int
+    best_mean_secs: float | None
+
+
+class WorkOfferPublic(BaseModel):
+    """What a worker is to do. ``tune``: measure ``trials`` candidates of the workload
+    ``mod_json`` (``tvm.ir.save_json`` of its TIR module) in batches of ``batch_size``, starting
+    from ``GET /workers/records``; ``finalize``: compile the model (``model_url``) with the best
+    records, verify it, upload the artifact."""
+
+    lease_id: int
+    kind: Literal["tune", "finalize"]
+    job_id: int
+    target: TargetInfoPublic
+    expires_at: str | None
+    trials: int
+    batch_size: int
+    task_id: int | None
+    workload_key: str | None
+    workload_name: str | None
+    mod_json: str | None
+    model_id: int | None
+    model_sha256: str | None
+    model_format: str | None
+    model_filename: str | None
+    model_url: str | None
+    job_trial_budget: int
+    job_trials_done: int
+    tasks: list[JobTaskInfoPublic]
+
+    @classmethod
+    def from_offer(cls, offer, *, prefix: str) -> WorkOfferPublic:
+        import dataclasses
+
+        fields = dataclasses.asdict(offer)
+        fields["model_url"] = (
+            f"{prefix}/workers/jobs/{offer.job_id}/model" if offer.kind == "finalize" else None
+        )
+        return cls(**fields)
+
+
+class LeaseOffer(BaseModel):
+    lease: WorkOfferPublic | None = Field(description="null: no work for this worker right now")
+    pending_jobs: int = Field(description="jobs of the worker's target still queued or running")
+
+
+class SeedRecords(BaseModel):
+    data: list[list[Any]] = Field(
+        description="TuningRecord.as_json() lists [trace, run_secs, target, args_info], best first"
+    )
+    count: int
+
+
+class RecordUploadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    trace: list[Any] = Field(max_length=100_000, description="TuningRecord.as_json()[0]")
+    run_secs: list[float] | None = Field(max_length=1000, description="null or [1e10]: failed")
+    args_info: list[Any] = Field(max_length=1000)
+    error_text: str | None = Field(None, max_length=20_000)
+
+
+class BatchUploadBody(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    batch: int = Field(ge=0, le=10_000_000, description="0, 1, ... per lease; a repeat counts once")
+    records: list[RecordUploadBody] = Field(max_length=4096)
+
+
+class BatchAckPublic(BaseModel):
+    accepted: int = Field(description="records stored (duplicates keep the better measurement)")
+    counted: bool = Field(description="the batch's trials were counted (false for a repeat or a "
+                          "lease no longer active)")
+    keep_going: bool = Field(description="false: stop tuning (lease lost or job no longer running)")
+    lease_status: str
+    job_status: str
+    trials_done: int
+
+
+class LeaseFinish(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    outcome: Literal["done", "returned", "failed", "cancelled"]
+    error: str | None = Field(None, max_length=20_000)
+
+
+class LeaseEndPublic(BaseModel):
+    lease_status: str
+    job_status: str
 
 
 # -- health ----------------------------------------------------------------------------------

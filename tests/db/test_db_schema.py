@@ -9,7 +9,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0002_job_worker"
+HEAD = "0003_task_leases"
 EXPECTED_TABLES = {
     "workloads",
     "targets",
@@ -22,6 +22,7 @@ EXPECTED_TABLES = {
     "artifacts",
     "cost_models",
     "api_tokens",
+    "task_leases",
     "alembic_version",
 }
 

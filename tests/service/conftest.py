@@ -36,6 +36,7 @@ class Server:
     home: Path
     proc: subprocess.Popen
     log: Path
+    database_url: str | None = None
 
     @property
     def api(self) -> str:
@@ -43,7 +44,7 @@ class Server:
 
     @property
     def db_url(self) -> str:
-        return f"sqlite:///{self.home / 'tunehub.db'}"
+        return self.database_url or f"sqlite:///{self.home / 'tunehub.db'}"
 
     @property
     def storage_dir(self) -> Path:
@@ -73,7 +74,10 @@ class Server:
         return self.proc.poll() is None
 
 
-def start_server(home: Path, *, workers: int = 1, env: dict[str, str] | None = None) -> Server:
+def start_server(
+    home: Path, *, workers: int = 1, env: dict[str, str] | None = None, db_url: str | None = None
+) -> Server:
+    """``db_url``: a database other than the embedded SQLite file (upgraded beforehand)."""
     port = free_port()
     log = home / "serve.log"
     home.mkdir(parents=True, exist_ok=True)
@@ -91,10 +95,12 @@ def start_server(home: Path, *, workers: int = 1, env: dict[str, str] | None = N
     full_env.pop("TUNEHUB_DATABASE_URL", None)
     args = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
             "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    if db_url is not None:
+        args += ["--db", db_url]
     with open(log, "wb") as out:
         proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
-    server = Server(f"http://127.0.0.1:{port}", home, proc, log)
+    server = Server(f"http://127.0.0.1:{port}", home, proc, log, db_url)
     deadline = time.monotonic() + 120
     while True:
         if proc.poll() is not None:

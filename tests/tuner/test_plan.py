@@ -38,3 +38,18 @@ def test_small_budget_tunes_the_heaviest_tasks_and_defers_the_rest() -> None:
 def test_negative_budget_is_refused() -> None:
     with pytest.raises(ValueError):
         plan_tuning([task("a", 1)], -1)
+
+
+def test_allotments_add_up_and_follow_the_work() -> None:
+    from tuner.plan import allot_trials, task_batch_size
+
+    tasks = [task("big", 1000), task("mid", 100, weight=3), task("tiny", 1), task("skip", 5, tunable=False)]
+    for budget in (12, 13, 64, 301):
+        plan = plan_tuning(tasks, budget)
+        allot = allot_trials(plan)
+        assert sum(allot.values()) == budget and set(allot) == {"big", "mid", "tiny"}
+        assert all(n >= plan.batch_size for n in allot.values())  # one batch each at least
+        assert allot["big"] >= allot["mid"] >= allot["tiny"]
+    assert allot_trials(plan_tuning(tasks, 0)) == {}
+    assert task_batch_size(8) == MIN_BATCH and task_batch_size(100) == 50
+    assert task_batch_size(10_000) == MAX_BATCH

@@ -1,70 +1,260 @@
-"""``/workers``: registration and heartbeats (worker tokens), and the list (user tokens).
+"""``/workers``: the distributed-worker protocol (worker tokens) and the worker/lease lists (user
+tokens).
 
-Workers that reach the database directly (``tunehub worker``, the embedded one) register and
-heartbeat through the storage; these endpoints are the same operations over HTTP, for workers
-that only reach the service.
+A worker registers, asks for a lease, fetches the records it starts from, uploads measured
+batches, heartbeats, ends its lease, and for a finalize lease downloads the model and uploads the
+verified artifact. The routes only translate HTTP; the rules live in :mod:`tuner.coordinator`
+(and the storage it calls), which workers on the database call the same way.
 """
 from __future__ import annotations
 
 import json
+import shutil
+import tempfile
+from pathlib import Path as FsPath
 from typing import Annotated
 
-from fastapi import APIRouter, Path
+from fastapi import APIRouter, File, Path, Query, UploadFile
+from fastapi.responses import FileResponse
 
-from service.api.deps import CurrentUser, StorageDep, WorkerAuth
-from service.api.errors import not_found
+import db
+from service.api.deps import API_PREFIX, CurrentUser, FilesDep, SettingsDep, StorageDep, WorkerAuth
+from service.api.errors import ApiError, not_found
 from service.api.schemas import (
+    KEY_PATTERN,
+    MAX_ID,
     NAME_PATTERN,
+    BatchAckPublic,
+    BatchUploadBody,
     ErrorBody,
+    LeaseEndPublic,
+    LeaseFinish,
+    LeaseOffer,
+    LeasePublic,
+    LeasesPublic,
+    SeedRecords,
     WorkerHeartbeat,
+    WorkerHeartbeatReply,
     WorkerPublic,
     WorkerRegister,
     WorkersPublic,
+    WorkOfferPublic,
 )
+from tuner import coordinator
+from tuner.work import RecordUpload, TargetInfo
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
+WorkerName = Annotated[str, Path(pattern=NAME_PATTERN)]
+LeaseId = Annotated[int, Path(ge=1, le=MAX_ID)]
+MANIFEST_LIMIT = 4 * 1024 * 1024
+_NOT_FOUND = {404: {"model": ErrorBody}}
+_CONFLICT = {404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 
-@router.get("", response_model=WorkersPublic, summary="Registered workers and their heartbeats")
+
+def _lease_lost(err: Exception) -> ApiError:
+    return ApiError(409, "lease_lost", str(err))
+
+
+@router.get("", response_model=WorkersPublic, summary="Workers, their heartbeats and current leases")
 def list_workers(storage: StorageDep, _user: CurrentUser) -> WorkersPublic:
     rows = storage.list_workers()
-    return WorkersPublic(data=[WorkerPublic.from_worker(w) for w in rows], count=len(rows))
+    keys = {t.id: t.key for t in storage.list_targets()}
+    active = {lease.worker: lease for lease in storage.list_leases(status="active", limit=10_000)}
+    return WorkersPublic(
+        data=[
+            WorkerPublic.from_worker(w, target_key=keys.get(w.target_id), lease=active.get(w.name))
+            for w in rows
+        ],
+        count=len(rows),
+    )
+
+
+@router.get("/leases", response_model=LeasesPublic, summary="Lease history (keyset pages by id)")
+def list_leases(
+    storage: StorageDep,
+    _user: CurrentUser,
+    job_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
+    worker: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
+    status: Annotated[str | None, Query(pattern="^(active|done|expired|returned|failed|cancelled)$")] = None,
+    after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+) -> LeasesPublic:
+    rows = storage.list_leases(job_id=job_id, worker=worker, status=status, after_id=after, limit=limit)
+    return LeasesPublic(
+        data=[LeasePublic.from_lease(r) for r in rows],
+        next_after=rows[-1].id if len(rows) == limit else None,
+    )
 
 
 @router.post(
-    "/register",
-    response_model=WorkerPublic,
-    responses={404: {"model": ErrorBody}},
-    summary="Register (or re-register) a worker",
+    "/register", response_model=WorkerPublic, responses=_NOT_FOUND,
+    summary="Register (or re-register) a worker; its earlier leases are released",
 )
 def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAuth) -> WorkerPublic:
-    target_id = None
-    if body.target_key is not None:
-        target = storage.get_target(body.target_key)
-        if target is None:
+    fingerprint = json.dumps(body.fingerprint, sort_keys=True, separators=(",", ":"))
+    target = None
+    if body.target is not None:
+        for text in (body.target.target_json, body.target.fingerprint_json):
+            try:
+                if not isinstance(json.loads(text), dict):
+                    raise ValueError
+            except ValueError:
+                raise ApiError(422, "invalid_request", "target_json and fingerprint_json must be "
+                               "JSON objects") from None
+        from compiler.target import TargetSpec
+
+        spec = TargetSpec(body.target.kind, body.target.target_json, body.target.fingerprint_json,
+                          body.target.tvm_version)
+        target = TargetInfo(spec.key, spec.kind, spec.target_json, spec.fingerprint_json, spec.tvm_version)
+    elif body.target_key is not None:
+        row = storage.get_target(body.target_key)
+        if row is None:
             raise not_found("target", body.target_key)
-        target_id = target.id
-    row = storage.register_worker(
-        body.name,
-        fingerprint_json=json.dumps(body.fingerprint, sort_keys=True, separators=(",", ":")),
-        target_id=target_id,
-    )
-    return WorkerPublic.from_worker(row)
+        target = coordinator.target_info(row)
+    worker = coordinator.register(storage, body.name, target, fingerprint)
+    key = None if target is None else target.key
+    return WorkerPublic.from_worker(worker, target_key=key)
 
 
 @router.post(
-    "/{name}/heartbeat",
-    response_model=WorkerPublic,
-    responses={404: {"model": ErrorBody}},
-    summary="Stamp a worker's heartbeat (database clock)",
+    "/{name}/heartbeat", response_model=WorkerHeartbeatReply, responses=_NOT_FOUND,
+    summary="Stamp a worker's heartbeat (database clock) and renew its leases",
 )
 def heartbeat(
-    name: Annotated[str, Path(pattern=NAME_PATTERN)],
-    body: WorkerHeartbeat,
+    name: WorkerName, body: WorkerHeartbeat, storage: StorageDep, settings: SettingsDep,
+    _worker: WorkerAuth,
+) -> WorkerHeartbeatReply:
+    try:
+        row, leases = coordinator.heartbeat(storage, name, settings.lease_policy(), status=body.status)
+    except db.NotFoundError:
+        raise not_found("worker", name) from None
+    public = WorkerPublic.from_worker(row, lease=leases[0] if leases else None)
+    return WorkerHeartbeatReply(**public.model_dump(), leases=[lease.id for lease in leases])
+
+
+@router.post(
+    "/{name}/lease", response_model=LeaseOffer, responses=_CONFLICT,
+    summary="Lease the next piece of work for this worker's target (null when there is none)",
+)
+def lease(name: WorkerName, storage: StorageDep, settings: SettingsDep, _worker: WorkerAuth) -> LeaseOffer:
+    try:
+        offer, pending = coordinator.lease_work(storage, name, settings.lease_policy())
+    except db.NotFoundError:
+        raise not_found("worker", name) from None
+    public = None if offer is None else WorkOfferPublic.from_offer(offer, prefix=API_PREFIX)
+    return LeaseOffer(lease=public, pending_jobs=pending)
+
+
+@router.get(
+    "/records", response_model=SeedRecords, responses=_NOT_FOUND,
+    summary="The best records of a workload on a target (a lease's starting point)",
+)
+def seed_records(
     storage: StorageDep,
     _worker: WorkerAuth,
-) -> WorkerPublic:
-    row = next((w for w in storage.list_workers() if w.name == name), None)
+    workload: Annotated[str, Query(pattern=KEY_PATTERN)],
+    target: Annotated[str, Query(pattern=KEY_PATTERN)],
+    k: Annotated[int, Query(ge=1, le=4096)] = 256,
+) -> SeedRecords:
+    row = storage.get_target(target)
     if row is None:
-        raise not_found("worker", name)
-    return WorkerPublic.from_worker(storage.heartbeat(row.id, status=body.status))
+        raise not_found("target", target)
+    data = coordinator.seed_records(storage, workload, row, k)
+    return SeedRecords(data=data, count=len(data))
+
+
+@router.post(
+    "/leases/{lease_id}/records", response_model=BatchAckPublic, responses=_CONFLICT,
+    summary="Upload one measured batch of a tune lease (idempotent by batch number)",
+)
+def upload_batch(
+    lease_id: LeaseId, body: BatchUploadBody, storage: StorageDep, settings: SettingsDep,
+    _worker: WorkerAuth,
+) -> BatchAckPublic:
+    records = [
+        RecordUpload(r.trace, None if r.run_secs is None else tuple(r.run_secs), r.args_info, r.error_text)
+        for r in body.records
+    ]
+    try:
+        ack = coordinator.accept_batch(storage, lease_id, body.batch, records, settings.lease_policy())
+    except (TypeError, ValueError) as err:
+        raise ApiError(422, "invalid_request", f"invalid record: {err}") from None
+    return BatchAckPublic(**ack.__dict__)
+
+
+@router.post(
+    "/leases/{lease_id}/finish", response_model=LeaseEndPublic, responses=_CONFLICT,
+    summary="End a lease: done, returned (given back), failed (with the error) or cancelled",
+)
+def finish_lease(
+    lease_id: LeaseId, body: LeaseFinish, storage: StorageDep, settings: SettingsDep,
+    _worker: WorkerAuth,
+) -> LeaseEndPublic:
+    try:
+        end = coordinator.end_lease(storage, lease_id, body.outcome, settings.lease_policy(),
+                                    error=body.error)
+    except db.InvalidTransitionError as err:
+        raise _lease_lost(err) from None
+    return LeaseEndPublic(lease_status=end.lease_status, job_status=end.job_status)
+
+
+@router.get(
+    "/jobs/{job_id}/model", responses=_NOT_FOUND, response_class=FileResponse,
+    summary="The model file of a job (for its finalize lease)",
+)
+def job_model(
+    job_id: Annotated[int, Path(ge=1, le=MAX_ID)], storage: StorageDep, files: FilesDep,
+    _worker: WorkerAuth,
+) -> FileResponse:
+    job = storage.get_job(job_id)
+    model = None if job is None or job.model_id is None else storage.get_model(job.model_id)
+    if model is None:
+        raise not_found("model of job", job_id)
+    path = files.model_path(model.content_hash)
+    if not path.is_file():
+        raise not_found("model file of job", job_id)
+    return FileResponse(path, media_type="application/octet-stream", filename=model.filename)
+
+
+@router.post(
+    "/leases/{lease_id}/artifact", response_model=LeaseEndPublic,
+    responses={**_CONFLICT, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
+    summary="Upload the verified artifact of a finalize lease (completes the job)",
+)
+def upload_artifact(
+    lease_id: LeaseId,
+    storage: StorageDep,
+    files: FilesDep,
+    settings: SettingsDep,
+    _worker: WorkerAuth,
+    library: Annotated[UploadFile, File(description="model.so")],
+    manifest: Annotated[UploadFile, File(description="manifest.json (verification passed)")],
+) -> LeaseEndPublic:
+    lease_row = storage.get_lease(lease_id)
+    if lease_row is None:
+        raise not_found("task lease", lease_id)
+    staged = FsPath(tempfile.mkdtemp(prefix="artifact-", dir=files.tmp))
+    try:
+        _save(library, staged / coordinator.LIBRARY_NAME, settings.upload_limit)
+        _save(manifest, staged / coordinator.MANIFEST_NAME, MANIFEST_LIMIT)
+        try:
+            coordinator.accept_artifact(storage, lease_id, staged, files.artifact_dir(lease_row.job_id))
+        except db.InvalidTransitionError as err:
+            raise _lease_lost(err) from None
+        except db.ConflictError as err:
+            raise ApiError(422, "invalid_artifact", str(err)) from None
+    finally:
+        shutil.rmtree(staged, ignore_errors=True)
+    job = storage.get_job(lease_row.job_id)
+    return LeaseEndPublic(lease_status="done", job_status=job.status if job else "failed")
+
+
+def _save(upload: UploadFile, path: FsPath, limit: int) -> None:
+    size = 0
+    with open(path, "wb") as out:
+        while chunk := upload.file.read(1 << 20):
+            size += len(chunk)
+            if size > limit:
+                raise ApiError(413, "too_large", f"{upload.filename or path.name} exceeds {limit} bytes")
+            out.write(chunk)

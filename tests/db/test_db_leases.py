@@ -1,0 +1,156 @@
+"""Task leases on both backends: start a job, lease its tasks, count batches once, expire leases
+of silent workers with a compare-and-set, finalize exactly once; concurrent claimers never share
+work."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+import db
+from db import JobStatus, LeaseStatus, NewJobTask
+
+
+@pytest.fixture
+def target_id(storage, target):
+    return storage.ensure_target(target).id
+
+
+@pytest.fixture
+def workloads(storage):
+    return [storage.ensure_workload(f"{i:016x}", "{}", flops=float(i)).id for i in range(1, 7)]
+
+
+def _started_job(storage, target_id, workloads, budgets, *, priority=0):
+    job = storage.create_job(target_id=target_id, trial_budget=sum(budgets), priority=priority)
+    tasks = [
+        NewJobTask(workload_id=w, name=f"t{w}", flops=float(w), trial_budget=b)
+        for w, b in zip(workloads, budgets)
+    ]
+    started = storage.start_job(job.id, tasks)
+    assert started is not None and started.status == JobStatus.RUNNING
+    assert storage.start_job(job.id, tasks) is None  # only one planner wins
+    return started
+
+
+def test_lease_batches_finish_and_finalize(storage, target_id, workloads):
+    job = _started_job(storage, target_id, workloads[:2], [8, 4])
+    first = storage.claim_task_lease("w1", target_id=target_id, lease_secs=60, max_trials=4)
+    # Heaviest task first (FLOPs x weight), at most max_trials of it.
+    assert first.kind == "tune" and first.trials == 4 and first.status == LeaseStatus.ACTIVE
+    task = {t.id: t for t in storage.list_job_tasks(job.id)}[first.task_id]
+    assert task.workload_id == workloads[1] and task.status == "running" and task.leased_by == "w1"
+
+    counted = storage.record_lease_batch(first.id, batch=0, trials=2, best_mean_secs=2e-3, lease_secs=60)
+    assert counted.counted and counted.lease.trials_done == 2 and counted.job_status == "running"
+    again = storage.record_lease_batch(first.id, batch=0, trials=2, best_mean_secs=1e-3, lease_secs=60)
+    assert not again.counted and again.lease.trials_done == 2  # a retried upload counts once
+    with pytest.raises(db.ConflictError):
+        storage.record_lease_batch(first.id, batch=5, trials=2, best_mean_secs=None, lease_secs=60)
+    storage.record_lease_batch(first.id, batch=1, trials=2, best_mean_secs=1e-3, lease_secs=60)
+    assert storage.get_job(job.id).trials_done == 4
+
+    second = storage.claim_task_lease("w2", target_id=target_id, lease_secs=60, max_trials=64)
+    assert second.task_id != first.task_id and second.trials == 8
+    assert storage.claim_task_lease("w3", target_id=target_id, lease_secs=60, max_trials=4) is None
+    assert storage.claim_finalize_lease("w3", target_id=target_id, lease_secs=60) is None
+
+    done = storage.finish_lease(first.id, "done")
+    assert done.status == "done" and done.finished_at is not None
+    with pytest.raises(db.InvalidTransitionError):
+        storage.finish_lease(first.id, "done")
+    # The search ended early (2 of 8 trials): the task is finished, not leased forever.
+    storage.record_lease_batch(second.id, batch=0, trials=2, best_mean_secs=5e-3, lease_secs=60)
+    storage.finish_lease(second.id, "done")
+    tasks = storage.list_job_tasks(job.id)
+    assert [t.status for t in tasks] == ["succeeded", "succeeded"]
+    assert {t.trials_done for t in tasks} == {4, 2} and min(t.best_mean_secs for t in tasks) == 1e-3
+
+    final = storage.claim_finalize_lease("w3", target_id=target_id, lease_secs=60)
+    assert final.kind == "finalize" and final.job_id == job.id
+    assert storage.claim_finalize_lease("w1", target_id=target_id, lease_secs=60) is None
+    artifact = storage.complete_finalize(
+        final.id, path="/a", sha256="ab" * 32, size=3, manifest_json="{}", verified=True
+    )
+    finished = storage.get_job(job.id)
+    assert finished.status == "succeeded" and finished.worker == "w3" and artifact.verified
+    assert storage.count_open_jobs(target_id=target_id) == 0
+    assert [lease.id for lease in storage.list_leases(job_id=job.id)] == [first.id, second.id, final.id]
+
+
+def test_expired_lease_requeues_the_rest_once(storage, target_id, workloads):
+    job = _started_job(storage, target_id, workloads[:1], [12])
+    lost = storage.claim_task_lease("dead", target_id=target_id, lease_secs=1, max_trials=12)
+    storage.record_lease_batch(lost.id, batch=0, trials=4, best_mean_secs=1e-3, lease_secs=1)
+    assert storage.reap_expired_leases() == []  # not expired yet
+    time.sleep(2.2)
+    reaped = storage.reap_expired_leases()
+    assert reaped == [lost.id] and storage.reap_expired_leases() == []
+    assert storage.get_lease(lost.id).status == "expired"
+    # Late upload of the dead lease: counted nowhere (its records would still be stored).
+    late = storage.record_lease_batch(lost.id, batch=1, trials=4, best_mean_secs=None, lease_secs=1)
+    assert not late.counted
+    with pytest.raises(db.InvalidTransitionError):
+        storage.finish_lease(lost.id, "done")
+    retry = storage.claim_task_lease("alive", target_id=target_id, lease_secs=60, max_trials=64)
+    assert retry.task_id == lost.task_id and retry.trials == 8  # only what was not counted
+    # A heartbeat keeps a lease alive; a restarted worker's leases are released at once.
+    assert [lease.id for lease in storage.renew_leases("alive", lease_secs=60)] == [retry.id]
+    assert storage.release_worker_leases("alive") == [retry.id]
+    task = storage.list_job_tasks(job.id)[0]
+    assert task.status == "queued" and task.trials_done == 4 and task.leased_by is None
+
+
+def test_a_task_that_keeps_losing_its_worker_fails(storage, target_id, workloads):
+    job = _started_job(storage, target_id, workloads[:1], [8])
+    for attempt in range(3):
+        lease = storage.claim_task_lease(f"w{attempt}", target_id=target_id, lease_secs=60, max_trials=8)
+        storage.finish_lease(lease.id, "failed", error="segfault", max_attempts=3)
+    assert storage.list_job_tasks(job.id)[0].status == "failed"
+    assert storage.claim_task_lease("w9", target_id=target_id, lease_secs=60, max_trials=8) is None
+    # Every task is finished (one failed): the job can still be compiled with what exists.
+    final = storage.claim_finalize_lease("w9", target_id=target_id, lease_secs=60)
+    storage.finish_lease(final.id, "failed", error="verification failed")
+    job = storage.get_job(job.id)
+    assert job.status == "failed" and "verification failed" in job.error
+
+
+def test_cancelled_job_stops_leasing(storage, target_id, workloads):
+    job = _started_job(storage, target_id, workloads[:2], [4, 4])
+    lease = storage.claim_task_lease("w1", target_id=target_id, lease_secs=60, max_trials=4)
+    storage.transition_job(job.id, JobStatus.CANCELLED, error="cancelled by the user")
+    result = storage.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60)
+    assert result.job_status == "cancelled"
+    assert storage.claim_task_lease("w2", target_id=target_id, lease_secs=60, max_trials=4) is None
+    storage.finish_lease(lease.id, "cancelled")
+    assert {t.status for t in storage.list_job_tasks(job.id)} == {"cancelled", "queued"}
+    assert storage.claim_finalize_lease("w2", target_id=target_id, lease_secs=60) is None
+
+
+def test_concurrent_claimers_never_share_work(storage, target_id, workloads, db_url):
+    job = _started_job(storage, target_id, workloads, [4] * len(workloads))
+    leases: list = []
+    finals: list = []
+    lock = threading.Lock()
+
+    def claimer(name: str) -> None:
+        with db.open_storage(db_url) as own:
+            while (lease := own.claim_task_lease(name, target_id=target_id, lease_secs=60, max_trials=4)):
+                own.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60)
+                own.finish_lease(lease.id, "done")
+                with lock:
+                    leases.append(lease)
+            final = own.claim_finalize_lease(name, target_id=target_id, lease_secs=60)
+            if final is not None:
+                with lock:
+                    finals.append(final)
+
+    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert sorted(lease.task_id for lease in leases) == sorted(t.id for t in storage.list_job_tasks(job.id))
+    assert len(finals) == 1 and finals[0].job_id == job.id  # finalized exactly once
+    assert storage.get_job(job.id).trials_done == 4 * len(workloads)

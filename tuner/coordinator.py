@@ -1,0 +1,392 @@
+"""The coordinator: turns jobs into leases for workers, and takes their results back.
+
+Server-side logic of distributed tuning, shared by the REST routes (``/api/v1/workers/...``) and
+by workers that reach the database directly (:class:`service.worker_client.DirectClient`). It
+reads and writes only through :class:`db.TuningStorage`; it never runs TVM.
+
+Life of a job (see the lease contract in :mod:`db.base`):
+
+1. **Plan.** A worker asking for work finds a queued job for its target: the job is planned from
+   the model's task list stored at upload (:func:`plan_job`: :func:`tuner.plan.plan_tuning` with
+   what this target already has tuned, then :func:`tuner.plan.allot_trials`) and started, tasks
+   and all, in one transaction. Only one planner wins the job.
+2. **Tune leases.** Each queued task is leased to one worker at a time for at most
+   ``batches_per_lease`` batches of its remaining trials. The worker seeds its local search with
+   the records the server has for that task (:func:`seed_records`), measures, and uploads each
+   batch (:func:`accept_batch`): records are stored (keep-the-better, so a retried upload changes
+   nothing) and counted once per batch number. Ending the lease (:func:`end_lease`) queues what
+   is left of the task, or finishes it.
+3. **Finalize.** When no task of a running job is queued or running, one worker of the target
+   takes the job's finalize lease: it compiles the model with the best records, verifies it
+   against the reference framework and uploads the artifact (:func:`accept_artifact`), which
+   completes the job.
+
+Leases live while their worker heartbeats (:func:`heartbeat`); every request for work first
+expires silent workers' leases (:meth:`db.TuningStorage.reap_expired_leases`), so their work goes
+back to the queue with the batches already uploaded kept.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from db import (
+    ConflictError,
+    InvalidTransitionError,
+    Job,
+    JobStatus,
+    LeaseStatus,
+    NewJobTask,
+    NewTuningRecord,
+    NotFoundError,
+    TargetRecord,
+    TaskLease,
+    TuningStorage,
+    Worker,
+)
+from tuner.work import BatchAck, JobTaskInfo, LeaseEnd, RecordUpload, TargetInfo, WorkOffer
+
+logger = logging.getLogger("tunehub.coordinator")
+
+LIBRARY_NAME = "model.so"
+MANIFEST_NAME = "manifest.json"
+
+
+@dataclass(frozen=True)
+class LeasePolicy:
+    """How long leases live and how much work one lease covers (from the service settings)."""
+
+    lease_secs: float = 60.0
+    batches_per_lease: int = 4
+    max_attempts: int = 3
+
+
+def target_info(row: TargetRecord) -> TargetInfo:
+    return TargetInfo(row.key, row.kind, row.target_json, row.fingerprint_json, row.tvm_version)
+
+
+def find_worker(storage: TuningStorage, name: str) -> Worker:
+    """The registered worker ``name``. Raises :class:`db.NotFoundError` when it is unknown."""
+    row = next((w for w in storage.list_workers() if w.name == name), None)
+    if row is None:
+        raise NotFoundError(f"worker {name} is not registered (register it first)")
+    return row
+
+
+def register(
+    storage: TuningStorage, name: str, target: TargetInfo | None, fingerprint_json: str
+) -> Worker:
+    """Register ``name`` for ``target`` (created if new) and expire what an earlier process of the
+    same name still held: it is gone, and its work goes back to the queue."""
+    target_id = None
+    if target is not None:
+        target_id = storage.ensure_target(target.spec()).id
+    row = storage.register_worker(name, fingerprint_json=fingerprint_json, target_id=target_id)
+    released = storage.release_worker_leases(name)
+    if released:
+        logger.info("leases %s of an earlier run of worker %s were released", released, name)
+    return row
+
+
+def heartbeat(
+    storage: TuningStorage, name: str, policy: LeasePolicy, *, status: str | None = None
+) -> tuple[Worker, list[TaskLease]]:
+    """Stamp the worker's heartbeat and renew its active leases; return them (a lease missing
+    from the list was lost: expired, or ended by someone else)."""
+    row = find_worker(storage, name)
+    row = storage.heartbeat(row.id, status=status)
+    return row, storage.renew_leases(name, lease_secs=policy.lease_secs)
+
+
+# -- planning ----------------------------------------------------------------------------------
+def plan_job(storage: TuningStorage, job: Job) -> Job | None:
+    """Plan a queued job from its model's stored task list and start it (``running``, tasks
+    created with their trial allotments). ``None`` when another process started it first, or
+    when the job cannot run (then it is failed with the reason)."""
+    from compiler.partition import TaskInfo  # noqa: PLC0415 - TVM only where planning happens
+    from tuner.plan import allot_trials, plan_tuning  # noqa: PLC0415
+
+    if job.model_id is None:
+        _fail_queued(storage, job, "the job's model was deleted")
+        return None
+    entries = storage.model_workloads(job.model_id)
+    if not entries:
+        _fail_queued(storage, job, "the job's model has no tuning tasks recorded")
+        return None
+    tasks: list[TaskInfo] = []
+    ids: dict[str, int] = {}
+    for entry in entries:
+        workload = storage.get_workload_by_id(entry.workload_id)
+        if workload is None or workload.key in ids:
+            continue
+        ids[workload.key] = workload.id
+        tasks.append(
+            TaskInfo(
+                key=workload.key,
+                name=entry.task_name,
+                flops=float(workload.flops or 0.0),
+                weight=entry.weight,
+                shapes=(),
+                tunable=entry.skip_reason is None,
+                skip_reason=entry.skip_reason or "",
+            )
+        )
+    remaining = max(0, job.trial_budget - storage.count_records(job_id=job.id))
+    tuned = storage.tuned_workload_keys(job.target_id, list(ids), exclude_job_id=job.id)
+    plan = plan_tuning(tasks, remaining, tuned_keys=tuned)
+    allot = allot_trials(plan)
+    new: list[NewJobTask] = []
+    for decision in plan.decisions:
+        task = decision.task
+        if decision.action == "tune":
+            new.append(NewJobTask(ids[task.key], task.name, task.weight, task.flops, allot[task.key]))
+        elif decision.action == "reuse":
+            best = storage.best_record(ids[task.key], job.target_id)
+            new.append(
+                NewJobTask(
+                    ids[task.key], task.name, task.weight, task.flops, 0,
+                    status=JobStatus.SUCCEEDED,
+                    best_mean_secs=None if best is None else best.mean_secs,
+                )
+            )
+    started = storage.start_job(job.id, new)
+    if started is not None:
+        logger.info(
+            "job %s started: %d tasks to tune (%s trials), %d reused", job.id,
+            len(plan.to_tune), remaining, len(plan.by_action("reuse")),
+        )
+    return started
+
+
+def _fail_queued(storage: TuningStorage, job: Job, reason: str) -> None:
+    try:
+        storage.transition_job(job.id, JobStatus.FAILED, expected=JobStatus.QUEUED, error=reason)
+    except InvalidTransitionError:
+        pass
+
+
+# -- leasing -----------------------------------------------------------------------------------
+def lease_work(
+    storage: TuningStorage, name: str, policy: LeasePolicy
+) -> tuple[WorkOffer | None, int]:
+    """The next piece of work for worker ``name`` (on its registered target), and how many jobs
+    of that target are still open (queued or running; 0 means a ``--once`` worker may stop).
+
+    Order: expire silent workers' leases; finalize a job whose tasks are all done; lease a
+    queued task of a running job (priority, age, heaviest task); else start the next queued job
+    and lease its first task.
+    """
+    worker = find_worker(storage, name)
+    if worker.target_id is None:
+        raise ConflictError(f"worker {name} registered without a target: it cannot take work")
+    target = storage.get_target_by_id(worker.target_id)
+    assert target is not None  # foreign key
+    reaped = storage.reap_expired_leases(max_attempts=policy.max_attempts)
+    if reaped:
+        logger.warning("expired leases %s (their workers stopped heartbeating)", reaped)
+    storage.heartbeat(worker.id)
+    lease = _claim(storage, name, target.id, policy)
+    if lease is None:
+        for job in _queued_jobs(storage, target.id):
+            if plan_job(storage, job) is not None:
+                lease = _claim(storage, name, target.id, policy)
+                if lease is not None:
+                    break
+    pending = storage.count_open_jobs(target_id=target.id)
+    if lease is None:
+        return None, pending
+    return offer_for(storage, lease, target, policy), pending
+
+
+def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy):
+    lease = storage.claim_finalize_lease(name, target_id=target_id, lease_secs=policy.lease_secs)
+    if lease is None:
+        lease = storage.claim_task_lease(
+            name, target_id=target_id, lease_secs=policy.lease_secs,
+            max_trials=lambda budget: lease_trials(budget, policy)[1],
+        )
+    return lease
+
+
+def _queued_jobs(storage: TuningStorage, target_id: int) -> list[Job]:
+    queued = [j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id == target_id]
+    return sorted(queued, key=lambda j: (-j.priority, j.id))
+
+
+def lease_trials(task_budget: int, policy: LeasePolicy) -> tuple[int, int]:
+    """``(batch_size, max trials of one lease)`` for a task with ``task_budget`` trials."""
+    from tuner.plan import task_batch_size  # noqa: PLC0415
+
+    batch = task_batch_size(task_budget)
+    return batch, batch * policy.batches_per_lease
+
+
+def offer_for(
+    storage: TuningStorage, lease: TaskLease, target: TargetRecord, policy: LeasePolicy
+) -> WorkOffer:
+    """The :class:`WorkOffer` describing ``lease`` to its worker."""
+    job = storage.get_job(lease.job_id)
+    assert job is not None  # foreign key
+    common = dict(
+        lease_id=lease.id, kind=lease.kind, job_id=job.id, target=target_info(target),
+        expires_at=None if lease.expires_at is None else lease.expires_at.isoformat(),
+        job_trial_budget=job.trial_budget, job_trials_done=job.trials_done,
+    )
+    if lease.kind == "tune":
+        task = next(t for t in storage.list_job_tasks(job.id) if t.id == lease.task_id)
+        workload = storage.get_workload_by_id(task.workload_id)
+        assert workload is not None
+        batch, _ = lease_trials(task.trial_budget, policy)
+        return WorkOffer(
+            **common, trials=lease.trials, batch_size=min(batch, lease.trials), task_id=task.id,
+            workload_key=workload.key, workload_name=task.name, mod_json=workload.mod_json,
+        )
+    model = storage.get_model(job.model_id) if job.model_id is not None else None
+    keys = {w.id: w.key for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])}
+    tasks = tuple(
+        JobTaskInfo(keys.get(t.workload_id, ""), t.name, t.weight, t.flops, t.status,
+                    t.trials_done, t.best_mean_secs)
+        for t in storage.list_job_tasks(job.id)
+    )
+    return WorkOffer(
+        **common, model_id=None if model is None else model.id,
+        model_sha256=None if model is None else model.content_hash,
+        model_format=None if model is None else model.format,
+        model_filename=None if model is None else model.filename,
+        tasks=tasks,
+    )
+
+
+def _workloads(storage: TuningStorage, ids: list[int]):
+    return [w for w in (storage.get_workload_by_id(i) for i in ids) if w is not None]
+
+
+# -- results -----------------------------------------------------------------------------------
+def seed_records(
+    storage: TuningStorage, workload_key: str, target: TargetRecord, k: int
+) -> list[list]:
+    """The ``k`` best valid records of a workload on a target, as ``TuningRecord.as_json()``
+    lists (``[trace, run_secs, target, args_info]``), best first: what a worker's local search
+    starts from. Unknown workloads have none."""
+    ids = storage.workload_ids([workload_key])
+    if workload_key not in ids:
+        return []
+    target_obj = json.loads(target.target_json)
+    return [
+        [json.loads(r.trace_json), list(r.run_secs or ()), target_obj, json.loads(r.args_info_json)]
+        for r in storage.top_k(ids[workload_key], target.id, k)
+    ]
+
+
+def accept_batch(
+    storage: TuningStorage,
+    lease_id: int,
+    batch: int,
+    records: list[RecordUpload],
+    policy: LeasePolicy,
+) -> BatchAck:
+    """Store one uploaded batch of a tune lease and count it (once per batch number).
+
+    The records are stored whatever the lease's state (a late upload from an expired lease is
+    still evidence; duplicates keep the better measurement), tagged with the lease's job and
+    worker. Raises :class:`db.NotFoundError` (no lease), :class:`db.ConflictError` (a finalize
+    lease, or a batch number ahead of the next expected one).
+    """
+    lease = storage.get_lease(lease_id)
+    if lease is None:
+        raise NotFoundError(f"task lease {lease_id} does not exist")
+    if lease.kind != "tune" or lease.task_id is None:
+        raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it takes no records")
+    job = storage.get_job(lease.job_id)
+    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
+    if job is None or task is None:  # pragma: no cover - foreign keys
+        raise NotFoundError(f"the job of lease {lease_id} is gone")
+    new = [
+        NewTuningRecord.from_metaschedule_json(
+            task.workload_id, job.target_id,
+            [r.trace, None if r.run_secs is None else list(r.run_secs), None, r.args_info],
+            error_text=r.error_text, worker=lease.worker, job_id=lease.job_id,
+        )
+        for r in records
+    ]
+    storage.commit_records(new)
+    valid = [r.mean_secs for r in new if r.mean_secs is not None]
+    result = storage.record_lease_batch(
+        lease_id, batch=batch, trials=len(new), best_mean_secs=min(valid) if valid else None,
+        lease_secs=policy.lease_secs,
+    )
+    keep_going = (
+        result.lease.status == LeaseStatus.ACTIVE and result.job_status == JobStatus.RUNNING
+    )
+    return BatchAck(
+        accepted=len(new), counted=result.counted, keep_going=keep_going,
+        lease_status=result.lease.status, job_status=result.job_status,
+        trials_done=result.lease.trials_done,
+    )
+
+
+def end_lease(
+    storage: TuningStorage,
+    lease_id: int,
+    outcome: str,
+    policy: LeasePolicy,
+    *,
+    error: str | None = None,
+) -> LeaseEnd:
+    """End the worker's lease with ``outcome`` (``done``, ``returned``, ``failed``,
+    ``cancelled``; see :meth:`db.TuningStorage.finish_lease`). Raises
+    :class:`db.InvalidTransitionError` when the lease is no longer active."""
+    lease = storage.finish_lease(lease_id, outcome, error=error, max_attempts=policy.max_attempts)
+    job = storage.get_job(lease.job_id)
+    return LeaseEnd(lease.status, job.status if job is not None else JobStatus.FAILED)
+
+
+def accept_artifact(
+    storage: TuningStorage, lease_id: int, staged: Path, destination: Path
+) -> Path:
+    """Publish a finalize lease's verified artifact and complete its job.
+
+    ``staged`` holds ``model.so`` and ``manifest.json`` (written by the worker, verified against
+    the reference framework); it is moved to ``destination`` (on the same file system) and the
+    job becomes ``succeeded``. Refused (:class:`db.ConflictError`, nothing published) when the
+    manifest does not say the verification passed or the library is missing.
+    Raises :class:`db.InvalidTransitionError` when the lease or the job is no longer active.
+    """
+    lease = storage.get_lease(lease_id)
+    if lease is None:
+        raise NotFoundError(f"task lease {lease_id} does not exist")
+    if lease.kind != "finalize" or lease.status != LeaseStatus.ACTIVE:
+        raise InvalidTransitionError("task lease", lease_id, lease.status, "done")
+    library = staged / LIBRARY_NAME
+    try:
+        manifest = json.loads((staged / MANIFEST_NAME).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        raise ConflictError(f"the artifact's manifest is missing or not JSON: {err}") from None
+    if not isinstance(manifest, dict) or not (manifest.get("verification") or {}).get("passed"):
+        raise ConflictError("the artifact's manifest does not record a passed verification")
+    if not library.is_file():
+        raise ConflictError(f"the artifact has no {LIBRARY_NAME}")
+    digest = hashlib.sha256(library.read_bytes()).hexdigest()
+    size = library.stat().st_size
+    destination = destination.absolute()
+    destination.parent.mkdir(parents=True, exist_ok=True)
+    if destination.exists():  # left by an earlier attempt that did not complete
+        trash = Path(tempfile.mkdtemp(prefix=f".{destination.name}.old-", dir=destination.parent))
+        destination.rename(trash / "old")
+        shutil.rmtree(trash, ignore_errors=True)
+    staged.rename(destination)
+    try:
+        storage.complete_finalize(
+            lease_id, path=str(destination), sha256=digest, size=size,
+            manifest_json=json.dumps(manifest), verified=True,
+        )
+    except BaseException:
+        shutil.rmtree(destination, ignore_errors=True)
+        raise
+    logger.info("job %s succeeded: artifact %s from worker %s", lease.job_id, destination, lease.worker)
+    return destination

@@ -1,0 +1,79 @@
+"""The last step of a job: compile with the best schedules, verify, publish.
+
+:func:`publish_tuned` is shared by a job run in one process (:func:`tuner.job.run_job`, database:
+the SQL adapter) and by a distributed worker's finalize lease (database:
+:func:`database_from_records`, an in-memory MetaSchedule database holding the best record of each
+task fetched from the server). It promises what ``publish_artifact`` promises: the library is
+verified against the reference framework from disk before anything is published; otherwise
+:class:`compiler.errors.VerificationError` and nothing is written.
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+from compiler.artifact import publish_artifact
+from compiler.build import build
+from compiler.prepare import PreparedModel
+from compiler.runner import LoadedLibrary, Timing
+from compiler.verify import random_inputs
+
+
+def database_from_records(
+    prepared: PreparedModel, records: Mapping[str, Sequence[Sequence[Any]]]
+) -> ms.database.MemoryDatabase:
+    """An in-memory MetaSchedule database with ``records[task key]`` (``TuningRecord.as_json()``
+    lists, best first) committed for each of the model's tasks. Tasks without records compile
+    with TVM's default schedules."""
+    database = ms.database.MemoryDatabase()
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        entries = records.get(task.key) or ()
+        if not entries:
+            continue
+        workload = database.commit_workload(extracted.dispatched[0])
+        for entry in entries:
+            database.commit_tuning_record(ms.database.TuningRecord.from_json(list(entry), workload))
+    return database
+
+
+def publish_tuned(
+    prepared: PreparedModel,
+    database: Any,
+    out_dir: Path,
+    *,
+    job_id: int,
+    trials_measured: int,
+    schedules: list[dict[str, Any]],
+    estimated_secs: float | None,
+    force: bool = False,
+) -> tuple[dict[str, Any], Timing]:
+    """Build ``prepared`` with ``database``'s best schedules, verify and time it, write
+    ``out_dir`` (``model.so`` + ``manifest.json``); return the manifest and the timing."""
+    timing: dict[str, Timing] = {}
+
+    def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
+        timing["t"] = library.time(random_inputs(prepared.model.inputs))
+        return {
+            "tuned": True,
+            "job_id": job_id,
+            "trials_measured": trials_measured,
+            "schedules": schedules,
+            "estimated_ms": None if estimated_secs is None else estimated_secs * 1e3,
+            "measured": timing["t"].to_json(),
+        }
+
+    executable = build(prepared.mod, prepared.target, database)
+    manifest = publish_artifact(
+        executable, prepared.model, prepared.target, out_dir,
+        tasks=[t.to_json() for t in prepared.partition.tasks], extra=timed_extra, force=force,
+    )
+    return manifest, timing["t"]
+
+
+def tvm_module(mod_json: str) -> tvm.IRModule:
+    """The TIR module of a workload from its stored JSON (``tvm.ir.save_json``)."""
+    return tvm.ir.load_json(mod_json)
