@@ -26,7 +26,7 @@ from cost_model.booster import (
     train_booster,
 )
 from cost_model.dataset import TrainingSet, extend_training_set, throughput_labels
-from cost_model.features import FEATURE_VERSION
+from cost_model.version import FEATURE_VERSION, latest_model_blob
 
 logger = logging.getLogger("tunehub.cost_model")
 
@@ -98,13 +98,8 @@ def _target_row(storage, spec):
 
 def load_model(storage, spec) -> TrainedModel | None:
     """The newest persisted model of ``spec``'s target usable by this process, or ``None``."""
-    target = _target_row(storage, spec)
-    if target is None:
-        return None
-    row = storage.latest_cost_model(target.id, feature_version=FEATURE_VERSION)
-    if row is None or row.tvm_version != tvm.__version__:
-        return None
-    return TrainedModel.from_bytes(row.blob, model_id=row.id)
+    found = latest_model_blob(storage, spec.key, tvm.__version__)
+    return None if found is None else TrainedModel.from_bytes(found[1], model_id=found[0])
 
 
 def save_model(storage, spec, model: TrainedModel) -> int:

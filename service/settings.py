@@ -58,6 +58,10 @@ class Settings(BaseSettings):
     )
     search_seed: int | None = Field(None, description="search seed (reproducible runs)")
     worker_poll_secs: float = Field(1.0, gt=0, description="idle worker's claim interval")
+    cost_model_retrain_secs: float = Field(
+        600.0, gt=0, description="an idle embedded worker checks this often whether enough new "
+        "records arrived to retrain the transferred cost model"
+    )
     heartbeat_secs: float = Field(5.0, gt=0, description="worker heartbeat interval")
     worker_nice: int = Field(
         10, ge=0, le=19, description="CPU niceness of serve's embedded workers (API stays responsive)"

@@ -88,6 +88,8 @@ class Worker:
         self.stop = threading.Event()
         self.current: _Current | None = None
         self.leases_done = 0
+        self._cost_model: tuple[int, object] | None = None  # (stored id, TrainedModel)
+        self._next_retrain = time.monotonic() + settings.cost_model_retrain_secs
 
     @property
     def target_info(self) -> TargetInfo:
@@ -117,6 +119,7 @@ class Worker:
                     if self.once and pending == 0:
                         logger.info("no open job for target %s: done", self.target.key)
                         break
+                    self._retrain_when_idle()
                     self.stop.wait(self.settings.worker_poll_secs)
                     continue
                 self.work(offer)
@@ -185,6 +188,7 @@ class Worker:
 
         offer = current.offer
         seeds = self.client.records(offer.workload_key, offer.target.key, SEED_RECORDS)
+        cost_model = self._transferred_cost_model(offer.target.key)
         batch_no = 0
         verdict = {"reason": None}
 
@@ -213,6 +217,7 @@ class Worker:
                 tvm_module(offer.mod_json), self.target, task_name=offer.workload_name or "task",
                 trials=offer.trials, batch_size=offer.batch_size, on_batch=on_batch, seeds=seeds,
                 search=search_config(self.settings), rpc=self.rpc, seed=self.settings.search_seed,
+                cost_model=cost_model,
             )
         except Exception as err:  # noqa: BLE001 - the lease fails with the reason; the loop goes on
             logger.exception("lease %s failed", offer.lease_id)
@@ -227,6 +232,40 @@ class Worker:
         logger.info("lease %s: %d of %d trials measured%s", offer.lease_id, measured, offer.trials,
                     "" if measured >= offer.trials else " (the search ran out of candidates)")
         return self._end(offer, "done")
+
+    def _retrain_when_idle(self) -> None:
+        """At most every ``cost_model_retrain_secs``: retrain the target's transferred cost
+        model when enough new records arrived (:func:`cost_model.store.maybe_retrain`)."""
+        now = time.monotonic()
+        if now < self._next_retrain:
+            return
+        self._next_retrain = now + self.settings.cost_model_retrain_secs
+        try:
+            if self.client.retrain_cost_model(self.target):
+                logger.info("cost model of %s retrained", self.target.key)
+        except Exception:  # noqa: BLE001 - retraining is an optimization; the worker goes on
+            logger.exception("cost model retraining failed")
+
+    def _transferred_cost_model(self, target_key: str):
+        """A fresh transferred cost model for one lease (the target's newest stored model,
+        downloaded once per model id), or ``None`` for MetaSchedule's cold XGBModel."""
+        import tvm
+
+        from cost_model.store import TrainedModel
+        from tuner.cost_models import transfer_choice
+
+        try:
+            found = self.client.cost_model(target_key, tvm.__version__)
+        except (ServerUnavailable, WorkerApiError) as err:
+            logger.warning("no transferred cost model (using MetaSchedule's cold one): %s", err)
+            return None
+        if found is None:
+            return None
+        if self._cost_model is None or self._cost_model[0] != found[0]:
+            self._cost_model = (found[0], TrainedModel.from_bytes(found[1], model_id=found[0]))
+            logger.info("transferred cost model %d (%d records)", found[0],
+                        self._cost_model[1].n_samples)
+        return transfer_choice(self._cost_model[1]).model
 
     def _finalize(self, current: _Current) -> str:
         from compiler.errors import ModelError, VerificationError

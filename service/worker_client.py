@@ -56,6 +56,13 @@ class WorkClient(Protocol):
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]: ...
 
+    def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
+        """The target's newest transferred cost model for this TVM version, or ``None``."""
+
+    def retrain_cost_model(self, target) -> bool:
+        """Retrain the target's cost model if enough new records arrived (idle time only); true
+        when a new model was stored. Remote workers leave this to the server's own workers."""
+
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck: ...
 
     def finish(self, lease_id: int, outcome: str, error: str | None = None) -> LeaseEnd: ...
@@ -155,6 +162,19 @@ class HttpClient:
                            params={"workload": workload_key, "target": target_key, "k": k}).json()
         return reply["data"]
 
+    def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
+        try:
+            response = self._call("GET", "/workers/cost-model",
+                                  params={"target": target_key, "tvm_version": tvm_version})
+        except WorkerApiError as err:
+            if err.status == 404:
+                return None
+            raise
+        return int(response.headers["X-Cost-Model-Id"]), response.content
+
+    def retrain_cost_model(self, target) -> bool:
+        return False  # the database is the server's: its embedded workers retrain
+
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
         reply = self._call("POST", f"/workers/leases/{lease_id}/records", json={
             "batch": batch, "records": [r.to_json() for r in records],
@@ -234,6 +254,16 @@ class DirectClient:
         if target is None:
             raise WorkerApiError(404, "not_found", f"target {target_key} not found")
         return self._call(lambda: coordinator.seed_records(self.storage, workload_key, target, k))
+
+    def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
+        from cost_model.version import latest_model_blob
+
+        return self._call(lambda: latest_model_blob(self.storage, target_key, tvm_version))
+
+    def retrain_cost_model(self, target) -> bool:
+        from cost_model.store import maybe_retrain
+
+        return self._call(lambda: maybe_retrain(self.storage, target)) is not None
 
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
         return self._call(

@@ -57,7 +57,6 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
     if mode == "cold":
         return CostModelChoice("xgb", "cold")
     from cost_model.store import load_model
-    from cost_model.transfer import TransferCostModel
 
     trained = load_model(storage, target)
     if trained is None:
@@ -67,5 +66,12 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
                 "run `tunehub cost-model train` first"
             )
         return CostModelChoice("xgb", "cold")
+    return transfer_choice(trained)
+
+
+def transfer_choice(trained) -> CostModelChoice:
+    """A fresh :class:`cost_model.transfer.TransferCostModel` (new guard state) for one run."""
+    from cost_model.transfer import TransferCostModel
+
     model = TransferCostModel(trained.booster, trained.config())
     return CostModelChoice(model, "transfer", trained.model_id, trained.n_samples)

@@ -99,11 +99,14 @@ def _seed_database(mod: tvm.IRModule, seeds: Sequence[Sequence[Any]]):
     return database, workload, records
 
 
-def _warm_cost_model(context: ms.TuneContext, records: Sequence[Any]) -> ms.cost_model.CostModel:
-    """XGBoost trained on the seed records (STACK.md: ``update`` with measure candidates and
-    runner results built from database records), so a resumed task's first batch is chosen by a
-    model instead of at random."""
-    model = ms.cost_model.XGBModel(num_warmup_samples=100)
+def _warm_cost_model(
+    context: ms.TuneContext, records: Sequence[Any], model: Any | None = None
+) -> ms.cost_model.CostModel:
+    """``model`` (default: a cold XGBoost) updated with the seed records (STACK.md: ``update``
+    with measure candidates and runner results built from database records), so a resumed
+    task's first batch is chosen by a model instead of at random."""
+    given = model is not None
+    model = model if given else ms.cost_model.XGBModel(num_warmup_samples=100)
     if not records:
         return model
     try:
@@ -113,8 +116,8 @@ def _warm_cost_model(context: ms.TuneContext, records: Sequence[Any]) -> ms.cost
             [ms.runner.RunnerResult([float(x) for x in r.run_secs], None) for r in records],
         )
     except Exception as err:  # noqa: BLE001 - warm start is an optimization
-        logger.warning("cost model warm start failed (starting cold): %s", err)
-        return ms.cost_model.XGBModel(num_warmup_samples=100)
+        logger.warning("cost model warm start failed: %s", err)
+        return model if given else ms.cost_model.XGBModel(num_warmup_samples=100)
     return model
 
 
@@ -132,12 +135,16 @@ def tune_workload(
     rpc: RpcConfig | None = None,
     seed: int | None = None,
     num_threads: int | None = None,
+    cost_model: Any | None = None,
 ) -> tuple[int, bool]:
     """Measure up to ``trials`` candidates of ``mod`` in batches of ``batch_size``.
 
     Returns ``(trials measured, stopped)``: ``stopped`` is true when ``on_batch`` ended tuning.
     ``trials measured`` below ``trials`` without ``stopped`` means the search ran out of new
-    candidates. Raises what MetaSchedule raises for a task it cannot tune.
+    candidates. ``cost_model``: a MetaSchedule cost model to use (e.g. the target's transferred
+    :class:`cost_model.transfer.TransferCostModel`); default MetaSchedule's cold XGBModel. Either
+    is first updated with the seed records. Raises what MetaSchedule raises for a task it cannot
+    tune.
     """
     measure = measure or MeasureConfig()
     threads = num_threads or len(os.sched_getaffinity(0))
@@ -174,7 +181,7 @@ def tune_workload(
                 builder=make_builder(measure),
                 runner=make_runner(measure, rpc),
                 database=database,
-                cost_model=_warm_cost_model(context, records),
+                cost_model=_warm_cost_model(context, records, cost_model),
                 measure_callbacks=[*defaults, callback],
                 task_scheduler="round-robin",
             )

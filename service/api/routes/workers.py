@@ -15,9 +15,10 @@ from pathlib import Path as FsPath
 from typing import Annotated
 
 from fastapi import APIRouter, File, Path, Query, UploadFile
-from fastapi.responses import FileResponse
+from fastapi.responses import FileResponse, Response
 
 import db
+from cost_model.version import latest_model_blob
 from service.api.deps import API_PREFIX, CurrentUser, FilesDep, SettingsDep, StorageDep, WorkerAuth
 from service.api.errors import ApiError, not_found
 from service.api.schemas import (
@@ -162,6 +163,26 @@ def seed_records(
         raise not_found("target", target)
     data = coordinator.seed_records(storage, workload, row, k)
     return SeedRecords(data=data, count=len(data))
+
+
+@router.get(
+    "/cost-model", responses=_NOT_FOUND, response_class=Response,
+    summary="The target's newest transferred cost model for a TVM version (binary)",
+)
+def cost_model_blob(
+    storage: StorageDep,
+    _worker: WorkerAuth,
+    target: Annotated[str, Query(pattern=KEY_PATTERN)],
+    tvm_version: Annotated[str, Query(min_length=1, max_length=64)],
+) -> Response:
+    """The blob :mod:`cost_model.store` wrote (booster and training set), with its id in
+    ``X-Cost-Model-Id``; 404 when the target has none for this feature layout and TVM version."""
+    found = latest_model_blob(storage, target, tvm_version)
+    if found is None:
+        raise not_found("cost model for target", target)
+    model_id, blob = found
+    return Response(blob, media_type="application/octet-stream",
+                    headers={"X-Cost-Model-Id": str(model_id)})
 
 
 @router.post(
