@@ -18,6 +18,7 @@ import db
 from service.api.deps import API_PREFIX, ServiceState
 from service.api.errors import install_error_handlers
 from service.api.main import api_router
+from service.dashboard import install_dashboard
 from service.files import FileStore
 from service.metrics import Metrics
 from service.settings import Settings
@@ -109,6 +110,7 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(api_router)
+    install_dashboard(app)
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
 
     def openapi() -> dict:
@@ -142,7 +144,10 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     @app.get("/", include_in_schema=False)
     async def root() -> JSONResponse:
         return JSONResponse(
-            {"name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json"}
+            {
+                "name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json",
+                "dashboard": "/dashboard/",
+            }
         )
 
     return app

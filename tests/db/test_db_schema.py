@@ -9,7 +9,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0002_job_worker"
+HEAD = "0003_job_history_index"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

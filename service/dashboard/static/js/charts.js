@@ -1,0 +1,74 @@
+// Step charts of best latency (uPlot, vendored in /dashboard/static/vendor, a global `uPlot`).
+
+import { h } from "./dom.js";
+import { ms } from "./format.js";
+
+const PALETTE = [
+  "#4269d0", "#efb118", "#ff725c", "#6cc5b0", "#3ca951", "#ff8ab7", "#a463f2", "#97bbf5",
+  "#9c6b4e", "#9498a0", "#1f77b4", "#d62728", "#2ca02c", "#8c564b", "#e377c2", "#17becf",
+];
+
+/** The colour of the i-th task, shared by the task table and the per-task charts. */
+export function taskColor(i) {
+  return PALETTE[i % PALETTE.length];
+}
+
+const HEIGHT = 220;
+
+/**
+ * A chart in `container`: `title`, x axis `"trial"` or `"time"`, `series` [{label, color}].
+ * Returns {update(data), focus(index|null), destroy()}; `data` is uPlot's aligned arrays.
+ */
+export function stepChart(container, { title, axis, series, legend = true }) {
+  const frame = h("figure", { class: "chart" }, h("figcaption", {}, title));
+  const plot = h("div", { class: "chart-plot" });
+  const empty = h("div", { class: "chart-empty" }, "no measurements yet");
+  frame.append(plot, empty);
+  container.append(frame);
+  const steps = uPlot.paths.stepped({ align: 1 });
+  const options = {
+    width: Math.max(200, plot.clientWidth || container.clientWidth || 400),
+    height: HEIGHT,
+    legend: { show: legend, live: legend },
+    focus: { alpha: 0.25 },
+    cursor: { focus: { prox: 16 }, drag: { x: true, y: false } },
+    scales: { x: { time: axis === "time" }, y: { distr: 3 } },
+    axes: [
+      { label: axis === "time" ? undefined : "trials", size: axis === "time" ? 40 : 46 },
+      { label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => ms(v)) },
+    ],
+    series: [
+      { label: axis === "time" ? "time" : "trial", value: axis === "time" ? undefined : (_u, v) => v },
+      ...series.map((s) => ({
+        label: s.label,
+        stroke: s.color,
+        width: 1.5,
+        spanGaps: true,
+        paths: steps,
+        points: { show: false },
+        value: (_u, v) => (v === null || v === undefined ? "" : ms(v)),
+      })),
+    ],
+  };
+  const chart = new uPlot(options, [[], ...series.map(() => [])], plot);
+  const resize = new ResizeObserver(() => {
+    const width = plot.clientWidth;
+    if (width > 0 && width !== chart.width) chart.setSize({ width, height: HEIGHT });
+  });
+  resize.observe(plot);
+  return {
+    update(data) {
+      const points = data[0].length;
+      empty.hidden = points > 0;
+      frame.dataset.points = String(points);
+      chart.setData(data);
+    },
+    focus(index) {
+      chart.setSeries(index === null ? null : index + 1, { focus: true });
+    },
+    destroy() {
+      resize.disconnect();
+      chart.destroy();
+    },
+  };
+}
