@@ -10,12 +10,15 @@
 - tasks already tuned for this target and hardware (by any job, for any model) are reused without
   measurements unless ``continue_tuning``; a model whose tasks are all known compiles with zero;
 - the artifact is built from the best records, verified against the reference framework from
-  disk, and published only if verification passes (otherwise the job fails, nothing is written).
+  disk, and published only if verification passes (otherwise the job fails, nothing is written);
+  its manifest records the library's measured latency and, on CPU targets, the reference
+  framework's on the same inputs (``reference``).
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -28,7 +31,7 @@ from compiler.artifact import LIBRARY_NAME, check_output_dir, publish_artifact
 from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
-from compiler.verify import random_inputs
+from compiler.verify import random_inputs, time_reference
 from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.measure import MeasureConfig
@@ -204,6 +207,19 @@ def _ensure_job_tasks(storage, job, plan: TuningPlan, workload_ids, target_id) -
     return ids
 
 
+def reference_timing(prepared: PreparedModel) -> dict[str, Any] | None:
+    """The reference framework's median latency on the same seeded inputs, for CPU targets:
+    ONNX Runtime for ONNX models, torch eager for ``.pt2``, with as many threads as this process
+    may use (the library's thread pool uses them all). ``None`` on GPU targets (a CPU reference
+    is no bar there). Costs 21 calls of the reference."""
+    if prepared.target.kind != "cpu":
+        return None
+    threads = len(os.sched_getaffinity(0))
+    secs = time_reference(prepared.model, threads=threads)
+    framework = "onnxruntime" if prepared.model.format == "onnx" else "torch"
+    return {"framework": framework, "threads": threads, "median_ms": secs * 1e3}
+
+
 def default_artifact_dir(job_id: int) -> Path:
     from db import tunehub_home
 
@@ -364,6 +380,7 @@ def _run_job(
             "schedules": [o.to_json() for o in outcomes],
             "estimated_ms": None if estimated is None else estimated * 1e3,
             "measured": timing["t"].to_json(),
+            "reference": reference_timing(prepared),
         }
 
     executable = build(prepared.mod, prepared.target, database)

@@ -166,6 +166,12 @@ class JobDetail(JobPublic):
         description="sum of weight x best latency over the job's tasks; null while any is unmeasured"
     )
     measured_latency_ms: float | None = Field(description="median of the verified artifact")
+    reference_latency_ms: float | None = Field(
+        None,
+        description="median of the reference framework (ONNX Runtime, or torch for .pt2) on the "
+        "same inputs, timed when the artifact was published (CPU targets)",
+    )
+    reference_framework: str | None = Field(None, description="'onnxruntime' or 'torch'")
     artifact: ArtifactPublic | None
 
     @classmethod
@@ -188,10 +194,13 @@ class JobDetail(JobPublic):
             else None
         )
         measured = None
+        reference: dict[str, Any] = {}
         artifact_public = None
         if artifact is not None and job.status == db.JobStatus.SUCCEEDED and artifact.verified:
             manifest = _json(artifact.manifest_json)
             measured = (manifest.get("measured") or {}).get("median_ms")
+            reference = manifest.get("reference") or {}
+            reference = reference if isinstance(reference, dict) else {}
             if manifest.get("estimated_ms") is not None:
                 estimated = manifest["estimated_ms"] / 1e3
             artifact_public = ArtifactPublic(
@@ -208,6 +217,8 @@ class JobDetail(JobPublic):
             best_latency_ms=_ms(min(bests)) if bests else None,
             estimated_latency_ms=_ms(estimated),
             measured_latency_ms=measured,
+            reference_latency_ms=reference.get("median_ms"),
+            reference_framework=reference.get("framework"),
             artifact=artifact_public,
         )
 

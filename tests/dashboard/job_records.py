@@ -6,7 +6,8 @@ job tasks from the model's task list, tasks to ``running``), then commits batche
 tagged with the job and updates task and job progress after each batch, like
 :class:`tuner.job.JobRowWriter`. Latencies follow a tuning curve (fast early improvements, a
 floor set by the task's FLOPs) with noise and ~5 % failed candidates; traces are distinct JSON
-lists, so every record is a new row.
+lists, so every record is a new row. Nothing is measured: this stands in for the measuring, not
+for the storage, the API or the pages under test.
 """
 from __future__ import annotations
 
@@ -21,10 +22,10 @@ import db
 class RecordWriter:
     storage: db.TuningStorage
     job_id: int
-    worker: str = "records-writer"
+    worker: str = ""  # default: records-writer-<job id>
     seed: int = 0
     failure_rate: float = 0.05
-    batch_size: int = 1000
+    batch_size: int = 16
     rng: random.Random = field(init=False)
     tasks: list[db.JobTask] = field(init=False, default_factory=list)
     trials: dict[int, int] = field(init=False, default_factory=dict)
@@ -34,6 +35,7 @@ class RecordWriter:
 
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
+        self.worker = self.worker or f"records-writer-{self.job_id}"
 
     def start(self) -> list[db.JobTask]:
         """Claim the job (it must be the next queued one) and create its running tasks."""
@@ -71,22 +73,23 @@ class RecordWriter:
         return curve * math.exp(self.rng.gauss(0, 0.25))
 
     def commit(self, n: int) -> None:
-        """Measure ``n`` more candidates, spread over the tasks, in batches of ``batch_size``."""
+        """Measure ``n`` more candidates in batches of ``batch_size`` for one task each (as
+        MetaSchedule measures a batch of one task's candidates at a time), round robin."""
         assert self.tasks, "start() first"
         while n > 0:
             size = min(n, self.batch_size)
+            task = self.tasks[self.serial % len(self.tasks)]
+            self.serial += 1
             records = []
-            per_task: dict[int, int] = {}
             for _ in range(size):
-                task = self.rng.choice(self.tasks)
-                self.serial += 1
                 latency = self._latency(task)
                 self.trials[task.id] = self.trials.get(task.id, 0) + 1
-                per_task[task.id] = per_task.get(task.id, 0) + 1
                 records.append(db.NewTuningRecord(
                     workload_id=task.workload_id,
                     target_id=self.target_id,
-                    trace_json=db.canonical_trace_json([["SampleTile"], [[0, self.serial, self.seed]]]),
+                    trace_json=db.canonical_trace_json(
+                        [["SampleTile"], [[0, [self.seed, self.serial, len(records)]]]]
+                    ),
                     run_secs=None if latency is None else (latency,),
                     error_text="RuntimeError: build failed" if latency is None else None,
                     worker=self.worker,
@@ -95,10 +98,8 @@ class RecordWriter:
                 if latency is not None and latency < self.best.get(task.id, math.inf):
                     self.best[task.id] = latency
             self.storage.commit_records(records)
-            for task in self.tasks:
-                if task.id in per_task:
-                    self.storage.update_job_task_progress(
-                        task.id, trials_done=self.trials[task.id], best_mean_secs=self.best.get(task.id)
-                    )
+            self.storage.update_job_task_progress(
+                task.id, trials_done=self.trials[task.id], best_mean_secs=self.best.get(task.id)
+            )
             self.storage.add_job_trials(self.job_id, size)
             n -= size

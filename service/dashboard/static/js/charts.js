@@ -32,7 +32,11 @@ export function stepChart(container, { title, axis, series, legend = true }) {
     legend: { show: legend, live: legend },
     focus: { alpha: 0.25 },
     cursor: { focus: { prox: 16 }, drag: { x: true, y: false } },
-    scales: { x: { time: axis === "time" }, y: { distr: 3 } },
+    scales: {
+      // One x value (a single batch): widen the range, uPlot would otherwise span years.
+      x: { time: axis === "time", range: (_u, min, max) => (min === max ? [min - 1, max + 1] : [min, max]) },
+      y: { distr: 3 },
+    },
     axes: [
       { label: axis === "time" ? undefined : "trials", size: axis === "time" ? 40 : 46 },
       { label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => ms(v)) },

@@ -46,8 +46,15 @@ export function mount(view, _params, app) {
       { label: "Progress", cell: (j) => progress(j.trials_done, j.trial_budget) },
       { label: "Est. latency", class: "num", title: "sum of weight x best latency over the tasks", cell: (j) => fmt.ms(details.get(j.id)?.estimated_latency_ms) },
       { label: "Measured", class: "num", title: "median latency of the verified library", cell: (j) => fmt.ms(details.get(j.id)?.measured_latency_ms) },
-      { label: "vs untuned", class: "num", cell: (j) => speedup(details.get(j.id), "untuned_latency_ms") },
-      { label: "vs ONNX Runtime", class: "num", cell: (j) => speedup(details.get(j.id), "reference_latency_ms") },
+      { label: "vs untuned", class: "num", title: "jobs do not time the untuned build", cell: (j) => speedup(details.get(j.id), "untuned_latency_ms") },
+      {
+        label: "vs ONNX Runtime", class: "num", title: "reference framework latency / measured latency",
+        cell: (j) => {
+          const detail = details.get(j.id);
+          const value = speedup(detail, "reference_latency_ms");
+          return detail?.reference_framework === "torch" && value !== fmt.DASH ? `${value} (torch)` : value;
+        },
+      },
       { label: "Created", cell: (j) => fmt.datetime(j.created_at) },
       { label: "Duration", class: "num", cell: (j) => fmt.duration(fmt.elapsed(j.started_at, j.finished_at)) },
     ];

@@ -46,11 +46,11 @@ export function mount(view, _params, app) {
           stat("Workloads", fmt.count(s.workloads)),
           stat("Targets", fmt.count(s.targets)),
           stat("Models", fmt.count(s.models)),
-          stat("Jobs", fmt.count(s.jobs)),
-          stat("Schema", s.schema_revision ?? fmt.DASH)),
-        h("div", { class: "two-col" },
+          stat("Jobs", fmt.count(s.jobs))),
+        h("div", { class: "two-col wide-left" },
           h("section", { class: "card" }, h("h2", {}, "Records per target"), perTarget),
-          h("section", { class: "card" }, h("h2", {}, "Jobs by status"), byStatus)));
+          h("section", { class: "card" }, h("h2", {}, "Jobs by status"), byStatus)),
+        h("p", { class: "muted" }, "Schema revision ", h("code", {}, s.schema_revision ?? fmt.DASH)));
     } catch (error) {
       if (error instanceof AuthError) app.signIn(error.message);
       else fill(problem, errorBox(error));
