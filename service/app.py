@@ -20,6 +20,7 @@ from service.api.errors import install_error_handlers
 from service.api.main import api_router
 from service.dashboard import install_dashboard
 from service.files import FileStore
+from service.history_cache import HistoryCache
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -106,7 +107,10 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
         # OpenTelemetry API is installed; TuneHub exports Prometheus metrics instead.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
-    app.state.tunehub = ServiceState(settings=settings, storage=storage, files=files, owns_storage=owns)
+    app.state.tunehub = ServiceState(
+        settings=settings, storage=storage, files=files, owns_storage=owns,
+        history=HistoryCache(settings.history_cache_jobs),
+    )
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(api_router)

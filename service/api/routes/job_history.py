@@ -3,6 +3,7 @@
 The dashboard's curves (best latency per task and the estimated model latency, against trials
 and time) come from here: the first read returns the whole history reduced to the records that
 improved a task, each later poll only what was measured since (see :class:`JobHistoryPublic`).
+Whole reads of recently read jobs cost only their new records (:mod:`service.history_cache`).
 """
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from service.api.deps import CurrentUser, StorageDep
+from service.api.deps import CurrentUser, StateDep
 from service.api.routes.jobs import JobId, owned_job
 from service.api.schemas import MAX_ID, ErrorBody, JobHistoryPublic
 
@@ -27,12 +28,13 @@ MAX_PAGE = 200_000
 )
 def job_history(
     job_id: JobId,
-    storage: StorageDep,
+    state: StateDep,
     user: CurrentUser,
     after: Annotated[int, Query(ge=0, le=MAX_ID, description="a record id: read newer ones")] = 0,
     limit: Annotated[
         int, Query(ge=1, le=MAX_PAGE, description="most records read in this page")
     ] = 100_000,
 ) -> JobHistoryPublic:
-    owned_job(storage, user, job_id)
-    return JobHistoryPublic.from_page(storage.job_history(job_id, after_id=after, limit=limit))
+    owned_job(state.storage, user, job_id)
+    page = state.history.read(state.storage, job_id, after_id=after, limit=limit)
+    return JobHistoryPublic.from_page(page)

@@ -39,6 +39,15 @@ export function adoptTokenFromFragment() {
   history.replaceState(history.state, "", location.pathname + location.search);
 }
 
+/** The answer js/prefetch.js started for this GET, once, if made with the current token. */
+function takePrefetched(path, token) {
+  const started = window.tunehubPrefetch;
+  if (!started || !started.has(path)) return null;
+  const response = started.get(path);
+  started.delete(path);
+  return token && token === started.token ? response : null;
+}
+
 async function errorFrom(response) {
   let detail = `${response.status} ${response.statusText}`;
   let code = "http_error";
@@ -67,7 +76,8 @@ export async function api(path, options = {}) {
     headers.set("Content-Type", "application/json");
     init.body = JSON.stringify(json);
   }
-  const response = await fetch(API + path, { ...init, headers });
+  const prefetched = !init.method && json === undefined ? takePrefetched(path, token) : null;
+  const response = await (prefetched ?? fetch(API + path, { ...init, headers }));
   if (!response.ok) throw await errorFrom(response);
   if (response.status === 204) return null;
   return response.json();
