@@ -71,11 +71,14 @@ class HistoryCache:
             return storage.job_history(job_id, after_id=after_id, limit=limit)
         with self._lock:
             prefix = self._prefixes.get(job_id)
-        if prefix is None or prefix.records >= limit:
+        room = limit - (prefix.records if prefix is not None else 0)
+        if prefix is None or room < 0:
             page = storage.job_history(job_id, limit=limit)
+        elif room == 0:  # the prefix fills the page: only say whether more records exist
+            newer = storage.job_history(job_id, after_id=prefix.last_id, limit=1)
+            page = dataclasses.replace(prefix, more=newer.records > 0)
         else:
-            newer = storage.job_history(job_id, after_id=prefix.last_id, limit=limit - prefix.records)
-            page = extend(prefix, newer)
+            page = extend(prefix, storage.job_history(job_id, after_id=prefix.last_id, limit=room))
         if not page.more and page.records:
             with self._lock:
                 self._prefixes[job_id] = page

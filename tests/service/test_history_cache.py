@@ -58,9 +58,15 @@ def test_whole_reads_from_a_prefix_equal_full_reads(storage, target) -> None:
         job_id, after_id=full.points[2].id)
     cut = cache.read(storage, job_id, limit=40)
     assert cut == storage.job_history(job_id, limit=40) and cut.more
+    # A kept prefix exactly as long as the limit, then longer than it.
+    exact = cache.read(storage, job_id, limit=full.records)
+    assert exact == full and not exact.more
     commit(30)
+    assert cache.read(storage, job_id, limit=full.records) == storage.job_history(
+        job_id, limit=full.records)
     grown = cache.read(storage, job_id, limit=full.records + 10)
     assert grown == storage.job_history(job_id, limit=full.records + 10) and grown.more
+    assert cache.read(storage, job_id, limit=40) == storage.job_history(job_id, limit=40)
 
 
 def test_prefix_is_used_and_least_recent_jobs_are_dropped(storage, target) -> None:
