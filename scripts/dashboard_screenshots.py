@@ -3,9 +3,10 @@
     .venv/bin/python scripts/dashboard_screenshots.py [--example small_cnn] [--trials 128]
 
 Starts ``tunehub serve`` with one embedded worker in a temporary home, uploads the example
-network (exported to ONNX at run time), tunes it with ``--trials`` real measurements, and when
-the job has succeeded takes 1200-pixel-wide PNGs of the jobs, job, models, workers and database
-pages into ``docs/screenshots/``. Takes a few minutes (the tuning).
+network (exported to ONNX at run time) and tunes it with ``--trials`` real measurements. When
+that job has succeeded, a second job (the MLP example) starts; once it has measured a few
+batches, takes 1200-pixel-wide PNGs of the jobs, job (the finished one), models, workers and
+database pages into ``docs/screenshots/``, then cancels the second job. Takes several minutes.
 """
 from __future__ import annotations
 
@@ -59,6 +60,11 @@ def main() -> int:
                 if job["status"] != "succeeded":
                     print(job, file=sys.stderr)
                     return 1
+                second = upload(client, export_onnx("mlp", Path(tmp) / "mlp.onnx")).json()
+                running = client.post("/jobs", json={"model_id": second["id"],
+                                                     "trial_budget": 1000}).json()
+                while client.get(f"/jobs/{running['id']}").json()["trials_done"] < 48:
+                    time.sleep(2)
             with sync_playwright() as playwright:
                 browser = launch(playwright)
                 context = browser.new_context(viewport={"width": 1200, "height": 800})
@@ -69,12 +75,15 @@ def main() -> int:
                     page.wait_for_selector(ready, timeout=30_000)
                     page.wait_for_timeout(300)  # let the charts' resize settle
                     if name == "models":
+                        page.select_option("#job-model", str(model["id"]))
                         page.click(f"#models-table tr[data-model-id='{model['id']}'] button")
                         page.wait_for_selector("#model-detail table")
                     target = OUT / f"{name}.png"
                     page.screenshot(path=str(target), full_page=True)
                     print(f"{target.relative_to(REPO)}: {target.stat().st_size // 1024} KiB")
                 browser.close()
+            with server.client(token) as client:
+                client.post(f"/jobs/{running['id']}/cancel")
         finally:
             stop_server(server)
     return 0

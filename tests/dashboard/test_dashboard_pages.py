@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import re
 
+import pytest
+
 from tests.onnx_factory import matmul_model
 
 
@@ -53,6 +55,8 @@ def test_job_page_fills_the_table_and_plots_and_follows_new_records(
     state = _chart_state(page)
     assert int(state["points"]) == len(history["points"]) > 0
     assert int(state["lastId"]) == history["last_id"]
+    # The estimate curve ends at the job's estimate (every task tuned by this job alone).
+    assert float(state["estimate"]) == pytest.approx(detail["estimated_latency_ms"])
     # Every chart has drawn data: per-task curves and the estimate (both tasks measured).
     drawn = page.eval_on_selector_all("#charts figure", "els => els.map(e => +e.dataset.points)")
     assert len(drawn) == 4 and all(n > 0 for n in drawn), drawn

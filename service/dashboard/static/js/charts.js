@@ -15,6 +15,17 @@ export function taskColor(i) {
 
 const HEIGHT = 220;
 
+/** Log-axis ticks and grid lines: 1, 2, 5 x 10^k over two decades or less, else 10^k only. */
+function sparseLogTicks(u, splits) {
+  const { min, max } = u.scales.y;
+  const decades = min > 0 && max > 0 ? Math.log10(max / min) : 0;
+  const keep = decades > 2 ? [1] : [1, 2, 5];
+  return splits.map((v) => {
+    const mantissa = v / 10 ** Math.floor(Math.log10(v) + 1e-9);
+    return keep.some((k) => Math.abs(mantissa - k) < 1e-6) ? v : null;
+  });
+}
+
 /**
  * A chart in `container`: `title`, x axis `"trial"` or `"time"`, `series` [{label, color}].
  * Returns {update(data), focus(index|null), destroy()}; `data` is uPlot's aligned arrays.
@@ -39,7 +50,7 @@ export function stepChart(container, { title, axis, series, legend = true }) {
     },
     axes: [
       { label: axis === "time" ? undefined : "trials", size: axis === "time" ? 40 : 46 },
-      { label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => ms(v)) },
+      { label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => ms(v)), filter: sparseLogTicks },
     ],
     series: [
       { label: axis === "time" ? "time" : "trial", value: axis === "time" ? undefined : (_u, v) => v },

@@ -75,7 +75,9 @@ export function taskSeries(history, workloadIds, axis) {
     const col = column.get(p.workload);
     if (col !== undefined && x(p) !== null) put(x(p), col, p.best);
   }
-  if (end !== null && xs.length && end > xs[xs.length - 1]) {
+  // Every task's current best at the right edge (a new x, or the last one when the last
+  // improvement is as recent as the last record: timestamps have one-second resolution).
+  if (end !== null && xs.length && end >= xs[xs.length - 1]) {
     workloadIds.forEach((id, col) => {
       if (history.best.has(id)) put(end, col, history.best.get(id));
     });

@@ -153,13 +153,15 @@ export function mount(view, { jobId }, app) {
   function renderCharts() {
     ensureCharts();
     const ids = job.tasks.map((t) => t.workload_id);
-    charts.overall[0].update(overallSeries(history, job.tasks, "trial"));
+    const overall = overallSeries(history, job.tasks, "trial");
+    charts.overall[0].update(overall);
     charts.overall[1].update(overallSeries(history, job.tasks, "time"));
     charts.perTask[0].update(taskSeries(history, ids, "trial"));
     charts.perTask[1].update(taskSeries(history, ids, "time"));
     if (focused !== null) focusTask(focused);
     Object.assign(chartsBox.dataset, {
       trials: String(history.trials), points: String(history.points.length), lastId: String(history.lastId),
+      estimate: String(overall[1].at(-1) ?? ""),
     });
   }
 
