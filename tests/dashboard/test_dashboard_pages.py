@@ -137,3 +137,27 @@ def test_jobs_workers_and_database_pages(dash_server, api, token, running_job, n
     shown = page.inner_text("#stat-records .stat-value").replace(",", "")
     assert int(shown) == stats["records"]["valid"] + stats["records"]["failed"] >= 32
     assert stats["schema_revision"] in page.inner_text("#stats")
+
+
+def test_pages_need_no_token_and_nothing_from_elsewhere(dash_server, token, running_job, new_page) -> None:
+    import httpx
+
+    job, writer = running_job
+    writer.commit(16)
+    bare = httpx.get(f"{dash_server.url}/dashboard", follow_redirects=False)
+    assert bare.status_code in (301, 302, 307, 308) and bare.headers["location"] == "/dashboard/"
+    for path in ("/dashboard/", f"/dashboard/jobs/{job['id']}", "/dashboard/models",
+                 "/dashboard/workers", "/dashboard/stats"):
+        response = httpx.get(dash_server.url + path)
+        assert response.status_code == 200 and "<title>TuneHub</title>" in response.text, path
+    assert httpx.get(f"{dash_server.url}/dashboard/nowhere").status_code == 404
+    assert httpx.get(f"{dash_server.url}/dashboard/static/vendor/uPlot.iife.min.js").status_code == 200
+
+    page = new_page(token)
+    requested: list[str] = []
+    page.on("request", lambda request: requested.append(request.url))
+    for path in (f"/dashboard/jobs/{job['id']}", "/dashboard/models", "/dashboard/workers"):
+        page.goto(dash_server.url + path)
+        page.wait_for_load_state("networkidle")
+    assert requested and all(url.startswith(dash_server.url + "/") for url in requested), requested
+    assert any("/api/v1/jobs/" in url for url in requested)
