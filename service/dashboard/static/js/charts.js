@@ -15,7 +15,19 @@ export function taskColor(i) {
 
 const HEIGHT = 220;
 
-/** Log-axis ticks and grid lines: 1, 2, 5 x 10^k over two decades or less, else 10^k only. */
+/** The x range of the data, at least `minSpan` wide (a single batch would span nothing). */
+function xRange(xs, minSpan) {
+  if (!xs || !xs.length) return [0, minSpan];
+  let lo = xs[0];
+  let hi = xs[xs.length - 1];
+  if (hi - lo < minSpan) {
+    const mid = (lo + hi) / 2;
+    [lo, hi] = [mid - minSpan / 2, mid + minSpan / 2];
+  }
+  return [lo, hi];
+}
+
+/** Log-axis labels and grid lines: 1, 2, 5 x 10^k over two decades or less, else 10^k only. */
 function sparseLogTicks(u, splits) {
   const { min, max } = u.scales.y;
   const decades = min > 0 && max > 0 ? Math.log10(max / min) : 0;
@@ -44,13 +56,15 @@ export function stepChart(container, { title, axis, series, legend = true }) {
     focus: { alpha: 0.25 },
     cursor: { focus: { prox: 16 }, drag: { x: true, y: false } },
     scales: {
-      // One x value (a single batch): widen the range, uPlot would otherwise span years.
-      x: { time: axis === "time", range: (_u, min, max) => (min === max ? [min - 1, max + 1] : [min, max]) },
+      x: { time: axis === "time", range: (u) => xRange(u.data[0], axis === "time" ? 60 : 2) },
       y: { distr: 3 },
     },
     axes: [
       { label: axis === "time" ? undefined : "trials", size: axis === "time" ? 40 : 46 },
-      { label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => ms(v)), filter: sparseLogTicks },
+      {
+        label: "latency", size: 70, values: (_u, ticks) => ticks.map((v) => (v === null ? "" : ms(v))),
+        filter: sparseLogTicks, ticks: { show: false }, grid: { filter: sparseLogTicks },
+      },
     ],
     series: [
       { label: axis === "time" ? "time" : "trial", value: axis === "time" ? undefined : (_u, v) => v },
@@ -60,7 +74,8 @@ export function stepChart(container, { title, axis, series, legend = true }) {
         width: 1.5,
         spanGaps: true,
         paths: steps,
-        points: { show: false },
+        // Points only when there is a single x (no line to draw yet).
+        points: { show: (u) => u.data[0].length === 1 },
         value: (_u, v) => (v === null || v === undefined ? "" : ms(v)),
       })),
     ],
