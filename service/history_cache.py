@@ -2,9 +2,9 @@
 
 Every dashboard that opens a job reads its whole history (``?after=0``): at 10^5 records that is
 a scan of 10^5 index entries each time. A job's records up to a given id do not change (records
-are append-mostly, see :mod:`db.base`), so the service keeps the last whole-history page of the
-``max_jobs`` most recently read jobs and answers the next whole read with it plus a read of the
-records stored since. The answer is the page a full read would give: the same counts, and points
+are append-mostly, see :mod:`db.base`), so the service keeps the longest history read from the start
+(``after=0``) of the ``max_jobs`` most recently read jobs and answers the next such read with it
+plus a read of the records stored since. The answer is the page a full read would give: the same counts, and points
 that are exactly the job-wide improvements.
 
 Like the incremental polls themselves, a cached prefix does not see a record improved in place
@@ -79,9 +79,11 @@ class HistoryCache:
             page = dataclasses.replace(prefix, more=newer.records > 0)
         else:
             page = extend(prefix, storage.job_history(job_id, after_id=prefix.last_id, limit=room))
-        if not page.more and page.records:
+        if page.records:  # a prefix of the history, cut at the limit or not
             with self._lock:
-                self._prefixes[job_id] = page
+                kept = self._prefixes.get(job_id)
+                if kept is None or page.records >= kept.records:
+                    self._prefixes[job_id] = page
                 self._prefixes.move_to_end(job_id)
                 while len(self._prefixes) > self.max_jobs:
                     self._prefixes.popitem(last=False)
