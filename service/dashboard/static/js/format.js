@@ -8,7 +8,7 @@ const known = (x) => x !== null && x !== undefined && Number.isFinite(x);
 export function ms(value) {
   if (!known(value)) return DASH;
   if (value < 1) return `${(value * 1e3).toPrecision(3)} µs`;
-  if (value < 1000) return `${value.toPrecision(value < 10 ? 3 : 4)} ms`;
+  if (value < 1000) return `${value.toPrecision(3)} ms`;
   return `${(value / 1e3).toPrecision(3)} s`;
 }
 
