@@ -79,6 +79,7 @@ from db.types import (
     CostModelBlob,
     DatabaseStats,
     Job,
+    JobHistoryPage,
     JobProgress,
     JobTask,
     LeaseBatchResult,
@@ -248,6 +249,18 @@ class TuningStorage(abc.ABC):
     ) -> list[TuningRecordRow]:
         """One page of matching records in id order: those with ``id > after_id``, at most
         ``limit`` (keyset pagination: pass the last id of a page to get the next)."""
+
+    @abc.abstractmethod
+    def job_history(self, job_id: int, *, after_id: int = 0, limit: int = 100_000) -> JobHistoryPage:
+        """One page of a job's tuning history (see :class:`db.types.JobHistoryPage`): the job's
+        records with ``id > after_id`` in id order, at most ``limit``, reduced to their counts and
+        the records that improved their workload's best within the page.
+
+        Read in one transaction from an index of the job's records, so polling it with the last
+        page's ``last_id`` costs only the new records. A record improved in place later (the same
+        schedule measured faster again) keeps its id: a reader that has passed it does not see
+        the new time. An unknown job has an empty history.
+        """
 
     @abc.abstractmethod
     def browse_workloads(

@@ -83,7 +83,12 @@ class TuningRecordModel(Base):
             "ix_tuning_records_top_k", "workload_id", "target_id", "is_valid", "mean_secs", "id"
         ),
         Index("ix_tuning_records_target", "target_id", "is_valid"),
-        Index("ix_tuning_records_job", "job_id"),
+        # A job's records in id order with what its history needs (the dashboard's curves):
+        # an index-only range scan from any ``after`` id; also serves ``job_id`` counts.
+        Index(
+            "ix_tuning_records_job_history",
+            "job_id", "id", "workload_id", "mean_secs", "measured_at",
+        ),
     )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -50,7 +51,9 @@ from db.types import (
     Artifact,
     CostModelBlob,
     DatabaseStats,
+    HistoryPoint,
     Job,
+    JobHistoryPage,
     JobProgress,
     JobStatus,
     JobTask,
@@ -461,6 +464,66 @@ class SQLStorage(TuningStorage):
         )
         with self._connection() as conn:
             return [_record_row(r) for r in conn.execute(stmt)]
+
+    def job_history(self, job_id: int, *, after_id: int = 0, limit: int = 100_000) -> JobHistoryPage:
+        # One index-only range scan of three numbers per record; the running best per workload
+        # is kept here (faster on SQLite than a window function, which sorts the page by
+        # workload). Timestamps are read only for the improvements and the page's ends.
+        rec = _REC.c
+        scan = (
+            select(rec.id, rec.workload_id, rec.mean_secs)
+            .where(rec.job_id == job_id, rec.id > after_id)
+            .order_by(rec.id)
+            .limit(max(0, int(limit)))
+        )
+        best: dict[int, float] = {}
+        improved: list[tuple[int, int, int, float]] = []  # id, trial, workload, mean
+        count = failed = 0
+        first_id = last_id = after_id
+        with self._connection() as conn:
+            before = 0
+            if after_id > 0:
+                before = int(conn.execute(
+                    select(func.count())
+                    .select_from(_REC)
+                    .where(rec.job_id == job_id, rec.id <= after_id)
+                ).scalar_one())
+            for last_id, workload_id, mean in conn.execute(scan):
+                count += 1
+                if count == 1:
+                    first_id = last_id
+                if mean is None:
+                    failed += 1
+                elif mean < best.get(workload_id, math.inf):
+                    best[workload_id] = mean
+                    improved.append((last_id, before + count, workload_id, mean))
+            more = count > 0 and conn.execute(
+                select(rec.id).where(rec.job_id == job_id, rec.id > last_id).limit(1)
+            ).first() is not None
+            wanted = sorted({first_id, last_id, *(p[0] for p in improved)}) if count else []
+            times: dict[int, datetime] = {}
+            for chunk in range(0, len(wanted), 500):
+                ids = wanted[chunk:chunk + 500]
+                stmt = select(rec.id, rec.measured_at).where(rec.id.in_(ids))
+                times.update((row.id, row.measured_at) for row in conn.execute(stmt))
+        return JobHistoryPage(
+            job_id=job_id,
+            after_id=after_id,
+            last_id=last_id,
+            trials_before=before,
+            records=count,
+            failed=failed,
+            more=more,
+            first_measured_at=_utc(times.get(first_id)) if count else None,
+            last_measured_at=_utc(times.get(last_id)) if count else None,
+            points=tuple(
+                HistoryPoint(
+                    id=record_id, trial=trial, workload_id=workload_id, mean_secs=mean,
+                    measured_at=_utc(times.get(record_id)),
+                )
+                for record_id, trial, workload_id, mean in improved
+            ),
+        )
 
     def browse_workloads(
         self,

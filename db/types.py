@@ -353,6 +353,42 @@ class JobProgress:
 
 
 @dataclass(frozen=True)
+class HistoryPoint:
+    """A record of a job that lowered its workload's best latency (within one history page)."""
+
+    id: int
+    #: 1-based position of the record among all the job's records, in id order.
+    trial: int
+    workload_id: int
+    mean_secs: float
+    measured_at: datetime | None
+
+
+@dataclass(frozen=True)
+class JobHistoryPage:
+    """One page of a job's tuning history: the records with ``after_id < id``, at most a limit.
+
+    ``points`` are the page's records that beat every earlier valid record *of the same page*
+    for their workload, in id order: a superset of the job-wide improvements in the page, so a
+    reader that keeps the best per workload across pages gets the exact best-so-far curves.
+    """
+
+    job_id: int
+    after_id: int
+    #: the highest record id in the page (``after_id`` when the page is empty): the next ``after``.
+    last_id: int
+    #: the job's records with ``id <= after_id``.
+    trials_before: int
+    records: int
+    failed: int
+    #: whether records past ``last_id`` exist (the page was cut at the limit).
+    more: bool
+    first_measured_at: datetime | None
+    last_measured_at: datetime | None
+    points: tuple[HistoryPoint, ...]
+
+
+@dataclass(frozen=True)
 class Worker:
     id: int
     name: str

@@ -18,7 +18,9 @@ import db
 from service.api.deps import API_PREFIX, ServiceState
 from service.api.errors import install_error_handlers
 from service.api.main import api_router
+from service.dashboard import install_dashboard
 from service.files import FileStore
+from service.history_cache import HistoryCache
 from service.metrics import Metrics
 from service.settings import Settings
 
@@ -105,10 +107,14 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
         # OpenTelemetry API is installed; TuneHub exports Prometheus metrics instead.
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
-    app.state.tunehub = ServiceState(settings=settings, storage=storage, files=files, owns_storage=owns)
+    app.state.tunehub = ServiceState(
+        settings=settings, storage=storage, files=files, owns_storage=owns,
+        history=HistoryCache(settings.history_cache_jobs),
+    )
     app.state.metrics = metrics
     install_error_handlers(app)
     app.include_router(api_router)
+    install_dashboard(app)
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
 
     def openapi() -> dict:
@@ -142,7 +148,10 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     @app.get("/", include_in_schema=False)
     async def root() -> JSONResponse:
         return JSONResponse(
-            {"name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json"}
+            {
+                "name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json",
+                "dashboard": "/dashboard/",
+            }
         )
 
     return app

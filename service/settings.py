@@ -51,6 +51,9 @@ class Settings(BaseSettings):
     token_cache_secs: float = Field(
         5.0, ge=0, description="how long a token lookup is cached (a revocation's delay)"
     )
+    history_cache_jobs: int = Field(
+        64, ge=0, description="jobs whose whole tuning history is kept between reads (0: none)"
+    )
 
     # -- workers -------------------------------------------------------------------------------
     search_population: int = Field(

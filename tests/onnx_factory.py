@@ -55,3 +55,20 @@ def unsupported_ops_model() -> onnx.ModelProto:
         [float_input("x", [2, 3, 3])],
         [float_input("y", [2])],
     )
+
+
+def two_layer_model(batch: int = 4, inner: int = 32, hidden: int = 16, cols: int = 8) -> onnx.ModelProto:
+    """``relu(x @ w1) @ w2``: two tuning tasks (a fused matmul+relu and a matmul)."""
+    rng = np.random.default_rng(1)
+    w1 = numpy_helper.from_array(rng.standard_normal((inner, hidden)).astype(np.float32), "w1")
+    w2 = numpy_helper.from_array(rng.standard_normal((hidden, cols)).astype(np.float32), "w2")
+    return make_model(
+        [
+            helper.make_node("MatMul", ["x", "w1"], ["h"]),
+            helper.make_node("Relu", ["h"], ["a"]),
+            helper.make_node("MatMul", ["a", "w2"], ["y"]),
+        ],
+        [float_input("x", [batch, inner])],
+        [float_input("y", [batch, cols])],
+        [w1, w2],
+    )

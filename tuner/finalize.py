@@ -9,6 +9,7 @@ verified against the reference framework from disk before anything is published;
 """
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ from compiler.artifact import publish_artifact
 from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
-from compiler.verify import random_inputs
+from compiler.verify import random_inputs, time_reference
 
 
 def database_from_records(
@@ -38,6 +39,19 @@ def database_from_records(
         for entry in entries:
             database.commit_tuning_record(ms.database.TuningRecord.from_json(list(entry), workload))
     return database
+
+
+def reference_timing(prepared: PreparedModel) -> dict[str, Any] | None:
+    """The reference framework's median latency on the same seeded inputs, for CPU targets:
+    ONNX Runtime for ONNX models, torch eager for ``.pt2``, with as many threads as this process
+    may use (the library's thread pool uses them all). ``None`` on GPU targets (a CPU reference
+    is no bar there). Costs 21 calls of the reference."""
+    if prepared.target.kind != "cpu":
+        return None
+    threads = len(os.sched_getaffinity(0))
+    secs = time_reference(prepared.model, threads=threads)
+    framework = "onnxruntime" if prepared.model.format == "onnx" else "torch"
+    return {"framework": framework, "threads": threads, "median_ms": secs * 1e3}
 
 
 def publish_tuned(
@@ -64,6 +78,7 @@ def publish_tuned(
             "schedules": schedules,
             "estimated_ms": None if estimated_secs is None else estimated_secs * 1e3,
             "measured": timing["t"].to_json(),
+            "reference": reference_timing(prepared),
         }
 
     executable = build(prepared.mod, prepared.target, database)

@@ -10,7 +10,9 @@
 - tasks already tuned for this target and hardware (by any job, for any model) are reused without
   measurements unless ``continue_tuning``; a model whose tasks are all known compiles with zero;
 - the artifact is built from the best records, verified against the reference framework from
-  disk, and published only if verification passes (otherwise the job fails, nothing is written).
+  disk, and published only if verification passes (otherwise the job fails, nothing is written);
+  its manifest records the library's measured latency and, on CPU targets, the reference
+  framework's on the same inputs (``reference``).
 """
 from __future__ import annotations
 

@@ -20,6 +20,7 @@ import db
 from service.api.errors import ApiError
 from service.auth import Principal, hash_token
 from service.files import FileStore
+from service.history_cache import HistoryCache
 from service.settings import Settings
 
 API_PREFIX = "/api/v1"
@@ -40,6 +41,8 @@ class ServiceState:
     token_cache_lock: threading.Lock = field(default_factory=threading.Lock)
     #: job id -> (status page, owner, expiry): a micro-cache for the most polled endpoint.
     job_cache: dict[int, tuple[object, str | None, float]] = field(default_factory=dict)
+    #: jobs' whole histories, extended with new records on the next read (the dashboard's).
+    history: HistoryCache = field(default_factory=HistoryCache)
 
     def cached_principal(self, token: str) -> Principal | None | object:
         """The cached answer for ``token``, or ``_MISS``."""

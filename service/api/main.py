@@ -4,7 +4,7 @@ from __future__ import annotations
 from fastapi import APIRouter
 
 from service.api.deps import API_PREFIX
-from service.api.routes import artifacts, health, jobs, models, tuning_db, workers
+from service.api.routes import artifacts, health, job_history, jobs, models, tuning_db, workers
 from service.api.schemas import ErrorBody
 
 AUTH_ERRORS = {
@@ -14,5 +14,5 @@ AUTH_ERRORS = {
 
 api_router = APIRouter(prefix=API_PREFIX)
 api_router.include_router(health.router)
-for module in (models, jobs, artifacts, tuning_db, workers):
+for module in (models, jobs, job_history, artifacts, tuning_db, workers):
     api_router.include_router(module.router, responses=AUTH_ERRORS)

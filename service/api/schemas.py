@@ -168,6 +168,12 @@ class JobDetail(JobPublic):
         description="sum of weight x best latency over the job's tasks; null while any is unmeasured"
     )
     measured_latency_ms: float | None = Field(description="median of the verified artifact")
+    reference_latency_ms: float | None = Field(
+        None,
+        description="median of the reference framework (ONNX Runtime, or torch for .pt2) on the "
+        "same inputs, timed when the artifact was published (CPU targets)",
+    )
+    reference_framework: str | None = Field(None, description="'onnxruntime' or 'torch'")
     artifact: ArtifactPublic | None
 
     @classmethod
@@ -190,10 +196,13 @@ class JobDetail(JobPublic):
             else None
         )
         measured = None
+        reference: dict[str, Any] = {}
         artifact_public = None
         if artifact is not None and job.status == db.JobStatus.SUCCEEDED and artifact.verified:
             manifest = _json(artifact.manifest_json)
             measured = (manifest.get("measured") or {}).get("median_ms")
+            reference = manifest.get("reference") or {}
+            reference = reference if isinstance(reference, dict) else {}
             if manifest.get("estimated_ms") is not None:
                 estimated = manifest["estimated_ms"] / 1e3
             artifact_public = ArtifactPublic(
@@ -210,6 +219,8 @@ class JobDetail(JobPublic):
             best_latency_ms=_ms(min(bests)) if bests else None,
             estimated_latency_ms=_ms(estimated),
             measured_latency_ms=measured,
+            reference_latency_ms=reference.get("median_ms"),
+            reference_framework=reference.get("framework"),
             artifact=artifact_public,
         )
 
@@ -225,6 +236,56 @@ def _json(text: str) -> dict[str, Any]:
 class JobsPublic(BaseModel):
     data: list[JobPublic]
     count: int
+
+
+class HistoryPointPublic(BaseModel):
+    """A record that lowered its task's best latency."""
+
+    id: int = Field(description="the record's id")
+    trial: int = Field(description="1-based position of the record among the job's records")
+    workload_id: int
+    best_ms: float = Field(description="the record's mean latency: the task's new best")
+    measured_at: datetime | None
+
+    @classmethod
+    def from_point(cls, point: db.HistoryPoint) -> HistoryPointPublic:
+        return cls(
+            id=point.id, trial=point.trial, workload_id=point.workload_id,
+            best_ms=point.mean_secs * 1e3, measured_at=point.measured_at,
+        )
+
+
+class JobHistoryPublic(BaseModel):
+    """The job's records with ``after < id`` (at most ``limit``, id order), reduced to counts and
+    the best-so-far curve of each task: ``points`` holds every record that lowered its task's
+    best within this page, so keeping the minimum per task across pages gives the exact curves.
+    Poll with ``after=last_id`` for what is new."""
+
+    job_id: int
+    after: int
+    last_id: int = Field(description="pass as ?after= to read only newer records")
+    trials_before: int = Field(description="the job's records with id <= after")
+    records: int = Field(description="records in this page, valid and failed")
+    failed: int
+    more: bool = Field(description="true when the page stopped at the limit")
+    first_measured_at: datetime | None
+    last_measured_at: datetime | None
+    points: list[HistoryPointPublic]
+
+    @classmethod
+    def from_page(cls, page: db.JobHistoryPage) -> JobHistoryPublic:
+        return cls(
+            job_id=page.job_id,
+            after=page.after_id,
+            last_id=page.last_id,
+            trials_before=page.trials_before,
+            records=page.records,
+            failed=page.failed,
+            more=page.more,
+            first_measured_at=page.first_measured_at,
+            last_measured_at=page.last_measured_at,
+            points=[HistoryPointPublic.from_point(p) for p in page.points],
+        )
 
 
 # -- the tuning database ---------------------------------------------------------------------

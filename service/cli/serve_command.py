@@ -99,6 +99,7 @@ def print_banner(service, workers: int, file=sys.stdout) -> None:
     settings = service.settings
     print(f"TuneHub serving {service.url}  (API {service.url}/api/v1, docs {service.url}/docs, "
           f"metrics {service.url}/metrics)", file=file)
+    print(f"dashboard: {service.url}/dashboard/ (asks for a user token once)", file=file)
     print(f"database: {service.storage.url}", file=file)
     print(f"storage:  {settings.resolved_storage_dir()}", file=file)
     token_file = settings.resolved_token_file()

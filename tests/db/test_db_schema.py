@@ -9,7 +9,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0003_task_leases"
+HEAD = "0004_job_history_index"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

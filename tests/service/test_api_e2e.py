@@ -45,6 +45,8 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         assert job["tasks"] and all(t["status"] == "succeeded" for t in job["tasks"])
         assert all(t["best_latency_ms"] > 0 for t in job["tasks"])
         assert job["best_latency_ms"] > 0 and job["measured_latency_ms"] > 0
+        # ONNX Runtime timed on the same inputs when the library was published (the speedup).
+        assert job["reference_framework"] == "onnxruntime" and job["reference_latency_ms"] > 0
         artifact = job["artifact"]
         assert artifact["verified"] is True
 
