@@ -251,14 +251,18 @@ def run_worker(
     max_jobs: int | None = None,
     exit_when_idle: bool = False,
     storage: db.TuningStorage | None = None,
+    target=None,
 ) -> int:
-    """Open the storage (the embedded default is created on first use) and run the loop."""
+    """Open the storage (the embedded default is created on first use) and run the loop.
+
+    ``target`` (a :class:`compiler.target.TargetSpec`, default this machine's CPU) is the target
+    whose jobs this worker claims."""
     from service.app import open_service_storage
 
     own = storage is None
     storage = storage or open_service_storage(settings)
     try:
-        worker = Worker(settings, storage, name=name or default_worker_name())
+        worker = Worker(settings, storage, name=name or default_worker_name(), target=target)
         worker.install_signal_handlers()
         return worker.run(max_jobs=max_jobs, exit_when_idle=exit_when_idle)
     finally:

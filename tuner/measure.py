@@ -9,6 +9,11 @@ reference.
 Evaluator settings: each candidate is timed ``repeat`` times, each repeat running for at least
 ``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
 ``bench/bench_measure_spread.py`` measures how far repeated measurements of one schedule drift.
+
+GPU targets (:data:`GPU_MEASURE`, picked by :meth:`MeasureConfig.for_target`): a kernel runs for
+microseconds to a millisecond, so each repeat runs it ``number`` times for at least
+``min_repeat_ms`` (launch gaps and clock ramp-up average out), with no CPU cache flush; the build
+timeout covers an NVRTC compile of a large unrolled kernel on a busy host.
 """
 from __future__ import annotations
 
@@ -44,6 +49,11 @@ class MeasureConfig:
     enable_cpu_cache_flush: bool = False
     builder_workers: int | None = None
 
+    @staticmethod
+    def for_target(target_kind: str) -> "MeasureConfig":
+        """The default measurement settings of a target kind (``"cpu"`` or ``"cuda"``)."""
+        return GPU_MEASURE if target_kind == "cuda" else MeasureConfig()
+
     def evaluator(self) -> EvaluatorConfig:
         return EvaluatorConfig(
             number=self.number,
@@ -51,6 +61,11 @@ class MeasureConfig:
             min_repeat_ms=self.min_repeat_ms,
             enable_cpu_cache_flush=self.enable_cpu_cache_flush,
         )
+
+
+GPU_MEASURE = MeasureConfig(
+    build_timeout_sec=60.0, run_timeout_sec=30.0, number=10, repeat=3, min_repeat_ms=20
+)
 
 
 def make_builder(config: MeasureConfig) -> ms.builder.Builder:

@@ -28,6 +28,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--name", default=None, help="worker name (default: <hostname>-0)")
     worker.add_argument("--db", default=None, metavar="URL",
                         help="tuning database URL (default: $TUNEHUB_DATABASE_URL or embedded)")
+    worker.add_argument("--target", default="cpu",
+                        help="the target this worker tunes for: cpu, or cuda (this machine's GPU)")
     worker.add_argument("--max-jobs", type=int, default=None, help="exit after this many jobs")
     worker.add_argument("--exit-when-idle", action="store_true",
                         help="exit when no job is queued (instead of waiting)")
@@ -105,9 +107,15 @@ def run_worker_command(args: argparse.Namespace) -> int:
     import logging
 
     import db
+    from compiler.errors import ModelError
+    from compiler.target import resolve_target
     from service.worker import run_worker
 
     settings = settings_from_args(args)
+    try:
+        target = resolve_target(args.target)
+    except ModelError as err:
+        raise CliError(str(err)) from None
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if args.nice:
         import os
@@ -115,7 +123,8 @@ def run_worker_command(args: argparse.Namespace) -> int:
         os.nice(args.nice)
     try:
         done = run_worker(
-            settings, name=args.name, max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle
+            settings, name=args.name, max_jobs=args.max_jobs, exit_when_idle=args.exit_when_idle,
+            target=target,
         )
     except db.StorageError as err:
         raise CliError(str(err)) from None
