@@ -10,10 +10,13 @@ Evaluator settings: each candidate is timed ``repeat`` times, each repeat runnin
 ``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
 ``bench/bench_measure_spread.py`` measures how far repeated measurements of one schedule drift.
 
-GPU targets (:data:`GPU_MEASURE`, picked by :meth:`MeasureConfig.for_target`): a kernel runs for
-microseconds to a millisecond, so each repeat runs it ``number`` times for at least
-``min_repeat_ms`` (launch gaps and clock ramp-up average out), with no CPU cache flush; the build
-timeout covers an NVRTC compile of a large unrolled kernel on a busy host.
+GPU targets (:data:`GPU_MEASURE`, picked by :meth:`MeasureConfig.for_target`): a good kernel runs
+for microseconds to a millisecond, so each repeat runs it for at least ``min_repeat_ms`` (TVM
+raises ``number`` until it does), with no CPU cache flush; ``number`` starts at 1 so that a bad
+candidate (hundreds of ms per call, common in the first random batches) costs three calls rather
+than thirty (with ``number=10`` such candidates ran into the runner timeout on an H200). The build
+timeout covers an NVRTC compile of a large unrolled kernel (up to ~100 s seen for candidates that
+spill registers) on a host building 16 candidates at once.
 """
 from __future__ import annotations
 
@@ -64,7 +67,7 @@ class MeasureConfig:
 
 
 GPU_MEASURE = MeasureConfig(
-    build_timeout_sec=60.0, run_timeout_sec=30.0, number=10, repeat=3, min_repeat_ms=20
+    build_timeout_sec=60.0, run_timeout_sec=15.0, number=1, repeat=3, min_repeat_ms=10
 )
 
 

@@ -17,6 +17,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
+from tuner.seed import measure_default_schedules
 from tuner.space import design_space
 
 
@@ -95,7 +96,8 @@ def run_search(
     """Tune ``extracted_tasks`` for at most ``trials`` (+ one batch, as MetaSchedule overshoots).
 
     ``callbacks`` run after MetaSchedule's default ones (database commit, artifact cleanup,
-    cost-model update). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
+    cost-model update). On CUDA the default (DLight) schedule of each task is measured and stored
+    first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
     :func:`tuner.space.design_space` of the target. Raises whatever
     MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
@@ -111,14 +113,17 @@ def run_search(
         seed=seed,
     )
     measure_callbacks = [*ms.measure_callback.MeasureCallback.create("default"), *callbacks]
+    builder, runner = make_builder(measure), make_runner(measure)
+    if target_kind == "cuda":
+        measure_default_schedules(tasks, database, builder, runner)
     ms.tune_tasks(
         tasks=contexts,
         task_weights=weights,
         work_dir=work_dir,
         max_trials_global=trials,
         num_trials_per_iter=batch_size,
-        builder=make_builder(measure),
-        runner=make_runner(measure),
+        builder=builder,
+        runner=runner,
         database=database,
         cost_model=cost_model or default_cost_model(),
         measure_callbacks=measure_callbacks,

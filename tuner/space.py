@@ -2,22 +2,27 @@
 
 CPU targets use MetaSchedule's default (``"post-order-apply"``, rules from the target).
 
-CUDA targets use :func:`cuda_tensorcore_space`. MetaSchedule's own CUDA default for ``sm_75`` and
-newer (``ScheduleRule.create("cuda-tensorcore")``) puts a WMMA rule first, and with TVM 0.27 every
-candidate it produces fails in the builder: the WMMA store of the float32 accumulator goes through
-``tvm_access_ptr`` on the merged ``shared.dyn`` buffer, whose element type is float16
-(``LowerAccessPtr``: "tvm_access_ptr element type must match the source buffer (float16 vs
-float32)"). Its second rule (``mma_*_m16n8k8``) never gets a chance (the WMMA rule already
-rewrote the block), and alone it fails too (``TransformMmaBufferLayout``: "Permuted SLayout ...
-second dimension is not a multiple of 32"). A 4096³ fp16 matmul therefore gave 8 valid
-measurements out of 96 trials on an H200, and the tensor cores were never used.
+CUDA targets of compute capability 7.0 and newer use :func:`cuda_tensorcore_space`. MetaSchedule's
+own default for them (``ScheduleRule.create("cuda-tensorcore")``) produced no runnable
+tensor-core candidate with TVM 0.27 (8 of 96 trials of a 4096³ fp16 matmul were valid on an H200,
+none of them on tensor cores):
+
+- its WMMA rule stages the float32 accumulator tile in ``shared.dyn``; the builder merges all
+  ``shared.dyn`` buffers into one float16 buffer and then fails in ``LowerAccessPtr``
+  ("tvm_access_ptr element type must match the source buffer (float16 vs float32)"), for every
+  candidate;
+- its second rule (``mma_sync_m16n8k8``) never runs, because the WMMA rule has already rewritten
+  the block; alone, most of its candidates fail in ``TransformMmaBufferLayout`` ("Permuted SLayout
+  ... second dimension is not a multiple of 32");
+- the ``ldmatrix`` + ``mma.sync.m16n8k16`` groups of ``get_mma_intrin_group`` are not handled by
+  ``MultiLevelTilingTensorCore`` at all (it leaves the block untensorized).
 
 The space here keeps the default's structure (``ApplyCustomRule``, one tensor-core tiling rule,
-then the plain CUDA rules for every block the tensor cores cannot take) but uses the
-``ldmatrix`` + ``mma.sync.m16n8k16`` intrinsic groups of :func:`get_mma_intrin_group` with
-``shared.dyn`` staging and software pipelining, with the tensor-core postprocessors and mutators.
-Blocks that do not match a tensor-core group (float32 matmuls, convolutions in float32,
-elementwise) get the same schedules as MetaSchedule's plain ``"cuda"`` rules.
+then MetaSchedule's plain CUDA rules for every block the tensor cores cannot take) with the WMMA
+intrinsic groups, operands staged in ``shared.dyn`` and the accumulator tile in static
+``shared`` memory, which lowers and compiles (checked with nvcc for sm_90a), with the tensor-core
+postprocessors and mutators. ``VerifyGPUCode`` still bounds shared memory by the target's
+``max_shared_memory_per_block``.
 """
 from __future__ import annotations
 
@@ -29,30 +34,31 @@ from tvm.s_tir import meta_schedule as ms
 TENSORCORE_DTYPES: tuple[tuple[str, str], ...] = (("float16", "float32"), ("float16", "float16"))
 
 
-def mma_intrin_groups() -> list[dict[str, str]]:
-    """The ``ldmatrix``/``mma.sync`` intrinsic groups of :data:`TENSORCORE_DTYPES`, with B
-    stored row- or column-major (needs the CUDA tensor intrinsics registered)."""
-    from tvm.s_tir.tensor_intrin.cuda import get_mma_intrin_group
+def wmma_intrin_groups() -> list[dict[str, str]]:
+    """WMMA intrinsic groups of :data:`TENSORCORE_DTYPES` (B row- or column-major): operands
+    from ``shared.dyn``, accumulator stored to static ``shared``. Needs the CUDA tensor
+    intrinsics registered (:func:`tuner.intrinsics.load_tensor_intrinsics`)."""
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
 
     return [
-        get_mma_intrin_group("shared.dyn", "shared.dyn", in_dtype, out_dtype, False, trans_b)
+        get_wmma_intrin_group("shared.dyn", "shared", in_dtype, out_dtype, trans_b)
         for in_dtype, out_dtype in TENSORCORE_DTYPES
         for trans_b in (False, True)
     ]
 
 
 def cuda_tensorcore_space() -> ms.space_generator.PostOrderApply:
-    """Tensor-core design space for CUDA targets of compute capability 8.0 and newer."""
+    """Tensor-core design space for CUDA targets (see the module docstring)."""
     rules = ms.schedule_rule
     tensorcore = rules.MultiLevelTilingTensorCore(
-        intrin_groups=mma_intrin_groups(),
+        intrin_groups=wmma_intrin_groups(),
         structure="SSSRRSRS",
         tile_binds=["blockIdx.y", "blockIdx.x", "threadIdx.y"],
         max_innermost_factor=4,
         vector_load_lens=[1, 2, 3, 4, 8, 16],
         reuse_read=rules.ReuseType(req="must", levels=[4], scope="shared.dyn"),
-        reuse_write=rules.ReuseType(req="must", levels=[2], scope="shared.dyn"),
-        use_software_pipeline=True,
+        reuse_write=rules.ReuseType(req="must", levels=[2], scope="shared"),
+        use_software_pipeline=False,
     )
     plain_cuda = list(rules.ScheduleRule.create("cuda"))[1:]  # all but ApplyCustomRule
     return ms.space_generator.PostOrderApply(
@@ -72,10 +78,10 @@ def _compute_capability(target: Any) -> tuple[int, int]:
 
 def design_space(target_kind: str, target: Any = None) -> Any:
     """The space generator for a target: :func:`cuda_tensorcore_space` for CUDA GPUs of compute
-    capability 8.0 or newer (``ldmatrix`` + ``mma.sync.m16n8k16``), MetaSchedule's plain CUDA
-    rules for older GPUs (its WMMA default fails, see above), its default for CPUs."""
+    capability 7.0 or newer (tensor cores), MetaSchedule's plain CUDA rules for older GPUs, its
+    default for CPUs."""
     if target_kind == "cuda":
-        if _compute_capability(target) >= (8, 0):
+        if _compute_capability(target) >= (7, 0):
             return cuda_tensorcore_space()
         return ms.space_generator.PostOrderApply(
             sch_rules="cuda", postprocs="cuda", mutator_probs="cuda"
