@@ -162,6 +162,7 @@ def search_efficiency(source, target_row, name: str, work: Path) -> dict:
 
 
 def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
+    """Write the tables (and the command that made them) to ``args.out`` or the default."""
     from bench.bench_db import machine
 
     today = dt.date.today().isoformat()
@@ -177,7 +178,8 @@ def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
         lines += [
             "## Offline evaluation: held-out workloads",
             "",
-            f"{args.folds} workload folds; each held-out workload's records in measurement order, "
+            f"{args.folds} workload folds over the workloads with at least {args.min_records} "
+            "records; each held-out workload's records in measurement order, "
             "first half = history a run may have measured (`seen`), second half = test candidates. "
             "cold = MetaSchedule's XGBModel updated with the `seen` records (random below its 100 "
             "warm-up samples); transfer = booster trained on the other folds' workloads, "
@@ -207,7 +209,7 @@ def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
                 f"{r['cold_to_goal']} | {r.get('transfer_records')} | {warm} | {ratio} | "
                 f"{r.get('warm_best_ms', float('nan')):.4f} |"
             )
-    out = REPO / "bench" / "results" / f"cost_model_{today}.md"
+    out = args.out or REPO / "bench" / "results" / f"cost_model_{today}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -217,7 +219,13 @@ def main() -> int:
     parser.add_argument("--source", required=True, help="database URL with cold runs")
     parser.add_argument("--models", nargs="*", default=["mlp", "bert", "mobilenetv2"])
     parser.add_argument("--folds", type=int, default=4)
+    parser.add_argument("--min-records", type=int, default=40,
+                        help="hold out only workloads with at least this many records")
+    parser.add_argument("--history", type=int, nargs="+", default=[0, 16, 64],
+                        help="records of a held-out workload the models may learn from first")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--out", type=Path, help="report path (default: "
+                        "bench/results/cost_model_<date>.md)")
     args = parser.parse_args()
     import db
     from compiler.target import cpu_target
@@ -231,7 +239,8 @@ def main() -> int:
     eval_rows, search_rows = [], []
     if not args.skip_eval:
         training_set = extend_training_set(source, target_row)
-        eval_rows = evaluate(source, target_row, training_set, folds=args.folds)
+        eval_rows = evaluate(source, target_row, training_set, folds=args.folds,
+                             min_records=args.min_records, history_sizes=args.history)
         print(write_report(eval_rows, search_rows, args.source, args), flush=True)
     with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
         for name in args.models:

@@ -93,7 +93,7 @@ def publish_artifact(
     try:
         library_path = export_library(executable, staging / LIBRARY_NAME)
         library = LoadedLibrary(library_path, target.device)
-        verification = verify(model, library.run)
+        verification = verify(model, library.run, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")
         extra_fields = extra(library) if callable(extra) else extra

@@ -4,6 +4,11 @@ A :class:`TargetSpec` is what every tuning record is stored against: the canonic
 (sorted keys of ``Target.export()``, since ``str(Target)`` is not canonical) plus a hardware
 fingerprint (CPU model and cores, GPU name later) and the TVM version. Records tuned for one
 ``mcpu``, core count or GPU are not evidence for another, so all of these are part of the key.
+
+CUDA: ``resolve_target("cuda")`` reads the GPU of this machine (:func:`detect_gpu`) and maps its
+compute capability to TVM's target tag for that generation (:data:`CUDA_TAGS`: an H100 or H200,
+compute 9.0, gets ``nvidia/nvidia-h100`` with ``sm_90a``); its fingerprint names the GPU, compute
+capability, multiprocessor count and memory, so records of an H100 and an H200 never mix.
 """
 from __future__ import annotations
 
@@ -55,6 +60,56 @@ def _usable_cores() -> int:
 
 
 @dataclass(frozen=True)
+class GpuInfo:
+    """What TuneHub reads off a CUDA device: enough to pick its target and fingerprint it."""
+
+    name: str
+    compute_version: str
+    multi_processor_count: int
+    max_shared_memory_per_block: int
+    max_threads_per_block: int
+    warp_size: int
+    total_memory_bytes: int
+
+    @property
+    def capability(self) -> tuple[int, int]:
+        major, _, minor = self.compute_version.partition(".")
+        return int(major), int(minor or 0)
+
+
+def detect_gpu(index: int = 0) -> GpuInfo | None:
+    """The CUDA device ``index`` of this machine, or ``None`` when TVM sees no such GPU."""
+    try:
+        dev = tvm.cuda(index)
+        if not dev.exist:
+            return None
+        return GpuInfo(
+            name=str(dev.device_name),
+            compute_version=str(dev.compute_version),
+            multi_processor_count=int(dev.multi_processor_count),
+            max_shared_memory_per_block=int(dev.max_shared_memory_per_block),
+            max_threads_per_block=int(dev.max_threads_per_block),
+            warp_size=int(dev.warp_size),
+            total_memory_bytes=int(dev.total_global_memory or 0),
+        )
+    except (tvm.error.TVMError, RuntimeError, ValueError):  # no CUDA driver or runtime here
+        return None
+
+
+#: Compute capability -> TVM target tag of that generation (its ``arch`` and block limits).
+#: Hopper (9.0) uses ``sm_90a`` so that Hopper-only instructions are allowed.
+CUDA_TAGS: dict[tuple[int, int], str] = {
+    (7, 0): "nvidia/nvidia-v100",
+    (7, 5): "nvidia/nvidia-t4",
+    (8, 0): "nvidia/nvidia-a100",
+    (8, 6): "nvidia/nvidia-a10",
+    (8, 9): "nvidia/geforce-rtx-4090",
+    (9, 0): "nvidia/nvidia-h100",
+    (10, 0): "nvidia/nvidia-b100",
+}
+
+
+@dataclass(frozen=True)
 class TargetSpec:
     """A TVM target plus the hardware it is measured on.
 
@@ -89,7 +144,8 @@ class TargetSpec:
     def describe(self) -> str:
         fp = self.fingerprint
         if self.kind == "cuda":
-            return f"cuda ({fp.get('gpu', '?')})"
+            arch = json.loads(self.target_json).get("arch", "?")
+            return f"cuda {fp.get('gpu', '?')} ({arch}, compute {fp.get('compute_capability')})"
         return f"cpu {fp.get('mcpu')} x{fp.get('cores')} ({fp.get('cpu_model')})"
 
 
@@ -116,11 +172,59 @@ def cpu_target(num_cores: int | None = None) -> TargetSpec:
     )
 
 
-def resolve_target(name: str, num_cores: int | None = None) -> TargetSpec:
+def cuda_target(gpu: GpuInfo) -> TargetSpec:
+    """The CUDA target for ``gpu``: the tag of its compute capability (:data:`CUDA_TAGS`), or, for
+    a generation without a tag, a target built from the limits the device reports.
+
+    The host is plain LLVM (it only launches kernels). The fingerprint holds the GPU's name,
+    compute capability, multiprocessor count and memory: different GPUs never share records.
+    """
+    tag = CUDA_TAGS.get(gpu.capability)
+    if tag is not None:
+        target = tvm.target.Target(tag, host={"kind": "llvm"})
+    else:
+        major, minor = gpu.capability
+        target = tvm.target.Target(
+            {
+                "kind": "cuda",
+                "arch": f"sm_{major}{minor}",
+                "max_shared_memory_per_block": gpu.max_shared_memory_per_block,
+                "max_threads_per_block": gpu.max_threads_per_block,
+                "thread_warp_size": gpu.warp_size,
+                "registers_per_block": 65536,
+            },
+            host={"kind": "llvm"},
+        )
+    fingerprint = {
+        "gpu": gpu.name,
+        "compute_capability": gpu.compute_version,
+        "multiprocessors": gpu.multi_processor_count,
+        "memory_gib": round(gpu.total_memory_bytes / 2**30),
+        "host_arch": platform.machine(),
+    }
+    return TargetSpec(
+        kind="cuda",
+        target_json=canonical_target_json(target),
+        fingerprint_json=json.dumps(fingerprint, sort_keys=True, separators=(",", ":")),
+    )
+
+
+def resolve_target(
+    name: str, num_cores: int | None = None, *, gpu: GpuInfo | None = None
+) -> TargetSpec:
     """Map a user-facing target name to a :class:`TargetSpec`.
 
-    Raises :class:`ModelError` (code ``bad_target``) for names TuneHub does not support here.
+    ``cpu`` (or ``llvm``): this machine's CPU. ``cuda``: this machine's first GPU (``gpu``, when
+    given, replaces detection). Raises :class:`ModelError` (code ``bad_target``) for unknown names
+    and for ``cuda`` on a machine without a CUDA GPU.
     """
     if name in ("cpu", "llvm"):
         return cpu_target(num_cores)
-    raise ModelError("bad_target", f"unknown target {name!r}: supported targets are 'cpu'")
+    if name == "cuda":
+        gpu = gpu or detect_gpu()
+        if gpu is None:
+            raise ModelError(
+                "bad_target", "target 'cuda' needs a CUDA GPU, and TVM finds none on this machine"
+            )
+        return cuda_target(gpu)
+    raise ModelError("bad_target", f"unknown target {name!r}: supported targets are 'cpu' and 'cuda'")

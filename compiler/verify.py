@@ -1,7 +1,8 @@
 """Verify a built library against the model's own framework.
 
 ``reference_outputs`` runs the original model (ONNX Runtime for ONNX, the ``torch.export`` program
-for ``.pt2``) on seeded random inputs; ``verify`` compares a library's outputs with per-dtype
+for ``.pt2``) on seeded random inputs, the torch program on the GPU when the library is verified
+for a CUDA target (with TF32 off: cuDNN convolutions default to TF32, which is not float32); ``verify`` compares a library's outputs with per-dtype
 tolerances and promises a :class:`VerificationResult` (it never raises for a mismatch: callers
 decide; ``require_passed`` raises :class:`VerificationError`).
 """
@@ -52,8 +53,11 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> list[np.ndarr
     return arrays
 
 
-def reference_outputs(model: LoadedModel, inputs: list[np.ndarray]) -> list[np.ndarray]:
-    """Outputs of the original model: ONNX Runtime (CPU) or the exported torch program."""
+def reference_outputs(
+    model: LoadedModel, inputs: list[np.ndarray], device: str = "cpu"
+) -> list[np.ndarray]:
+    """Outputs of the original model: ONNX Runtime (CPU) or the exported torch program, on the
+    GPU when ``device`` is ``"cuda"`` and torch sees one (see :func:`reference_name`)."""
     if model.format == "onnx":
         import onnxruntime
 
@@ -66,9 +70,46 @@ def reference_outputs(model: LoadedModel, inputs: list[np.ndarray]) -> list[np.n
         return [np.asarray(out) for out in session.run(None, feeds)]
     import torch
 
-    with torch.no_grad():
-        result = model.source.module()(*[torch.from_numpy(array) for array in inputs])
+    torch_device = _torch_device(device)
+    module = model.source.module()
+    if torch_device != "cpu":
+        module = module.to(torch_device)
+    with torch.no_grad(), _strict_float32():
+        result = module(*[torch.from_numpy(array).to(torch_device) for array in inputs])
     return [t.detach().cpu().numpy() for t in _flatten_torch(result)]
+
+
+def _torch_device(device: str) -> str:
+    """``"cuda"`` when asked for and torch has a GPU, else ``"cpu"``."""
+    if device != "cuda":
+        return "cpu"
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def reference_name(model: LoadedModel, device: str = "cpu") -> str:
+    """Which reference :func:`reference_outputs` runs: ``onnxruntime``, ``torch`` or
+    ``torch (cuda)``."""
+    if model.format == "onnx":
+        return "onnxruntime"
+    return "torch (cuda)" if _torch_device(device) == "cuda" else "torch"
+
+
+class _strict_float32:
+    """Context: torch matmuls and cuDNN convolutions in float32, not TF32 (restored after)."""
+
+    def __enter__(self) -> None:
+        import torch
+
+        self._saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32)
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+
+    def __exit__(self, *exc: object) -> None:
+        import torch
+
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = self._saved
 
 
 def _flatten_torch(value: Any) -> list[Any]:
@@ -158,11 +199,14 @@ def compare(actual: list[np.ndarray], expected: list[np.ndarray], reference: str
     return VerificationResult(passed, reference, max_abs, tuple(checks), message)
 
 
-def verify(model: LoadedModel, run: Any, seed: int = 0) -> VerificationResult:
-    """Run ``run(inputs) -> outputs`` and the reference on the same seeded inputs; compare."""
+def verify(model: LoadedModel, run: Any, seed: int = 0, device: str = "cpu") -> VerificationResult:
+    """Run ``run(inputs) -> outputs`` and the reference on the same seeded inputs; compare.
+
+    ``device`` is the library's device: for ``"cuda"`` a ``.pt2`` reference runs on the GPU too.
+    """
     inputs = random_inputs(model.inputs, seed)
-    reference = "onnxruntime" if model.format == "onnx" else "torch"
-    return compare(run(inputs), reference_outputs(model, inputs), reference)
+    reference = reference_name(model, device)
+    return compare(run(inputs), reference_outputs(model, inputs, device), reference)
 
 
 def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None = None) -> float:

@@ -14,8 +14,7 @@ anything (MetaSchedule's search uses them to rank candidates).
 """
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Literal
 
 import numpy as np
@@ -26,7 +25,12 @@ OBJECTIVES: tuple[Objective, ...] = ("throughput", "rank")
 
 @dataclass(frozen=True)
 class BoosterConfig:
-    """XGBoost settings. ``rounds`` for a full training, ``fine_tune_rounds`` per update."""
+    """XGBoost settings. ``rounds`` for a full training, ``fine_tune_rounds`` per update.
+
+    One thread: training sets are small (10^3-10^5 rows), and XGBoost's OpenMP threads spin while
+    waiting, which on a machine that is also building and measuring candidates (always, while
+    tuning) made a 2-thread training of a few hundred rows take minutes instead of seconds.
+    """
 
     objective: Objective = "rank"
     rounds: int = 200
@@ -35,7 +39,7 @@ class BoosterConfig:
     eta: float = 0.2
     min_child_weight: float = 2.0
     subsample: float = 0.9
-    nthread: int = field(default_factory=lambda: max(1, len(os.sched_getaffinity(0))))
+    nthread: int = 1
     seed: int = 0
 
     def params(self) -> dict:

@@ -50,6 +50,29 @@ Workload = ms.database.Workload
 TuningRecord = ms.database.TuningRecord
 
 
+def _plain_json(obj: Any) -> Any:
+    """A TVM JSON-like object (Array, Map, IntImm, ...) as plain Python, index maps as JSON text
+    (the form ``Trace.as_json`` writes and ``TuningRecord.from_json`` reads back)."""
+    if obj is None or isinstance(obj, bool | int | float | str):
+        return obj
+    if isinstance(obj, tvm.tirx.IntImm | tvm.tirx.FloatImm):
+        return obj.value
+    if isinstance(obj, tvm.tirx.IndexMap):
+        return tvm.ir.save_json(obj)
+    if hasattr(obj, "items"):
+        return {_plain_json(k): _plain_json(v) for k, v in obj.items()}
+    return [_plain_json(item) for item in obj]
+
+
+def record_as_json(record: TuningRecord) -> list[Any]:
+    """``record.as_json()``, also for traces holding index maps (``transform_layout`` in
+    MetaSchedule's WMMA rules and in DLight's matmul): TVM 0.27's ``TuningRecord.as_json`` raises
+    ``TypeError: Not supported type: IndexMap`` for those."""
+    from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
+
+    return _plain_json(ms_ffi.TuningRecordAsJSON(record))
+
+
 def describe_workload(mod: tvm.IRModule, mod_json: str | None = None) -> str:
     """A one-line readable summary: each function's parameters and its first blocks."""
     try:
@@ -251,7 +274,7 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         return NewTuningRecord.from_metaschedule_json(
             workload_id,
             self._target_row.id,
-            record.as_json(),
+            record_as_json(record),
             worker=self.worker,
             job_id=self.job_id,
         )
@@ -287,13 +310,13 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         if isinstance(trace, list | tuple):  # already JSON
             if args_info is None or (args_info and hasattr(args_info[0], "as_json")):
                 infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
-                args_info = TuningRecord(
+                args_info = record_as_json(TuningRecord(
                     tvm.s_tir.Schedule(workload.mod).trace, workload, None, None, list(infos)
-                ).as_json()[3]
+                ))[3]
             record_json = [trace, None, None, args_info]
         else:
             infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
-            record_json = TuningRecord(trace, workload, None, None, list(infos)).as_json()
+            record_json = record_as_json(TuningRecord(trace, workload, None, None, list(infos)))
         self._storage.commit_record(
             NewTuningRecord.from_metaschedule_json(
                 workload_id,

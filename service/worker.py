@@ -442,17 +442,24 @@ def run_worker(
 def resolve_worker_target(name: str, rpc=None):
     """The worker's :class:`compiler.target.TargetSpec`: ``cpu`` is this machine's CPU (or, with
     an RPC tracker, the devices behind it, assumed identical to this machine: the tracker does
-    not describe them); a 16-hex key must be that same target. Raises ``ValueError`` otherwise."""
+    not describe them), ``cuda`` its GPU; a 16-hex key must be one of those targets. Raises
+    ``ValueError`` otherwise."""
     from compiler.target import resolve_target
 
     if len(name) == 16 and all(c in "0123456789abcdef" for c in name):
-        local = resolve_target("cpu")
-        if local.key != name:
-            raise ValueError(
-                f"--target {name} is not this machine's target ({local.key}, {local.describe()}): "
-                "a worker measures only on the hardware it runs on"
-            )
-        return local
+        local = []
+        for kind in ("cpu", "cuda"):
+            try:
+                spec = resolve_target(kind)
+            except Exception:  # noqa: BLE001 - no GPU here: only the CPU can match
+                continue
+            if spec.key == name:
+                return spec
+            local.append(f"{spec.key} ({spec.describe()})")
+        raise ValueError(
+            f"--target {name} is not a target of this machine ({', '.join(local)}): "
+            "a worker measures only on the hardware it runs on"
+        )
     try:
         return resolve_target(name)
     except Exception as err:  # ModelError: unknown target name

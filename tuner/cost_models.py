@@ -8,7 +8,8 @@ Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tune
 ``transfer``
     the persisted model, or :class:`CostModelUnavailable` when there is none;
 ``cold``
-    MetaSchedule's cold ``XGBModel`` (what plain ``tune_relax`` uses).
+    MetaSchedule's cold ``XGBModel`` (what plain ``tune_relax`` uses; a random model where
+    xgboost is not installed, see :func:`tuner.search.default_cost_model`).
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ class CostModelUnavailable(ValueError):
 class CostModelChoice:
     """The MetaSchedule cost model of a run plus what to say about it in the summary."""
 
-    model: Any  # a PyCostModel instance or MetaSchedule's name "xgb"
+    model: Any  # a PyCostModel instance, or None: MetaSchedule's default (tuner.search)
     kind: str  # "transfer" or "cold"
     model_id: int | None = None
     trained_on: int = 0
@@ -54,8 +55,14 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
     """
     if mode not in COST_MODEL_MODES:
         raise ValueError(f"unknown cost model {mode!r}; choose one of {', '.join(COST_MODEL_MODES)}")
+    import importlib.util
+
     if mode == "cold":
-        return CostModelChoice("xgb", "cold")
+        return CostModelChoice(None, "cold")
+    if importlib.util.find_spec("xgboost") is None:  # e.g. a GPU host with the TVM runtime only
+        if mode == "transfer":
+            raise CostModelUnavailable("the transferred cost model needs xgboost, not installed")
+        return CostModelChoice(None, "cold")
     from cost_model.store import load_model
 
     trained = load_model(storage, target)
@@ -65,7 +72,7 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
                 f"no trained cost model for target {target.describe()}; "
                 "run `tunehub cost-model train` first"
             )
-        return CostModelChoice("xgb", "cold")
+        return CostModelChoice(None, "cold")
     return transfer_choice(trained)
 
 

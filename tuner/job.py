@@ -284,7 +284,8 @@ def run_job(
         return _run_job(
             storage, prepared, job, resumed, target_row, workload_ids,
             output_dir=output_dir, continue_tuning=continue_tuning,
-            measure=measure or MeasureConfig(), search=search, listeners=listeners,
+            measure=measure or MeasureConfig.for_target(prepared.target.kind), search=search,
+            listeners=listeners,
             force=force, seed=seed,
             cost_model=choose_cost_model(storage, prepared.target, cost_model),
         )

@@ -9,6 +9,14 @@ reference.
 Evaluator settings: each candidate is timed ``repeat`` times, each repeat running for at least
 ``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
 ``bench/bench_measure_spread.py`` measures how far repeated measurements of one schedule drift.
+
+GPU targets (:data:`GPU_MEASURE`, picked by :meth:`MeasureConfig.for_target`): a good kernel runs
+for microseconds to a millisecond, so each repeat runs it for at least ``min_repeat_ms`` (TVM
+raises ``number`` until it does), with no CPU cache flush; ``number`` starts at 1 so that a bad
+candidate (hundreds of ms per call, common in the first random batches) costs three calls rather
+than thirty (with ``number=10`` such candidates ran into the runner timeout on an H200). The build
+timeout covers an NVRTC compile of a large unrolled kernel (up to ~100 s seen for candidates that
+spill registers) on a host building 16 candidates at once.
 """
 from __future__ import annotations
 
@@ -44,6 +52,11 @@ class MeasureConfig:
     enable_cpu_cache_flush: bool = False
     builder_workers: int | None = None
 
+    @staticmethod
+    def for_target(target_kind: str) -> "MeasureConfig":
+        """The default measurement settings of a target kind (``"cpu"`` or ``"cuda"``)."""
+        return GPU_MEASURE if target_kind == "cuda" else MeasureConfig()
+
     def evaluator(self) -> EvaluatorConfig:
         return EvaluatorConfig(
             number=self.number,
@@ -51,6 +64,11 @@ class MeasureConfig:
             min_repeat_ms=self.min_repeat_ms,
             enable_cpu_cache_flush=self.enable_cpu_cache_flush,
         )
+
+
+GPU_MEASURE = MeasureConfig(
+    build_timeout_sec=60.0, run_timeout_sec=15.0, number=1, repeat=3, min_repeat_ms=10
+)
 
 
 def make_builder(config: MeasureConfig) -> ms.builder.Builder:

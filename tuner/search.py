@@ -6,6 +6,7 @@ to ``database``, failures included) plus TuneHub's own (error texts, progress).
 """
 from __future__ import annotations
 
+import importlib.util
 import logging
 import os
 from collections.abc import Sequence
@@ -16,6 +17,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
+from tuner.seed import measure_default_schedules
+from tuner.space import design_space
 
 
 @dataclass(frozen=True)
@@ -63,6 +66,17 @@ def reset_metaschedule_logging() -> None:
         logger.setLevel(logging.WARNING)
 
 
+def default_cost_model() -> str:
+    """``"xgb"`` (MetaSchedule's XGBoost model) where the ``xgboost`` module is installed, else
+    ``"random"`` (e.g. on a GPU host that only carries the TVM runtime stack). Below
+    ``num_warmup_samples`` (100) measured candidates per task the XGBoost model ranks randomly
+    too."""
+    if importlib.util.find_spec("xgboost") is not None:
+        return "xgb"
+    logging.getLogger(__name__).warning("xgboost is not installed: using a random cost model")
+    return "random"
+
+
 def run_search(
     extracted_tasks: Sequence[Any],
     *,
@@ -74,35 +88,44 @@ def run_search(
     measure: MeasureConfig,
     search: SearchConfig | None = None,
     callbacks: Sequence[Any] = (),
-    cost_model: Any = "xgb",
+    cost_model: Any = None,
+    space: Any = None,
     num_threads: int | None = None,
     seed: int | None = None,
 ) -> None:
     """Tune ``extracted_tasks`` for at most ``trials`` (+ one batch, as MetaSchedule overshoots).
 
     ``callbacks`` run after MetaSchedule's default ones (database commit, artifact cleanup,
-    cost-model update). Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks).
+    cost-model update). On CUDA the default (DLight) schedule of each task is measured and stored
+    first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
+    :func:`tuner.space.design_space` of the target. Raises whatever
+    MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target_kind)
+    tasks = list(extracted_tasks)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
-        list(extracted_tasks),
+        tasks,
         work_dir,
+        space=space or design_space(target_kind, tasks[0].target if tasks else None),
         strategy=(search or SearchConfig()).strategy(),
         num_threads=threads,
         seed=seed,
     )
     measure_callbacks = [*ms.measure_callback.MeasureCallback.create("default"), *callbacks]
+    builder, runner = make_builder(measure), make_runner(measure)
+    if target_kind == "cuda":
+        measure_default_schedules(tasks, database, builder, runner)
     ms.tune_tasks(
         tasks=contexts,
         task_weights=weights,
         work_dir=work_dir,
         max_trials_global=trials,
         num_trials_per_iter=batch_size,
-        builder=make_builder(measure),
-        runner=make_runner(measure),
+        builder=builder,
+        runner=runner,
         database=database,
-        cost_model=cost_model,
+        cost_model=cost_model or default_cost_model(),
         measure_callbacks=measure_callbacks,
         task_scheduler="gradient",
     )

@@ -28,6 +28,7 @@ from compiler.target import TargetSpec
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.search import SearchConfig, reset_metaschedule_logging
+from tuner.space import design_space
 from tuner.work import RecordUpload
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,11 @@ def _warm_cost_model(
     """``model`` (default: a cold XGBoost) updated with the seed records (STACK.md: ``update``
     with measure candidates and runner results built from database records), so a resumed
     task's first batch is chosen by a model instead of at random."""
+    from tuner.search import default_cost_model
+
     given = model is not None
+    if not given and default_cost_model() == "random":  # no xgboost on this host
+        return ms.cost_model.RandomModel()
     model = model if given else ms.cost_model.XGBModel(num_warmup_samples=100)
     if not records:
         return model
@@ -146,7 +151,7 @@ def tune_workload(
     is first updated with the seed records. Raises what MetaSchedule raises for a task it cannot
     tune.
     """
-    measure = measure or MeasureConfig()
+    measure = measure or MeasureConfig.for_target(target.kind)
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target.kind)
     reset_metaschedule_logging()
@@ -159,7 +164,7 @@ def tune_workload(
         context = ms.TuneContext(
             mod=mod,
             target=tvm_target,
-            space_generator="post-order-apply",
+            space_generator=design_space(target.kind, tvm_target),
             search_strategy=(search or SearchConfig()).strategy(),
             task_name=task_name,
             rand_state=-1 if seed is None else seed,

@@ -38,7 +38,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     worker.add_argument("--token", default=None,
                         help="worker token for --server (default: $TUNEHUB_WORKER_TOKEN)")
     worker.add_argument("--target", default="cpu",
-                        help="'cpu' (this machine) or the 16-hex key of this machine's target")
+                        help="'cpu' (this machine), 'cuda' (this machine's GPU) or the 16-hex key "
+                        "of one of them")
     worker.add_argument("--concurrency", type=int, default=1,
                         help="worker processes to run (named <name>-0, <name>-1, ...)")
     worker.add_argument("--once", "--exit-when-idle", dest="once", action="store_true",
