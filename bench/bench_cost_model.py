@@ -196,7 +196,8 @@ def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
             "",
             "## Search efficiency: trials to within 5 % of the cold run's final estimate",
             "",
-            "| model | cold trials | cold final est. (ms) | cold trials to goal | records transferred "
+            "| model | cold trials | cold final est. (ms) | cold trials to goal "
+            "| records transferred "
             "| warm trials to goal | warm / cold | warm best est. (ms) |",
             "|---|---|---|---|---|---|---|---|",
         ]

@@ -28,7 +28,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from cost_model.version import FEATURE_VERSION  # noqa: F401 - re-exported
 
-_EXTRACTOR_ARGS = dict(buffers_per_store=5, arith_intensity_curve_num_samples=10, cache_line_bytes=64)
+_EXTRACTOR_ARGS = dict(
+    buffers_per_store=5, arith_intensity_curve_num_samples=10, cache_line_bytes=64
+)
 STORE_FEATURES = 164
 FEATURE_LENGTH = 3 * STORE_FEATURES + 1
 
