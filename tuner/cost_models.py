@@ -13,6 +13,7 @@ Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tune
 """
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,8 +56,6 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
     """
     if mode not in COST_MODEL_MODES:
         raise ValueError(f"unknown cost model {mode!r}; choose one of {', '.join(COST_MODEL_MODES)}")
-    import importlib.util
-
     if mode == "cold":
         return CostModelChoice(None, "cold")
     if importlib.util.find_spec("xgboost") is None:  # e.g. a GPU host with the TVM runtime only
