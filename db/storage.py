@@ -131,6 +131,20 @@ def _record_row(row: Any) -> TuningRecordRow:
     )
 
 
+def _job_task_row(job_id: int, task: NewJobTask) -> JobTaskRow:
+    """The ORM row of a new job task (one place, for ``add_job_tasks`` and job starts)."""
+    return JobTaskRow(
+        job_id=job_id,
+        workload_id=task.workload_id,
+        name=task.name,
+        weight=task.weight,
+        flops=task.flops,
+        trial_budget=task.trial_budget,
+        status=task.status,
+        best_mean_secs=task.best_mean_secs,
+    )
+
+
 def _better(new: dict, old: dict) -> bool:
     """The keep-the-better rule (see :mod:`db.base`) applied to two rows of one batch."""
     if new["is_valid"] != old["is_valid"]:
@@ -948,16 +962,7 @@ class SQLStorage(TuningStorage):
             if session.get(JobRow, job_id) is None:
                 raise NotFoundError(f"job {job_id} does not exist")
             rows = [
-                JobTaskRow(
-                    job_id=job_id,
-                    workload_id=t.workload_id,
-                    name=t.name,
-                    weight=t.weight,
-                    flops=t.flops,
-                    trial_budget=t.trial_budget,
-                    status=t.status,
-                    best_mean_secs=t.best_mean_secs,
-                )
+                _job_task_row(job_id, t)
                 for t in tasks
             ]
             session.add_all(rows)
@@ -1110,16 +1115,7 @@ class SQLStorage(TuningStorage):
                 .execution_options(synchronize_session=False)
             )
             session.add_all(
-                JobTaskRow(
-                    job_id=job_id,
-                    workload_id=t.workload_id,
-                    name=t.name,
-                    weight=t.weight,
-                    flops=t.flops,
-                    trial_budget=t.trial_budget,
-                    status=t.status,
-                    best_mean_secs=t.best_mean_secs,
-                )
+                _job_task_row(job_id, t)
                 for t in tasks
                 if t.workload_id not in existing
             )
