@@ -961,10 +961,7 @@ class SQLStorage(TuningStorage):
         with self._session(write=True) as session:
             if session.get(JobRow, job_id) is None:
                 raise NotFoundError(f"job {job_id} does not exist")
-            rows = [
-                _job_task_row(job_id, t)
-                for t in tasks
-            ]
+            rows = [_job_task_row(job_id, t) for t in tasks]
             session.add_all(rows)
             session.flush()
             for row in rows:
