@@ -630,22 +630,55 @@ def _looks_truncated(fh: BinaryIO) -> bool:
     return len(name) == name_len and all(32 <= b < 127 or b >= 128 for b in name)
 
 
-def _check_central_directory_offset(fh: BinaryIO, label: str) -> None:
-    """Reject archives where zipfile would shift offsets (data before/inside the zip).
+_END_RECORD = struct.Struct("<4s4H2LH")  # end of central directory record (22 bytes + comment)
+_ZIP64_LOCATOR = struct.Struct("<4sLQL")  # zip64 end of central directory locator (20 bytes)
+_ZIP64_END_RECORD = struct.Struct("<4sQ2H2L4Q")  # zip64 end of central directory record (56 bytes)
+_MAX_COMMENT = 0xFFFF
 
-    Python's zipfile silently compensates for such a shift, torch's miniz reader does not; the two would
-    then read different bytes for the same member.
+
+def _central_directory_shift(fh: BinaryIO) -> int | None:
+    """Bytes by which the central directory sits after where the end records place it.
+
+    0 for a well-formed archive (torch writes zip64 end records even for small files); not 0 when
+    data was prepended or inserted, or when a zip64 end record is not directly before its locator
+    (CPython releases disagree on such "zip64 extensible data", so it is treated as a shift too).
+    None when there is no end record (``zipfile`` reports that). Parsed from the bytes per the zip
+    specification rather than through ``zipfile``'s private helpers, whose meaning changed in the
+    CVE-2025-8291 fix (gh-139700) that Python 3.12/3.13 security releases carry.
     """
-    end_rec = getattr(zipfile, "_EndRecData", None)
-    if end_rec is None:  # pragma: no cover - private helper present in CPython 3.11/3.12
-        return
-    rec = end_rec(fh)
-    if rec is None:
-        return
-    concat = rec[zipfile._ECD_LOCATION] - rec[zipfile._ECD_SIZE] - rec[zipfile._ECD_OFFSET]  # type: ignore[attr-defined]
-    if rec[zipfile._ECD_SIGNATURE] == zipfile.stringEndArchive64:  # type: ignore[attr-defined]
-        concat -= zipfile.sizeEndCentDir64 + zipfile.sizeEndCentDir64Locator  # type: ignore[attr-defined]
-    if concat != 0:
+    fh.seek(0, os.SEEK_END)
+    size = fh.tell()
+    tail_start = max(0, size - _END_RECORD.size - _MAX_COMMENT)
+    fh.seek(tail_start)
+    tail = fh.read()
+    at = tail.rfind(_EMPTY_ZIP_MAGIC)
+    if at < 0 or len(tail) - at < _END_RECORD.size:
+        return None
+    end_pos = tail_start + at
+    *_, cd_size, cd_offset, _comment_len = _END_RECORD.unpack_from(tail, at)
+    cd_end = end_pos
+    locator_pos = end_pos - _ZIP64_LOCATOR.size
+    if locator_pos >= 0:
+        fh.seek(locator_pos)
+        sig, _disk, zip64_pos, _disks = _ZIP64_LOCATOR.unpack(fh.read(_ZIP64_LOCATOR.size))
+        if sig == b"PK\x06\x07":
+            expected = locator_pos - _ZIP64_END_RECORD.size
+            fh.seek(max(expected, 0))
+            record = fh.read(_ZIP64_END_RECORD.size)
+            if expected < 0 or zip64_pos != expected or record[:4] != b"PK\x06\x06":
+                return zip64_pos - expected or -1
+            *_, cd_size, cd_offset = _ZIP64_END_RECORD.unpack(record)
+            cd_end = expected
+    return cd_end - cd_size - cd_offset
+
+
+def _check_central_directory_offset(fh: BinaryIO, label: str) -> None:
+    """Reject archives whose end records misplace the central directory (data before/inside).
+
+    Python's zipfile silently compensates for such a shift, torch's miniz reader does not; the two
+    would then read different bytes for the same member.
+    """
+    if _central_directory_shift(fh) not in (0, None):
         raise ModelError(
             "bad_pt2",
             f"{label} is not a well-formed zip archive: its central directory offsets are inconsistent "
@@ -664,6 +697,7 @@ def _open_zip(fh: BinaryIO, label: str) -> zipfile.ZipFile:
             f"{label} is not a .pt2 file: it does not start with the zip signature "
             "(expected a file written by torch.export.save)",
         )
+    _check_central_directory_offset(fh, label)  # before zipfile, whose reading varies by version
     fh.seek(0)
     try:
         zf = zipfile.ZipFile(fh, "r")
@@ -677,7 +711,6 @@ def _open_zip(fh: BinaryIO, label: str) -> zipfile.ZipFile:
         raise ModelError(
             "bad_pt2", f"{label} is corrupt: it starts like a zip archive but cannot be read as one ({exc})"
         ) from None
-    _check_central_directory_offset(fh, label)
     return zf
 
 

@@ -101,8 +101,9 @@ class Worker:
         """Lease and run work until stopped (or, with ``once``, until no job of this target is
         open); return the number of leases worked on."""
         self.client.register(self.name, self.target_info, self.target.fingerprint_json)
-        logger.info("worker %s registered for %s (target %s)%s", self.name, self.target.describe(),
-                    self.target.key, f", measuring through RPC key {self.rpc.key}" if self.rpc else "")
+        via_rpc = f", measuring through RPC key {self.rpc.key}" if self.rpc else ""
+        logger.info("worker %s registered for %s (target %s)%s", self.name,
+                    self.target.describe(), self.target.key, via_rpc)
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         try:
@@ -140,7 +141,8 @@ class Worker:
             except (ServerUnavailable, WorkerApiError) as err:
                 logger.warning("heartbeat failed: %s", err)
                 continue
-            if current is not None and current is self.current and current.offer.lease_id not in active:
+            lease_gone = current is not None and current.offer.lease_id not in active
+            if lease_gone and current is self.current:
                 if not current.lost:
                     logger.warning("lease %s is no longer ours (expired or its job ended)",
                                    current.offer.lease_id)
@@ -151,8 +153,8 @@ class Worker:
         """Run one lease to its end; return how it ended (``done``, ``failed``, ``cancelled``,
         ``returned`` or ``lost``)."""
         self.current = current = _Current(offer)
-        logger.info("lease %s: %s job %s%s", offer.lease_id, offer.kind, offer.job_id,
-                    f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else "")
+        what = f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else ""
+        logger.info("lease %s: %s job %s%s", offer.lease_id, offer.kind, offer.job_id, what)
         try:
             if offer.kind == "tune":
                 return self._tune(current)
@@ -161,7 +163,8 @@ class Worker:
             logger.warning("lease %s ended by the coordinator: %s", offer.lease_id, err.detail)
             return "lost"
         except ServerUnavailable as err:
-            logger.warning("lease %s abandoned, the coordinator is unreachable: %s", offer.lease_id, err)
+            logger.warning("lease %s abandoned, the coordinator is unreachable: %s",
+                           offer.lease_id, err)
             return "lost"
         except Exception as err:  # noqa: BLE001 - a bug or a broken lease must not stop the worker
             logger.exception("lease %s failed", offer.lease_id)
@@ -175,7 +178,8 @@ class Worker:
         try:
             end = self.client.finish(offer.lease_id, outcome, error)
         except WorkerApiError as err:  # expired meanwhile: its work is already requeued
-            logger.warning("lease %s could not be ended %s: %s", offer.lease_id, outcome, err.detail)
+            logger.warning("lease %s could not be ended %s: %s",
+                           offer.lease_id, outcome, err.detail)
             return "lost"
         if end.job_status == "cancelled":
             logger.info("job %s cancelled", offer.job_id)
@@ -197,7 +201,8 @@ class Worker:
             try:
                 ack = self.client.upload(offer.lease_id, batch_no, list(batch.records))
             except (ServerUnavailable, WorkerApiError) as err:
-                logger.warning("lease %s: upload of batch %d failed: %s", offer.lease_id, batch_no, err)
+                logger.warning("lease %s: upload of batch %d failed: %s",
+                               offer.lease_id, batch_no, err)
                 verdict["reason"] = "lost"
                 return False
             batch_no += 1
@@ -298,7 +303,8 @@ class Worker:
                 best_secs = _mean(record[0][1]) if record else None
                 schedules.append({
                     "key": task.key, "name": task.name, "weight": task.weight, "flops": task.flops,
-                    "action": "tune" if known and known.trials_done else ("reuse" if known else "skip"),
+                    "action": ("tune" if known and known.trials_done
+                               else "reuse" if known else "skip"),
                     "trials": known.trials_done if known else 0,
                     "best_ms": None if best_secs is None else best_secs * 1e3,
                 })
@@ -341,7 +347,8 @@ class Worker:
         if current is None:
             return
         with contextlib.suppress(Exception):
-            self.client.finish(current.offer.lease_id, "returned", f"worker stopped by signal {signum}")
+            self.client.finish(current.offer.lease_id, "returned",
+                               f"worker stopped by signal {signum}")
             logger.warning("signal %s: lease %s returned", signum, current.offer.lease_id)
         with contextlib.suppress(Exception):
             self.client.heartbeat(self.name, "offline")
@@ -427,8 +434,8 @@ def run_worker(
         from service.files import FileStore
 
         storage = open_service_storage(settings)
-        client = DirectClient(storage, settings, FileStore(settings.resolved_storage_dir()).ensure(),
-                              retry_secs=settings.worker_retry_secs)
+        files = FileStore(settings.resolved_storage_dir()).ensure()
+        client = DirectClient(storage, settings, files, retry_secs=settings.worker_retry_secs)
     try:
         worker = Worker(settings, client, name=name, target=target, rpc=rpc, once=once,
                         max_leases=max_leases)

@@ -651,6 +651,35 @@ def test_prepended_data(genuine: Genuine, tmp_path: Path) -> None:
     expect_refusal(path, "bad_pt2", None, "offsets")
 
 
+def test_zip64_end_records_are_read_without_zipfile_internals(genuine: Genuine, tmp_path: Path) -> None:
+    """torch writes zip64 end records even for small archives; a genuine one has no shift.
+
+    The check parses the end records itself: Python security releases with the CVE-2025-8291
+    fix (Ubuntu's 3.12.3, 3.13.10+) changed what ``zipfile._EndRecData`` returns, and reading it
+    the old way refused every genuine .pt2 there (seen on the GPU machine with torch 2.11).
+    """
+    data = genuine.path.read_bytes()
+    assert b"PK\x06\x07" in data[-100:], "expected torch to write a zip64 locator"
+    with genuine.path.open("rb") as fh:
+        assert pt2_safety._central_directory_shift(fh) == 0
+    assert load_exported_program(genuine.path) is not None
+
+
+def test_zip64_extensible_data_is_refused(genuine: Genuine, tmp_path: Path) -> None:
+    """Bytes between the zip64 end record and its locator: Python versions disagree on offsets."""
+    data = genuine.path.read_bytes()
+    locator = data.rindex(b"PK\x06\x07")
+    record = data.rindex(b"PK\x06\x06")
+    pad = b"\0" * 8
+    moved = bytearray(data[:record] + data[record:locator] + pad + data[locator:])
+    # The record's own size field grows by the padding; the locator still points at the record.
+    size_at = record + 4
+    moved[size_at:size_at + 8] = (int.from_bytes(data[size_at:size_at + 8], "little") + 8).to_bytes(8, "little")
+    path = tmp_path / "extensible.pt2"
+    path.write_bytes(bytes(moved))
+    expect_refusal(path, "bad_pt2", None, "offsets")
+
+
 def test_missing_archive_format(genuine: Genuine, tmp_path: Path) -> None:
     path = rewrite(genuine.path, tmp_path / "nofmt.pt2", {"archive_format": b"zip"})
     expect_refusal(path, "bad_pt2", None, "torch.export.save")

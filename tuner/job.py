@@ -229,11 +229,13 @@ def tune_model(
     listeners: Sequence[ProgressListener] = (),
     force: bool = False,
     seed: int | None = None,
-    cost_model: str = "auto",
+    cost_model: str | CostModelChoice = "auto",
 ) -> TuneSummary:
     """Tune, compile, verify and publish (see the module docstring).
 
-    ``cost_model`` is a mode of :func:`tuner.cost_models.choose_cost_model`.
+    ``cost_model`` is a mode of :func:`tuner.cost_models.choose_cost_model` or a model already
+    chosen with it. It is resolved before any row is written, so
+    :class:`tuner.cost_models.CostModelUnavailable` leaves no job behind.
 
     Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned library does
     not match the reference; other exceptions also fail the job. ``KeyboardInterrupt`` leaves the
@@ -243,6 +245,8 @@ def tune_model(
         raise ValueError(f"--trials must be >= 0, got {trials}")
     if output_dir is not None:
         check_output_dir(output_dir, force=force)
+    if not isinstance(cost_model, CostModelChoice):
+        cost_model = choose_cost_model(storage, prepared.target, cost_model)
     target_row = storage.ensure_target(prepared.target)
     model_row = _register_model(storage, prepared, filename, owner)
     job, resumed = _find_or_create_job(
@@ -268,9 +272,11 @@ def run_job(
     listeners: Sequence[ProgressListener] = (),
     force: bool = False,
     seed: int | None = None,
-    cost_model: str = "auto",
+    cost_model: str | CostModelChoice = "auto",
 ) -> TuneSummary:
     """Run a job the caller has moved to ``running`` (a CLI run or a worker's claim).
+
+    ``cost_model``: a mode of :func:`tuner.cost_models.choose_cost_model` or its result.
 
     ``prepared`` must be the job's model prepared for the job's target. On success the job ends
     ``succeeded`` with a verified artifact; on failure ``failed`` with the error; on
@@ -287,7 +293,8 @@ def run_job(
             measure=measure or MeasureConfig.for_target(prepared.target.kind), search=search,
             listeners=listeners,
             force=force, seed=seed,
-            cost_model=choose_cost_model(storage, prepared.target, cost_model),
+            cost_model=(cost_model if isinstance(cost_model, CostModelChoice)
+                        else choose_cost_model(storage, prepared.target, cost_model)),
         )
     except KeyboardInterrupt:
         storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)

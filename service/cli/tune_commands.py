@@ -43,8 +43,8 @@ def run_tune(args: argparse.Namespace) -> int:
     from compiler.errors import CompileError, ModelError, VerificationError
     from service.cli.model_commands import prepare_from_args
     from service.cli.progress_display import RichTuneProgress
+    from tuner.cost_models import CostModelUnavailable, choose_cost_model
     from tuner.job import tune_model
-
     from tuner.search import SearchConfig
 
     if args.trials < 0:
@@ -57,13 +57,10 @@ def run_tune(args: argparse.Namespace) -> int:
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)
     try:
-        if args.cost_model == "transfer":
-            from tuner.cost_models import CostModelUnavailable, choose_cost_model
-
-            try:
-                choose_cost_model(storage, prepared.target, "transfer")
-            except CostModelUnavailable as err:
-                raise CliError(str(err)) from None
+        try:  # chosen (and loaded) once, before the job row and the progress bar
+            cost_model = choose_cost_model(storage, prepared.target, args.cost_model)
+        except CostModelUnavailable as err:
+            raise CliError(str(err)) from None
         with RichTuneProgress(args.trials) as progress:
             summary = tune_model(
                 storage,
@@ -76,7 +73,7 @@ def run_tune(args: argparse.Namespace) -> int:
                 listeners=[progress],
                 force=args.force,
                 seed=args.seed,
-                cost_model=args.cost_model,
+                cost_model=cost_model,
             )
     except ModelError as err:
         raise CliError(str(err)) from None

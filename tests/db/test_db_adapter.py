@@ -25,7 +25,7 @@ def secs(records) -> list[float]:
 def test_workloads(adapter, storage):
     mod = matmul_mod()
     assert not adapter.has_workload(mod)
-    workload = adapter.commit_workload(mod)
+    assert adapter.commit_workload(mod) is not None
     assert adapter.has_workload(mod)
     assert adapter.commit_workload(matmul_mod()) is not None
     row = storage.get_workload(workload_key(mod))

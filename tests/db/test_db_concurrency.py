@@ -9,7 +9,6 @@ from pathlib import Path
 
 from sqlalchemy import func, select
 
-import db
 from db.models import TuningRecordModel
 
 HERE = Path(__file__).resolve().parent
