@@ -315,7 +315,7 @@ def bench_network(name: str, trials: int, target, work: Path, storage, populatio
     try:
         prepared = prepare_model(path, target)
         refused = None
-    except ModelError as err:  # seen: torch 2.11's .pt2 zip layout refused by the safety check
+    except ModelError as err:  # a refused .pt2 (seen before the zip64 end-record fix): use ONNX
         refused = f".pt2 refused ({err}); ONNX used"
         path = export_onnx(name, work / f"{name}.onnx")
         prepared = prepare_model(path, target)

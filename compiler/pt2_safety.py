@@ -1118,6 +1118,9 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
         (torch.jit, "load", _refuse("torch.jit.load")),
         (serialize_mod, "sympy", _GuardedSympy(serialize_mod.sympy)),
     ]
+    # A name this torch does not have is a loader path it does not take (torch 2.11's _package
+    # imports no pickle module); the archive scan before loading is the first line either way.
+    patches = [(obj, attr, value) for obj, attr, value in patches if hasattr(obj, attr)]
     capture = _CaptureSwallowedError()
     export_logger = logging.getLogger("torch.export")
     with _LOAD_LOCK:
