@@ -19,9 +19,11 @@ Throughput: trials/s of TuneHub (SQL database, progress and error callbacks) aga
 runner and search settings and the same budget, on ``--throughput-model``.
 
 Writes ``bench/results/models_<date>.md`` with the machine and date. ``--work DIR`` keeps the
-artifacts of every rung and ``DIR/rows.json``; ``--retime DIR`` measures the baselines and those
-artifacts again, in one run, without tuning (for a quieter moment than the tuning run had: on a
-shared machine, latencies measured while other work runs are inflated, torch's most of all).
+artifacts of every rung and ``DIR/rows.json``; a later run with the same ``--work`` and ``--db``
+resumes: rungs already measured are not run again and models not named keep their rows.
+``--retime DIR`` measures the baselines and those artifacts again, in one run, without tuning
+(for a quieter moment than the tuning run had: on a shared machine, latencies measured while other
+work runs are inflated, torch's most of all).
 """
 from __future__ import annotations
 
@@ -172,6 +174,12 @@ def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None
     return rows, budgets, saved.get("throughput")
 
 
+def load_saved_rows(work: Path) -> dict:
+    """What an earlier run with the same ``--work`` left (rungs done are not run again), or {}."""
+    path = work / "rows.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
 def save_rows(work: Path, rows: list[dict], budgets: list[int], throughput: dict | None) -> None:
     (work / "rows.json").write_text(json.dumps(
         {"budgets": budgets, "rows": rows, "throughput": throughput}, default=str, indent=1
@@ -277,13 +285,23 @@ def main() -> int:
                                           args.threads, work)
             print(json.dumps(throughput), flush=True)
         storage = db.open_storage(args.db or f"sqlite:///{work / 'bench.db'}", upgrade=True)
+        saved = load_saved_rows(work)
+        if saved:
+            budgets = sorted(set(budgets) | set(saved["budgets"]))
+            throughput = throughput or saved.get("throughput")
         prepared = {}
         for name in args.models:
             row, prepared[name], _ = baseline_row(name, args.threads, work)
+            old = next((r for r in saved.get("rows", []) if r["model"] == name), {})
+            row.update({k: v for k, v in old.items() if k == "trials done" or
+                        k.startswith(("TuneHub ", "trials ", "wall ", "verified "))})
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
+        rows += [r for r in saved.get("rows", []) if r["model"] not in prepared]
         for budget in budgets:  # rung-major: every model gets the small budget first
             for row in rows:
+                if row["model"] not in prepared or f"TuneHub {budget}" in row:
+                    continue  # not asked for this run, or measured by an earlier run
                 tune_rung(row, prepared[row["model"]], budget, work, storage)
                 print(json.dumps(row, default=str), flush=True)
                 write_report(rows, budgets, throughput, args.threads)
