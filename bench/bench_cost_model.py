@@ -13,7 +13,8 @@
    (estimated model latency, ``sum(weight * best so far)``, after each stored trial). A fresh
    database receives every record of the *other* workloads of the source (none of M's), a
    transferred model is trained on it, and M is tuned there with ``--cost-model transfer`` and
-   the same trial budget, stopping as soon as it is within 5 % of the cold run's final estimate.
+   the same trial budget (or ``--max-warm-trials``), stopping as soon as it is within 5 % of the
+   cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
 
 Writes ``bench/results/cost_model_<date>.md`` with the machine and date.
@@ -70,12 +71,17 @@ def trials_to(goal: float, values: list[float]) -> int | None:
 
 
 def model_runs(storage, name: str):
-    """The source database's model row for example ``name`` and its cold records, in order."""
+    """The source database's model row for example ``name`` and its cold records, in order.
+
+    Every model row of that name counts (a re-export that differs by a byte is a new model row
+    with the same tasks, e.g. the ``--continue`` rungs of ``bench_models``).
+    """
     models = [m for m in storage.list_models() if m.filename.startswith(f"{name}.")]
     if not models:
         raise SystemExit(f"the source database has no model named {name}")
     model = models[0]
-    jobs = [j for j in storage.list_jobs() if j.model_id == model.id]
+    ids = {m.id for m in models}
+    jobs = [j for j in storage.list_jobs() if j.model_id in ids]
     records = []
     for job in jobs:
         after = 0
@@ -111,7 +117,9 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
     return copied
 
 
-def search_efficiency(source, target_row, name: str, work: Path) -> dict:
+def search_efficiency(
+    source, target_row, name: str, work: Path, max_trials: int | None = None
+) -> dict:
     import db
     from compiler.prepare import prepare_model
     from cost_model.store import save_model, train_for_target
@@ -142,7 +150,8 @@ def search_efficiency(source, target_row, name: str, work: Path) -> dict:
         stop = StopWhenWithin(goal)
         start = time.perf_counter()
         try:
-            tune_model(dest, prepared, trials=len(cold_records), output_dir=work / f"out-{name}",
+            budget = min(len(cold_records), max_trials or len(cold_records))
+            tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
                        filename=path.name, listeners=[stop], cost_model="transfer", seed=0)
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
@@ -225,6 +234,8 @@ def main() -> int:
     parser.add_argument("--history", type=int, nargs="+", default=[0, 16, 64],
                         help="records of a held-out workload the models may learn from first")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
+                        "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--out", type=Path, help="report path (default: "
                         "bench/results/cost_model_<date>.md)")
     args = parser.parse_args()
@@ -245,7 +256,8 @@ def main() -> int:
         print(write_report(eval_rows, search_rows, args.source, args), flush=True)
     with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
         for name in args.models:
-            search_rows.append(search_efficiency(source, target_row, name, Path(tmp)))
+            search_rows.append(search_efficiency(source, target_row, name, Path(tmp),
+                                                 args.max_warm_trials))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args), flush=True)
     source.close()
