@@ -193,7 +193,8 @@ def _fmt(value) -> str:
 
 
 def write_report(
-    rows: list[dict], budgets: list[int], throughput: dict | None, threads: int, note: str = ""
+    rows: list[dict], budgets: list[int], throughput: dict | None, threads: int, note: str = "",
+    out: Path | None = None,
 ) -> Path:
     from bench.bench_db import machine
 
@@ -248,7 +249,7 @@ def write_report(
             f"TuneHub overhead: {(plain / ours - 1) * 100:+.1f} % time per trial "
             "(includes TuneHub's verification against ONNX Runtime and artifact timing).",
         ]
-    out = REPO / "bench" / "results" / f"models_{today}.md"
+    out = out or REPO / "bench" / "results" / f"models_{today}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
 
@@ -263,6 +264,8 @@ def main() -> int:
     parser.add_argument("--db", help="keep the tuning database at this URL (default: a temporary "
                         "SQLite file); bench/bench_cost_model.py trains on such a database")
     parser.add_argument("--work", type=Path, help="keep artifacts and rows.json in DIR")
+    parser.add_argument("--out", type=Path, help="report path (default: "
+                        "bench/results/models_<date>.md)")
     parser.add_argument("--retime", type=Path, metavar="DIR",
                         help="re-measure baselines and the artifacts a --work run left in DIR")
     args = parser.parse_args()
@@ -270,7 +273,7 @@ def main() -> int:
         rows, budgets, throughput = retime(args.retime, args.threads)
         print(write_report(rows, budgets, throughput, args.threads, note=(
             "Latencies re-measured in one run with `--retime` from the artifacts each rung "
-            "published (tuning itself ran earlier, see trials and wall times).")))
+            "published (tuning itself ran earlier, see trials and wall times)."), out=args.out))
         return 0
     import db
 
@@ -304,10 +307,10 @@ def main() -> int:
                     continue  # not asked for this run, or measured by an earlier run
                 tune_rung(row, prepared[row["model"]], budget, work, storage)
                 print(json.dumps(row, default=str), flush=True)
-                write_report(rows, budgets, throughput, args.threads)
+                write_report(rows, budgets, throughput, args.threads, out=args.out)
                 save_rows(work, rows, budgets, throughput)
         storage.close()
-    print(write_report(rows, budgets, throughput, args.threads))
+    print(write_report(rows, budgets, throughput, args.threads, out=args.out))
     return 0
 
 
