@@ -170,7 +170,37 @@ def search_efficiency(
     return row
 
 
-def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
+def unseen_model_accuracy(source, target_row, training_set, name: str) -> list[dict]:
+    """Per workload of model ``name``: pairwise rank accuracy of a booster trained on every
+    *other* workload's records (what a warm run of that model starts from, before fine-tuning)."""
+    from cost_model.booster import BoosterConfig, predict, train_booster
+    from cost_model.dataset import throughput_labels
+    from cost_model.metrics import pairwise_accuracy
+
+    model, _ = model_runs(source, name)
+    keys = {source.get_workload_by_id(w.workload_id).key: w for w in
+            source.model_workloads(model.id)}
+    held = [g for g, key in enumerate(training_set.workload_keys) if key in keys]
+    train = ~np.isin(training_set.groups, held)
+    labels = throughput_labels(training_set.costs, training_set.groups)
+    booster = train_booster(training_set.features[train], labels[train],
+                            training_set.groups[train], BoosterConfig())
+    rows = []
+    for group in held:
+        idx = np.flatnonzero(training_set.groups == group)
+        if np.isfinite(training_set.costs[idx]).sum() < 4:
+            continue
+        workload = source.get_workload_by_id(keys[training_set.workload_keys[group]].workload_id)
+        rows.append({
+            "model": name, "workload": workload.summary.split(" ")[0], "records": len(idx),
+            "weight": keys[workload.key].weight,
+            "pairwise": pairwise_accuracy(predict(booster, training_set.features[idx]),
+                                          training_set.costs[idx], np.zeros(len(idx), np.int32)),
+        })
+    return rows
+
+
+def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) -> Path:
     """Write the tables (and the command that made them) to ``args.out`` or the default."""
     from bench.bench_db import machine
 
@@ -219,6 +249,26 @@ def write_report(eval_rows, search_rows, source_url: str, args) -> Path:
                 f"{r['cold_to_goal']} | {r.get('transfer_records')} | {warm} | {ratio} | "
                 f"{r.get('warm_best_ms', float('nan')):.4f} |"
             )
+    if unseen_rows:
+        lines += [
+            "",
+            "## A model none of whose workloads the booster has seen",
+            "",
+            "Booster (rank objective) trained on every other workload's records; pairwise rank "
+            "accuracy over all stored records of each workload of the model (0.5 = chance).",
+            "",
+            "| model | workload | records | weight | pairwise acc |",
+            "|---|---|---|---|---|",
+        ]
+        for r in unseen_rows:
+            lines.append(f"| {r['model']} | {r['workload']} | {r['records']} | {r['weight']} | "
+                         f"{r['pairwise']:.3f} |")
+        by_model: dict[str, list[float]] = {}
+        for r in unseen_rows:
+            by_model.setdefault(r["model"], []).append(r["pairwise"])
+        for name, values in by_model.items():
+            lines.append(f"| {name} | **mean of {len(values)} workloads** | | | "
+                         f"**{np.mean(values):.3f}** |")
     out = args.out or REPO / "bench" / "results" / f"cost_model_{today}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -234,6 +284,10 @@ def main() -> int:
     parser.add_argument("--history", type=int, nargs="+", default=[0, 16, 64],
                         help="records of a held-out workload the models may learn from first")
     parser.add_argument("--skip-eval", action="store_true")
+    parser.add_argument("--unseen", nargs="*", default=[], metavar="MODEL",
+                        help="per-workload rank accuracy on these models' workloads of a booster "
+                        "trained on all other workloads")
+    parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--out", type=Path, help="report path (default: "
@@ -248,18 +302,24 @@ def main() -> int:
     target_row = source.get_target(cpu_target().key)
     if target_row is None:
         raise SystemExit("the source database has no records for this machine's CPU target")
-    eval_rows, search_rows = [], []
-    if not args.skip_eval:
+    eval_rows, search_rows, unseen_rows = [], [], []
+    training_set = None
+    if not args.skip_eval or args.unseen:
         training_set = extend_training_set(source, target_row)
+    if not args.skip_eval:
         eval_rows = evaluate(source, target_row, training_set, folds=args.folds,
                              min_records=args.min_records, history_sizes=args.history)
-        print(write_report(eval_rows, search_rows, args.source, args), flush=True)
+    for name in args.unseen:
+        unseen_rows += unseen_model_accuracy(source, target_row, training_set, name)
+    if eval_rows or unseen_rows:
+        print(write_report(eval_rows, search_rows, args.source, args, unseen_rows), flush=True)
     with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
-        for name in args.models:
+        for name in [] if args.skip_search else args.models:
             search_rows.append(search_efficiency(source, target_row, name, Path(tmp),
                                                  args.max_warm_trials))
             print(json.dumps(search_rows[-1], default=str), flush=True)
-            print(write_report(eval_rows, search_rows, args.source, args), flush=True)
+            print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
+                  flush=True)
     source.close()
     return 0
 
