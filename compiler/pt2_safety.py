@@ -651,7 +651,9 @@ def _central_directory_shift(fh: BinaryIO) -> int | None:
     tail_start = max(0, size - _END_RECORD.size - _MAX_COMMENT)
     fh.seek(tail_start)
     tail = fh.read()
-    at = tail.rfind(_EMPTY_ZIP_MAGIC)
+    at = len(tail) - _END_RECORD.size  # no archive comment (torch writes none), as zipfile tries first
+    if at < 0 or tail[at:at + 4] != _EMPTY_ZIP_MAGIC or tail[-2:] != b"\0\0":
+        at = tail.rfind(_EMPTY_ZIP_MAGIC)
     if at < 0 or len(tail) - at < _END_RECORD.size:
         return None
     end_pos = tail_start + at

@@ -654,9 +654,9 @@ def test_prepended_data(genuine: Genuine, tmp_path: Path) -> None:
 def test_zip64_end_records_are_read_without_zipfile_internals(genuine: Genuine, tmp_path: Path) -> None:
     """torch writes zip64 end records even for small archives; a genuine one has no shift.
 
-    The check parses the end records itself: Python security releases with the CVE-2025-8291
-    fix (Ubuntu's 3.12.3, 3.13.10+) changed what ``zipfile._EndRecData`` returns, and reading it
-    the old way refused every genuine .pt2 there (seen on the GPU machine with torch 2.11).
+    The check parses the end records itself: Python releases carrying the CVE-2025-8291 fix
+    (CPython gh-139700; e.g. Ubuntu's 3.12.3 on the GPU machine) changed what
+    ``zipfile._EndRecData`` returns, and reading it the old way refused every genuine .pt2 there.
     """
     data = genuine.path.read_bytes()
     assert b"PK\x06\x07" in data[-100:], "expected torch to write a zip64 locator"
@@ -674,7 +674,8 @@ def test_zip64_extensible_data_is_refused(genuine: Genuine, tmp_path: Path) -> N
     moved = bytearray(data[:record] + data[record:locator] + pad + data[locator:])
     # The record's own size field grows by the padding; the locator still points at the record.
     size_at = record + 4
-    moved[size_at:size_at + 8] = (int.from_bytes(data[size_at:size_at + 8], "little") + 8).to_bytes(8, "little")
+    grown = int.from_bytes(data[size_at:size_at + 8], "little") + len(pad)
+    moved[size_at:size_at + 8] = grown.to_bytes(8, "little")
     path = tmp_path / "extensible.pt2"
     path.write_bytes(bytes(moved))
     expect_refusal(path, "bad_pt2", None, "offsets")
