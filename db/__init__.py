@@ -119,6 +119,7 @@ __all__ = [
     "resolve_database_url",
     "trace_hash",
     "tunehub_home",
+    "schema",
     "upgrade",
 ]
 
