@@ -118,12 +118,20 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
 
 
 def search_efficiency(
-    source, target_row, name: str, work: Path, max_trials: int | None = None
+    source, target_row, name: str, work: Path, max_trials: int | None = None,
+    transfer: bool = True,
 ) -> dict:
+    """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
+    run's cost model starts with no booster and learns from the run's measurements alone (the
+    same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
+    the other models' records add."""
     import db
     from compiler.prepare import prepare_model
+    from cost_model.booster import BoosterConfig
     from cost_model.store import save_model, train_for_target
+    from cost_model.transfer import TransferCostModel
     from examples.export import export_onnx
+    from tuner.cost_models import CostModelChoice
     from tuner.job import tune_model
 
     model, cold_records = model_runs(source, name)
@@ -137,12 +145,19 @@ def search_efficiency(
            "cold_to_goal": trials_to(goal, cold)}
     dest = db.open_storage(f"sqlite:///{work / f'warm-{name}.db'}", upgrade=True)
     try:
-        row["transfer_records"] = copy_other_workloads(source, dest, target_row, set(weights))
         spec = target_row.spec()
-        start = time.perf_counter()
-        trained = train_for_target(dest, spec)
-        row["train_secs"] = time.perf_counter() - start
-        save_model(dest, spec, trained)
+        if transfer:
+            row["transfer_records"] = copy_other_workloads(source, dest, target_row,
+                                                           set(weights))
+            start = time.perf_counter()
+            trained = train_for_target(dest, spec)
+            row["train_secs"] = time.perf_counter() - start
+            save_model(dest, spec, trained)
+            cost_model = "transfer"
+        else:
+            row["model"] = f"{name} (no base booster)"
+            row["transfer_records"] = 0
+            cost_model = CostModelChoice(TransferCostModel(None, BoosterConfig()), "transfer")
         path = export_onnx(name, work / f"{name}.onnx")
         prepared = prepare_model(path, spec)
         if prepared.target.key != spec.key:
@@ -152,7 +167,7 @@ def search_efficiency(
         try:
             budget = min(len(cold_records), max_trials or len(cold_records))
             tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
-                       filename=path.name, listeners=[stop], cost_model="transfer", seed=0)
+                       filename=path.name, listeners=[stop], cost_model=cost_model, seed=0)
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
                 raise err
@@ -288,6 +303,8 @@ def main() -> int:
                         help="per-workload rank accuracy on these models' workloads of a booster "
                         "trained on all other workloads")
     parser.add_argument("--skip-search", action="store_true")
+    parser.add_argument("--no-base", action="store_true", help="warm runs start with no booster "
+                        "and learn from their own measurements only (ablation of the transfer)")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--out", type=Path, help="report path (default: "
@@ -316,7 +333,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
         for name in [] if args.skip_search else args.models:
             search_rows.append(search_efficiency(source, target_row, name, Path(tmp),
-                                                 args.max_warm_trials))
+                                                 args.max_warm_trials, not args.no_base))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)

@@ -81,7 +81,9 @@ class TransferCostModel(PyCostModel):
     """A MetaSchedule cost model warm-started from a booster trained on the database.
 
     Args:
-        base_booster: the transferred ``xgb.Booster`` (never modified).
+        base_booster: the transferred ``xgb.Booster`` (never modified), or None to learn from the
+            run's measurements alone: random predictions (as MetaSchedule's XGBModel below its
+            warm-up) until the first fit, then a booster trained from scratch on the run's data.
         config: booster settings (the objective must match the one ``base_booster`` was
             trained with).
         cold: MetaSchedule's cost model to compare with and fall back to (default: a fresh
@@ -128,6 +130,8 @@ class TransferCostModel(PyCostModel):
             self.booster = self.base_booster = booster_from_bytes(file.read())
 
     def save(self, path: str) -> None:
+        if self.booster is None:
+            raise ValueError("nothing to save: no base booster and no measurements learned yet")
         with open(path, "wb") as file:
             file.write(booster_to_bytes(self.booster))
 
@@ -135,7 +139,7 @@ class TransferCostModel(PyCostModel):
         key = self._key(context)
         if self._uses_cold.get(key, False):
             return np.asarray(self.cold.predict(context, candidates), dtype=np.float64)
-        return predict(self.booster, candidate_features(context, candidates, self.extractor))
+        return self._predict(candidate_features(context, candidates, self.extractor))
 
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if not candidates:
@@ -143,7 +147,7 @@ class TransferCostModel(PyCostModel):
         key = self._key(context)
         features = candidate_features(context, candidates, self.extractor)
         costs = measured_costs(results)
-        self._observe(key, predict(self.booster, features),
+        self._observe(key, self._predict(features),
                       np.asarray(self.cold.predict(context, candidates)), costs)
         self.cold.update(context, candidates, results)
         self._features[key].append(features)
@@ -153,6 +157,11 @@ class TransferCostModel(PyCostModel):
             self._fine_tune()
 
     # -- internals -------------------------------------------------------------------------
+    def _predict(self, features: np.ndarray) -> np.ndarray:
+        if self.booster is None:  # nothing learned yet (no base booster)
+            return np.random.uniform(0, 1, size=len(features))
+        return predict(self.booster, features)
+
     def _key(self, context: Any) -> str:
         handle = context.mod.__hash__()
         key = self._keys.get(handle)
@@ -188,6 +197,7 @@ class TransferCostModel(PyCostModel):
         labels = throughput_labels(costs, groups)
         if not labels.any():
             return
+        rounds = self.config.fine_tune_rounds if self.base_booster is not None else None
         self.booster = train_booster(features, labels, groups, self.config,
-                                     base=self.base_booster, rounds=self.config.fine_tune_rounds)
+                                     base=self.base_booster, rounds=rounds)
         self._last_fine_tune = self._samples

@@ -145,3 +145,29 @@ def test_cli_train_and_refusals(tuned, tmp_path, example_model) -> None:
                 "--cost-model", "transfer")
     assert done.returncode == 2 and "no trained cost model" in done.stderr
     assert db.open_storage(empty).count_jobs() == 0
+
+
+def test_no_base_booster_learns_from_the_run_alone(tuned) -> None:
+    """Without a transferred booster: random scores until the first fit, then the run's order."""
+    storage, target, _, work = tuned
+    context, candidates, costs = _candidates(storage, target)
+    finite = np.isfinite(costs)
+    assert finite.sum() >= 3
+    # Guard off: it could hand this workload to the cold model (both rank at random at first).
+    model = TransferCostModel(None, BoosterConfig(rounds=30), guard_min_pairs=10**9)
+    np.random.seed(0)
+    before = model.predict(context, candidates)
+    assert before.shape == (len(candidates),) and model.booster is None
+    with pytest.raises(ValueError, match="nothing to save"):
+        model.save(str(work / "none.bin"))
+    results = [ms.runner.RunnerResult(run_secs=[float(c)] if np.isfinite(c) else None,
+                                      error_msg=None if np.isfinite(c) else "failed")
+               for c in costs]
+    for _ in range(max(1, -(-16 // len(candidates)))):  # at least 16 samples: the first fit
+        model.update(context, candidates, results)
+    assert model.booster is not None and model.base_booster is None
+    assert model.booster.num_boosted_rounds() == 30  # trained from scratch, full rounds
+    from cost_model.features import candidate_features
+
+    expected = predict(model.booster, candidate_features(context, candidates))
+    assert np.allclose(model.predict(context, candidates), expected)
