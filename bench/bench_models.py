@@ -277,7 +277,7 @@ def main() -> int:
         return 0
     import db
 
-    budgets = sorted(args.trials)
+    budgets = asked = sorted(args.trials)
     rows = []
     with tempfile.TemporaryDirectory(prefix="tunehub-bench-") as tmp:
         work = args.work or Path(tmp)
@@ -301,7 +301,7 @@ def main() -> int:
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
         rows += [r for r in saved.get("rows", []) if r["model"] not in prepared]
-        for budget in budgets:  # rung-major: every model gets the small budget first
+        for budget in asked:  # rung-major: every model gets the small budget first
             for row in rows:
                 if row["model"] not in prepared or f"TuneHub {budget}" in row:
                     continue  # not asked for this run, or measured by an earlier run
