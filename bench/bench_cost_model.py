@@ -16,6 +16,9 @@
    the same trial budget (or ``--max-warm-trials``), stopping as soon as it is within 5 % of the
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
+   ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
+3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
+   records of every other workload (what a warm run of that model starts from).
 
 Writes ``bench/results/cost_model_<date>.md`` with the machine and date.
 """
