@@ -75,6 +75,14 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
     return transfer_choice(trained)
 
 
+def resolve_cost_model(storage, target, cost_model: str | CostModelChoice) -> CostModelChoice:
+    """``cost_model`` itself when it is already a choice, else :func:`choose_cost_model` of
+    that mode (same errors)."""
+    if isinstance(cost_model, CostModelChoice):
+        return cost_model
+    return choose_cost_model(storage, target, cost_model)
+
+
 def transfer_choice(trained) -> CostModelChoice:
     """A fresh :class:`cost_model.transfer.TransferCostModel` (new guard state) for one run."""
     from cost_model.transfer import TransferCostModel

@@ -31,7 +31,7 @@ from compiler.prepare import PreparedModel
 from compiler.runner import Timing
 from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
-from tuner.cost_models import CostModelChoice, choose_cost_model
+from tuner.cost_models import CostModelChoice, resolve_cost_model
 from tuner.finalize import publish_tuned
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
@@ -245,8 +245,7 @@ def tune_model(
         raise ValueError(f"--trials must be >= 0, got {trials}")
     if output_dir is not None:
         check_output_dir(output_dir, force=force)
-    if not isinstance(cost_model, CostModelChoice):
-        cost_model = choose_cost_model(storage, prepared.target, cost_model)
+    cost_model = resolve_cost_model(storage, prepared.target, cost_model)
     target_row = storage.ensure_target(prepared.target)
     model_row = _register_model(storage, prepared, filename, owner)
     job, resumed = _find_or_create_job(
@@ -293,8 +292,7 @@ def run_job(
             measure=measure or MeasureConfig.for_target(prepared.target.kind), search=search,
             listeners=listeners,
             force=force, seed=seed,
-            cost_model=(cost_model if isinstance(cost_model, CostModelChoice)
-                        else choose_cost_model(storage, prepared.target, cost_model)),
+            cost_model=resolve_cost_model(storage, prepared.target, cost_model),
         )
     except KeyboardInterrupt:
         storage.transition_job(job.id, JobStatus.QUEUED, expected=JobStatus.RUNNING)
