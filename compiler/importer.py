@@ -3,7 +3,8 @@
 ``import_model`` promises a Relax ``IRModule`` with one ``main`` function whose parameters are the
 user inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded
 into the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network
-produce the same convolution and matmul workloads). Operators the importer does not support raise
+produce the same convolution and matmul workloads), and float32 ``erf`` / ``exp`` / ``tanh`` /
+``softmax`` / GELU as TVM's vectorizable approximations (:mod:`compiler.fast_math`). Operators the importer does not support raise
 one :class:`UnsupportedOperatorsError` that lists all of them.
 """
 from __future__ import annotations
@@ -14,6 +15,7 @@ from tvm import relax
 
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
+from compiler.fast_math import fast_math
 from compiler.model_spec import LoadedModel
 
 _ONNX_DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -45,7 +47,9 @@ def unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
 
 def unsupported_torch_ops(program) -> list[str]:
     """Every ``call_function`` target the Relax ``ExportedProgram`` importer lacks."""
-    from tvm.relax.frontend.torch.exported_program_translator import ExportedProgramImporter
+    from tvm.relax.frontend.torch.exported_program_translator import (
+        ExportedProgramImporter,
+    )
 
     supported = ExportedProgramImporter().convert_map
     return sorted(
@@ -58,16 +62,17 @@ def unsupported_torch_ops(program) -> list[str]:
 
 
 def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Inference-only, batch-norm-folded form shared by both frontends."""
+    """Inference-only, batch-norm-folded form shared by both frontends, fast math applied."""
     mod = relax.transform.FoldConstant()(mod)
     mod = canonicalize(mod)
-    return tvm.ir.transform.Sequential(
+    mod = tvm.ir.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.transform.FoldConstant(),
         ]
     )(mod)
+    return fast_math(mod)
 
 
 def _import_onnx(model: LoadedModel) -> tvm.IRModule:
