@@ -1,7 +1,8 @@
 """Run MetaSchedule's search over a set of extracted tasks, writing through a SQL database.
 
 ``run_search`` is a thin, explicit call of ``ms.tune_tasks``: evolutionary search, the gradient
-task scheduler, MetaSchedule's default measure callbacks (which commit every measured candidate
+task scheduler (committing each batch before the next: :mod:`tuner.scheduler`), MetaSchedule's
+default measure callbacks (which commit every measured candidate
 to ``database``, failures included) plus TuneHub's own (error texts, progress).
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
+from tuner.scheduler import BatchCommittingGradient
 from tuner.seed import measure_default_schedules
 from tuner.space import design_space
 
@@ -127,5 +129,5 @@ def run_search(
         database=database,
         cost_model=cost_model or default_cost_model(),
         measure_callbacks=measure_callbacks,
-        task_scheduler="gradient",
+        task_scheduler=BatchCommittingGradient(seed=seed),
     )
