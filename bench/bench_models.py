@@ -24,6 +24,11 @@ resumes: rungs already measured are not run again and models not named keep thei
 ``--retime DIR`` measures the baselines and those artifacts again, in one run, without tuning
 (for a quieter moment than the tuning run had: on a shared machine, latencies measured while other
 work runs are inflated, torch's most of all).
+
+``--top-up N`` (with ``--work``/``--db`` of an earlier run): after a compiler change that gives
+some tasks of a model new keys (e.g. ``compiler/fast_math.py``), tune each named model with N
+more trials *without* ``--continue``: only the tasks the database has no records for are tuned,
+the others are reused. Reported as its own column (``TuneHub top-up``) beside the rungs.
 """
 from __future__ import annotations
 
@@ -110,6 +115,22 @@ def tune_rung(row: dict, prepared, budget: int, work: Path, storage) -> None:
     row[f"verified {budget}"] = summary.verification["passed"]
 
 
+def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
+    """Tune only ``row``'s tasks the database lacks, with ``trials`` more; record the artifact."""
+    from tuner.job import tune_model
+
+    start = time.perf_counter()
+    summary = tune_model(
+        storage, prepared, trials=trials, output_dir=work / f"{row['model']}-top-up",
+        filename=Path(row["path"]).name, cost_model="cold", force=True,
+    )
+    row["trials top-up"] = summary.trials_this_run
+    row["tasks reused top-up"] = summary.tasks_reused
+    row["TuneHub top-up"] = summary.measured.median_secs if summary.measured else None
+    row["wall top-up"] = time.perf_counter() - start
+    row["verified top-up"] = summary.verification["passed"]
+
+
 def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget."""
     import db
@@ -165,10 +186,13 @@ def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None
         for key, value in old.items():
             if key.startswith(("trials ", "wall ", "verified ")):
                 row[key] = value
-        for budget in budgets:
-            library = work / f"{old['model']}-{budget}" / "model.so"
-            if f"TuneHub {budget}" in old and library.exists():
-                row[f"TuneHub {budget}"] = LoadedLibrary(library).time(inputs).median_secs
+        for key, value in old.items():
+            if key.endswith(" top-up") and key != "TuneHub top-up":
+                row[key] = value
+        for rung in [*budgets, "top-up"]:
+            library = work / f"{old['model']}-{rung}" / "model.so"
+            if f"TuneHub {rung}" in old and library.exists():
+                row[f"TuneHub {rung}"] = LoadedLibrary(library).time(inputs).median_secs
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     return rows, budgets, saved.get("throughput")
@@ -212,10 +236,12 @@ def write_report(
         lines += [note, ""]
     columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned"]
     columns += [f"TuneHub {b}" for b in budgets]
+    if any("TuneHub top-up" in row for row in rows):
+        columns.append("TuneHub top-up")
     lines.append("| model | tasks | " + " | ".join(columns) + " | TuneHub best / ORT |")
     lines.append("|---" * (len(columns) + 3) + "|")
     for row in rows:
-        tuned = [row.get(f"TuneHub {b}") for b in budgets]
+        tuned = [row.get(f"TuneHub {b}") for b in [*budgets, "top-up"]]
         best = min((t for t in tuned if isinstance(t, float)), default=None)
         ratio = f"{best / row['ONNX Runtime']:.2f}x" if best else "-"
         cells = [_fmt(row.get(c)) for c in columns]
@@ -227,6 +253,10 @@ def write_report(
             f" (verified: {row.get(f'verified {b}')})"
             for b in budgets if f"trials {b}" in row
         )
+        if "trials top-up" in row:
+            rungs += (f"; top-up: {row['trials top-up']} trials on the tasks the database lacked "
+                      f"({row['tasks reused top-up']} tasks reused) in "
+                      f"{row['wall top-up']:.0f} s (verified: {row['verified top-up']})")
         lines.append(f"- {row['model']}: {rungs}")
     pending = [b for b in budgets if any(f"TuneHub {b}" not in row for row in rows)]
     if pending:
@@ -266,6 +296,8 @@ def main() -> int:
     parser.add_argument("--work", type=Path, help="keep artifacts and rows.json in DIR")
     parser.add_argument("--out", type=Path, help="report path (default: "
                         "bench/results/models_<date>.md)")
+    parser.add_argument("--top-up", type=int, metavar="N", help="tune only the tasks of the "
+                        "named models that the database lacks, with N trials (see above)")
     parser.add_argument("--retime", type=Path, metavar="DIR",
                         help="re-measure baselines and the artifacts a --work run left in DIR")
     args = parser.parse_args()
@@ -308,6 +340,11 @@ def main() -> int:
                 tune_rung(row, prepared[row["model"]], budget, work, storage)
                 print(json.dumps(row, default=str), flush=True)
                 write_report(rows, budgets, throughput, args.threads, out=args.out)
+                save_rows(work, rows, budgets, throughput)
+        for row in rows:
+            if args.top_up and row["model"] in prepared:
+                top_up(row, prepared[row["model"]], args.top_up, work, storage)
+                print(json.dumps(row, default=str), flush=True)
                 save_rows(work, rows, budgets, throughput)
         storage.close()
     print(write_report(rows, budgets, throughput, args.threads, out=args.out))
