@@ -4,12 +4,12 @@ TVM lowers ``erf``, ``exp`` and ``tanh`` on CPU to scalar libm calls (``erff`` a
 call an element, seen in the generated assembly), which no schedule can vectorize: BERT's GELU
 task stayed at 27 ns an element after 2,000 trials, half the model's estimated latency
 (``bench/results/models_2026-11-30.md``). TVM's ``topi.fast_*`` kernels are polynomial
-approximations built from multiplies and adds, which vectorize; ONNX Runtime's own CPU kernels
-for ``Erf``, ``Gelu`` and ``Softmax`` use such approximations as well.
+approximations built from multiplies and adds, which vectorize (ONNX Runtime's CPU kernels compute
+``Erf`` and the exponentials of ``Softmax`` with vectorized polynomials too).
 
 ``fast_math`` promises a module in which every float32
 - ``relax.nn.gelu`` / ``relax.nn.gelu_tanh`` is first written out with ``erf`` / ``tanh`` (the
-  formulas TVM legalizes them to, so the ``.pt2`` and ONNX forms of a GELU meet),
+  formulas TVM legalizes them to, which call the exact functions directly),
 - ``relax.erf``, ``relax.exp``, ``relax.tanh`` and ``relax.nn.softmax`` is a ``call_tir`` of
   ``topi.fast_erf`` / ``fast_exp`` / ``fast_tanh`` / ``nn.fast_softmax``
 (the ops TVM's own ``relax.transform.FastMathTransform`` rewrites, which has no dtype check:
