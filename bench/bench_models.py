@@ -184,10 +184,7 @@ def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None
         (work / "retime").mkdir(exist_ok=True)
         row, _, inputs = baseline_row(old["model"], threads, work / "retime")
         for key, value in old.items():
-            if key.startswith(("trials ", "wall ", "verified ")):
-                row[key] = value
-        for key, value in old.items():
-            if key.endswith(" top-up") and key != "TuneHub top-up":
+            if key.startswith(("trials ", "wall ", "verified ", "tasks reused ")):
                 row[key] = value
         for rung in [*budgets, "top-up"]:
             library = work / f"{old['model']}-{rung}" / "model.so"
