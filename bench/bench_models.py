@@ -132,7 +132,8 @@ def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
 
 
 def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
-    """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget."""
+    """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget, both
+    starting from empty databases (a fresh folder under ``work`` each call)."""
     import db
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
@@ -143,6 +144,7 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     from tuner.search import SearchConfig
     from tvm.s_tir import meta_schedule as ms
 
+    work = Path(tempfile.mkdtemp(prefix="throughput-", dir=work))
     path = export_onnx(name, work / f"tp-{name}.onnx")
     target = cpu_target(threads)
     prepared = prepare_model(path, target)
