@@ -3,7 +3,7 @@
 MetaSchedule's ``GradientBased`` scheduler (``gradient_based.cc``) first sends one batch of every
 task to the runner without collecting any result, then joins them all: the database commit (a
 measure callback) happens at that join. On MobileNetV2's 33 tasks at 12 candidates a batch that
-first round is ~400 measurements and ~20 minutes on two cores with nothing in the database, so a
+first round was 384 measurements and 17 minutes on two cores with nothing in the database, so a
 ``kill -9`` in it lost all of them, and progress stayed at zero until it ended.
 
 ``BatchCommittingGradient`` keeps MetaSchedule's policy (a round robin over the tasks first, then
@@ -11,8 +11,8 @@ the task whose weighted latency gradient is largest, ``alpha`` 0.2, window 3, ra
 and joins every batch in flight before choosing the next task. It promises that at any moment at
 most one batch, the one just sent, is measured but not yet committed, so a killed run loses at
 most one batch, and that progress (measure callbacks) follows each batch. The price: the
-measurement of one batch no longer overlaps the search for the next, which on a machine whose
-cores both serve the search only disturbed the measurement anyway.
+measurement of one batch no longer overlaps the search for the next (on a machine whose cores
+all serve the search, the two competed anyway; throughput in ``bench/results/models_*.md``).
 """
 from __future__ import annotations
 
