@@ -84,7 +84,9 @@ class _FastMathRewriter(PyExprMutator):
 
 
 def fast_math(mod: tvm.IRModule) -> tvm.IRModule:
-    """Rewrite ``mod``'s float32 transcendental ops as described in the module docstring."""
+    """Rewrite ``mod``'s float32 transcendental ops as described in the module docstring; ``mod``
+    itself is left unchanged."""
+    mod = mod.clone()
     for gvar, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
             mod[gvar] = _decompose_gelu(func)

@@ -81,3 +81,11 @@ def test_float32_op_becomes_fast_kernel_within_tolerance(name: str) -> None:
 def test_other_dtypes_stay_exact(name: str) -> None:
     mod = _module(CASES[name][0], "float64")
     assert tvm_ffi.structural_equal(fast_math(mod), mod)
+
+
+def test_the_input_module_is_not_modified() -> None:
+    mod = _module(CASES["gelu"][0], "float32")
+    before = mod.script()
+    rewritten = fast_math(mod)
+    assert mod.script() == before and "R.nn.gelu" in before
+    assert "R.nn.gelu" not in rewritten.script()
