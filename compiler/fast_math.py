@@ -12,10 +12,10 @@ approximations built from multiplies and adds, which vectorize (ONNX Runtime's C
   formulas TVM legalizes them to, which call the exact functions directly),
 - ``relax.erf``, ``relax.exp``, ``relax.tanh`` and ``relax.nn.softmax`` is a ``call_tir`` of
   ``topi.fast_erf`` / ``fast_exp`` / ``fast_tanh`` / ``nn.fast_softmax``
-(the ops TVM's own ``relax.transform.FastMathTransform`` rewrites, whatever their dtype; here only
-float32, the dtype TVM's approximations are written for). Other dtypes are left exact. The approximation
-errors are within the verification tolerances (tests compare against the exact functions); task
-keys change, so these tasks are tuned anew.
+(the ops TVM's own ``relax.transform.FastMathTransform`` rewrites, whatever their dtype; here
+only float32, the dtype TVM's approximations are written for). Other dtypes are left exact. The
+approximation errors are within the verification tolerances (tests compare against the exact
+functions); task keys change, so these tasks are tuned anew. ``mod`` itself is not modified.
 """
 from __future__ import annotations
 

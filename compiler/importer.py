@@ -4,8 +4,8 @@
 user inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded
 into the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network
 produce the same convolution and matmul workloads), and float32 ``erf`` / ``exp`` / ``tanh`` /
-``softmax`` / GELU as TVM's vectorizable approximations (:mod:`compiler.fast_math`). Operators the importer does not support raise
-one :class:`UnsupportedOperatorsError` that lists all of them.
+``softmax`` / GELU as TVM's vectorizable approximations (:mod:`compiler.fast_math`). Operators
+the importer does not support raise one :class:`UnsupportedOperatorsError` that lists all of them.
 """
 from __future__ import annotations
 

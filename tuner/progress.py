@@ -44,7 +44,8 @@ class ProgressListener(Protocol):
     def on_batch(self, update: BatchUpdate) -> None: ...
 
 
-def _mean_secs(result: ms.runner.RunnerResult | None) -> float | None:
+def mean_run_secs(result: ms.runner.RunnerResult | None) -> float | None:
+    """Mean measured seconds of one candidate, or None for a failed (or missing) measurement."""
     if result is None or result.error_msg or not result.run_secs:
         return None
     values = [float(x) for x in result.run_secs]
@@ -109,7 +110,7 @@ class ProgressCallback(ms.measure_callback.PyMeasureCallback):
         try:
             key = self.task_keys[int(task_id)]
             latencies = [
-                None if built.error_msg else _mean_secs(ran)
+                None if built.error_msg else mean_run_secs(ran)
                 for built, ran in zip(builder_results, runner_results, strict=False)
             ]
             update = self.state.record(key, latencies)

@@ -16,20 +16,14 @@ all serve the search, the two competed anyway; throughput in ``bench/results/mod
 """
 from __future__ import annotations
 
-import math
 import random
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
+from tuner.progress import mean_run_secs
+
 _INVALID_MS = 1e9  # MetaSchedule's latency for a failed candidate (``task_scheduler.cc``)
-
-
-def _mean_ms(result) -> float:
-    if result.error_msg is not None or not result.run_secs:
-        return _INVALID_MS
-    secs = [float(getattr(s, "value", s)) for s in result.run_secs]
-    return sum(secs) / len(secs) * 1e3
 
 
 @derived_object
@@ -46,17 +40,17 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         self.window_size = window_size
         self._rng = random.Random(seed)
         self._round_robin = 0
-        self._best_ms: list[float] = []
         self._history: list[list[float]] = []  # best latency (ms) after each joined batch
 
     def _join(self, task_id: int) -> None:
         """Join ``task_id``'s batch (MetaSchedule's join: measure callbacks, database commit)
         and extend its best-latency history as ``GradientBased`` does."""
         results = self._outer().join_running_task(task_id)
-        for result in results:
-            self._best_ms[task_id] = min(self._best_ms[task_id], _mean_ms(result))
         if results:
-            self._history[task_id].append(self._best_ms[task_id])
+            history = self._history[task_id]
+            latencies = [_INVALID_MS if (secs := mean_run_secs(r)) is None else secs * 1e3
+                         for r in results]
+            history.append(min([*history[-1:], *latencies]))
 
     def _gradient(self, task_id: int, weight: float) -> float:
         history = self._history[task_id]
@@ -69,7 +63,6 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
     def next_task_id(self) -> int:
         tasks = self._outer().tasks_
         if self._round_robin == 0:  # a new tuning run (MetaSchedule's own ``Tune`` loop)
-            self._best_ms = [math.inf] * len(tasks)
             self._history = [[] for _ in tasks]
         for task_id, task in enumerate(tasks):
             if task.runner_futures is not None:
