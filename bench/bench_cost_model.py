@@ -131,10 +131,10 @@ def search_efficiency(
     import db
     from compiler.prepare import prepare_model
     from cost_model.booster import BoosterConfig
-    from cost_model.store import save_model, train_for_target
+    from cost_model.store import load_model, save_model, train_for_target
     from cost_model.transfer import TransferCostModel
     from examples.export import export_onnx
-    from tuner.cost_models import CostModelChoice
+    from tuner.cost_models import CostModelChoice, guard_switches, transfer_choice
     from tuner.job import tune_model
 
     model, cold_records = model_runs(source, name)
@@ -156,7 +156,7 @@ def search_efficiency(
             trained = train_for_target(dest, spec)
             row["train_secs"] = time.perf_counter() - start
             save_model(dest, spec, trained)
-            cost_model = "transfer"
+            cost_model = transfer_choice(load_model(dest, spec))
         else:
             row["model"] = f"{name} (no base booster)"
             row["transfer_records"] = 0
@@ -183,6 +183,12 @@ def search_efficiency(
         row["warm_trials"] = len(warm_records)
         row["warm_to_goal"] = trials_to(goal, warm)
         row["warm_best_ms"] = min(warm, default=np.inf) * 1e3
+        # Both estimates at equal trials ("never worse than cold" is read from these).
+        row["at_equal_trials"] = {
+            n: (warm[n - 1] * 1e3, cold[n - 1] * 1e3)
+            for n in sorted({100, 150, 200, 250, 300, 400, len(warm)})
+            if n <= min(len(warm), len(cold))}
+        row["guard_switches"] = guard_switches(getattr(cost_model.model, "guard_log", []))
     finally:
         dest.close()
     return row
@@ -267,6 +273,25 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
                 f"{r['cold_to_goal']} | {r.get('transfer_records')} | {warm} | {ratio} | "
                 f"{r.get('warm_best_ms', float('nan')):.4f} |"
             )
+    equal = [r for r in search_rows if r.get("at_equal_trials")]
+    if equal:
+        lines += [
+            "",
+            "### Estimated latency at equal trials, warm / cold (ms)",
+            "",
+            "| model | trials | warm | cold | warm / cold |",
+            "|---|---|---|---|---|",
+        ]
+        for r in equal:
+            for n, (warm, cold) in r["at_equal_trials"].items():
+                lines.append(f"| {r['model']} | {n} | {warm:.3f} | {cold:.3f} | "
+                             f"{warm / cold:.2f} |")
+    switched = [(r["model"], s) for r in search_rows for s in r.get("guard_switches", [])]
+    if switched:
+        lines += ["", "Guard switches (batch index over all scored batches):", ""]
+        lines += [f"- {name}: batch {s['batch']}, {s['family']} to the {s['to']} model "
+                  f"(window rank accuracy transfer {s['transfer_accuracy']:.3f}, cold "
+                  f"{s['cold_accuracy']:.3f})" for name, s in switched]
     if unseen_rows:
         lines += [
             "",
@@ -310,6 +335,8 @@ def main() -> int:
                         "and learn from their own measurements only (ablation of the transfer)")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
+    parser.add_argument("--work", type=Path, help="keep the warm runs' databases and artifacts "
+                        "here (default: a temporary folder, removed at the end)")
     parser.add_argument("--out", type=Path, help="report path (default: "
                         "bench/results/cost_model_<date>.md)")
     args = parser.parse_args()
@@ -334,8 +361,12 @@ def main() -> int:
     if eval_rows or unseen_rows:
         print(write_report(eval_rows, search_rows, args.source, args, unseen_rows), flush=True)
     with tempfile.TemporaryDirectory(prefix="tunehub-cm-bench-") as tmp:
+        work = args.work or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
         for name in [] if args.skip_search else args.models:
-            search_rows.append(search_efficiency(source, target_row, name, Path(tmp),
+            if (work / f"warm-{name}.db").exists():
+                raise SystemExit(f"{work / f'warm-{name}.db'} exists: pass another --work")
+            search_rows.append(search_efficiency(source, target_row, name, work,
                                                  args.max_warm_trials, not args.no_base))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),

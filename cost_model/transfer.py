@@ -8,15 +8,21 @@ them (a few boosting rounds on top of it, whenever the run's data grew by a fift
 
 Negative transfer guard: MetaSchedule's cold ``XGBModel`` is trained alongside on the same
 measurements. Before learning from a measured batch, both models score it, and each one's
-pairwise rank accuracy on that batch is kept per workload over the last ``guard_window`` batches.
-When the cold model ranks that workload's batches better by more than ``guard_margin``,
-predictions for it come from the cold model (and switch back when the transferred one recovers).
+pairwise rank accuracy on that batch is kept per workload *family* (:func:`workload_family`:
+ResNet-18's eight ``conv2d + add + relu`` tasks are one family) over the family's last
+``guard_window`` batches, so that the evidence of one round over sibling tasks is enough to
+decide, where a single task's own batches would take several rounds. While the cold model is
+still in its warm-up (MetaSchedule's XGBModel predicts at random below 100 samples) it is credited
+with a random model's expected accuracy, 0.5, rather than with its luck on the batch. When the
+cold model ranks the family's batches better by more than ``guard_margin``, predictions for the
+family come from the cold model (and switch back when the transferred one recovers).
 :attr:`TransferCostModel.guard_log` keeps every decision for reports.
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -38,12 +44,30 @@ logger = logging.getLogger("tunehub.cost_model")
 
 @dataclass(frozen=True)
 class GuardDecision:
-    """One measured batch as the guard saw it."""
+    """One measured batch as the guard saw it; the accuracies are the family's window's."""
 
     workload: str
+    family: str
     transfer_accuracy: float
     cold_accuracy: float
     uses_cold: bool
+
+
+def workload_family(task_name: str) -> str:
+    """The operator family of a tuning task: its name without the numeric suffix of each fused
+    operator (``fused_conv2d3_add3_add4_relu2`` -> ``fused_conv2d_add_add_relu``).
+
+    Relax's FuseOps names a fused function after its operators and numbers repeated names, so
+    tasks of one family compute the same operators on different shapes.
+    """
+    return re.sub(r"\d+(?=_|$)", "", task_name)
+
+
+def _warmed_up(cold: Any) -> bool:
+    """Whether ``cold`` predicts from a trained model (MetaSchedule's XGBModel: once it holds
+    ``num_warmup_samples`` samples; a model without these attributes counts as trained)."""
+    warmup = getattr(cold, "num_warmup_samples", 0)
+    return getattr(cold, "data_size", warmup) >= warmup
 
 
 def measured_costs(results: list[Any]) -> np.ndarray:
@@ -60,9 +84,9 @@ class _RankWindow:
     """Correct and comparable pair counts of the last ``size`` batches."""
 
     def __init__(self, size: int) -> None:
-        self.batches: deque[tuple[int, int]] = deque(maxlen=size)
+        self.batches: deque[tuple[float, int]] = deque(maxlen=size)
 
-    def add(self, correct: int, total: int) -> None:
+    def add(self, correct: float, total: int) -> None:
         if total:
             self.batches.append((correct, total))
 
@@ -88,9 +112,9 @@ class TransferCostModel(PyCostModel):
             trained with).
         cold: MetaSchedule's cost model to compare with and fall back to (default: a fresh
             ``ms.cost_model.XGBModel``).
-        guard_window: batches per workload the rank comparison looks back over.
+        guard_window: batches per workload family the rank comparison looks back over.
         guard_margin: how much better (pairwise accuracy) the cold model must rank to be used.
-        guard_min_pairs: comparable pairs needed in the window before any switch.
+        guard_min_pairs: comparable pairs needed in the family's window before any switch.
     """
 
     def __init__(
@@ -99,9 +123,9 @@ class TransferCostModel(PyCostModel):
         config: BoosterConfig,
         *,
         cold: Any | None = None,
-        guard_window: int = 4,
+        guard_window: int = 8,
         guard_margin: float = 0.03,
-        guard_min_pairs: int = 50,
+        guard_min_pairs: int = 40,
     ) -> None:
         super().__init__()
         self.base_booster = base_booster
@@ -122,7 +146,7 @@ class TransferCostModel(PyCostModel):
         self._costs: dict[str, list[np.ndarray]] = defaultdict(list)
         self._samples = 0
         self._last_fine_tune = 0
-        self._keys: dict[int, str] = {}
+        self._keys: dict[int, tuple[str, str]] = {}
 
     # -- PyCostModel -----------------------------------------------------------------------
     def load(self, path: str) -> None:
@@ -136,19 +160,20 @@ class TransferCostModel(PyCostModel):
             file.write(booster_to_bytes(self.booster))
 
     def predict(self, context: Any, candidates: list[Any]) -> np.ndarray:
-        key = self._key(context)
-        if self._uses_cold.get(key, False):
+        _, family = self._key(context)
+        if self._uses_cold.get(family, False):
             return np.asarray(self.cold.predict(context, candidates), dtype=np.float64)
         return self._predict(candidate_features(context, candidates, self.extractor))
 
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if not candidates:
             return
-        key = self._key(context)
+        key, family = self._key(context)
         features = candidate_features(context, candidates, self.extractor)
         costs = measured_costs(results)
-        self._observe(key, self._predict(features),
-                      np.asarray(self.cold.predict(context, candidates)), costs)
+        cold_scores = np.asarray(self.cold.predict(context, candidates)) if _warmed_up(
+            self.cold) else None
+        self._observe(key, family, self._predict(features), cold_scores, costs)
         self.cold.update(context, candidates, results)
         self._features[key].append(features)
         self._costs[key].append(costs)
@@ -162,30 +187,40 @@ class TransferCostModel(PyCostModel):
             return np.random.uniform(0, 1, size=len(features))
         return predict(self.booster, features)
 
-    def _key(self, context: Any) -> str:
+    def _key(self, context: Any) -> tuple[str, str]:
+        """``(workload key, family)`` of a tuning context."""
         handle = context.mod.__hash__()
-        key = self._keys.get(handle)
-        if key is None:
-            key = self._keys[handle] = workload_key(context.mod)
-        return key
+        keys = self._keys.get(handle)
+        if keys is None:
+            keys = self._keys[handle] = (workload_key(context.mod),
+                                         workload_family(str(context.task_name or "main")))
+        return keys
 
-    def _observe(self, key: str, transfer: np.ndarray, cold: np.ndarray, costs: np.ndarray) -> None:
-        self._transfer_rank[key].add(*pairwise_counts(transfer, costs))
-        self._cold_rank[key].add(*pairwise_counts(cold, costs))
-        t_window, c_window = self._transfer_rank[key], self._cold_rank[key]
-        uses_cold = self._uses_cold.get(key, False)
+    def _observe(self, key: str, family: str, transfer: np.ndarray, cold: np.ndarray | None,
+                 costs: np.ndarray) -> None:
+        """Score one measured batch of workload ``key`` and decide for its ``family``
+        (``cold=None``: the cold model is still random; credit it with half the pairs)."""
+        correct, total = pairwise_counts(transfer, costs)
+        self._transfer_rank[family].add(correct, total)
+        if cold is None:
+            self._cold_rank[family].add(total / 2, total)
+        else:
+            self._cold_rank[family].add(*pairwise_counts(cold, costs))
+        t_window, c_window = self._transfer_rank[family], self._cold_rank[family]
+        uses_cold = self._uses_cold.get(family, False)
         if t_window.pairs >= self.guard_min_pairs:
             gap = c_window.accuracy - t_window.accuracy
             if not uses_cold and gap > self.guard_margin:
                 uses_cold = True
             elif uses_cold and gap < -self.guard_margin:
                 uses_cold = False
-        if uses_cold != self._uses_cold.get(key, False):
-            logger.info("cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)", key,
+        if uses_cold != self._uses_cold.get(family, False):
+            logger.info("cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)", family,
                         "cold" if uses_cold else "transferred", t_window.accuracy,
                         c_window.accuracy)
-        self._uses_cold[key] = uses_cold
-        self.guard_log.append(GuardDecision(key, t_window.accuracy, c_window.accuracy, uses_cold))
+        self._uses_cold[family] = uses_cold
+        self.guard_log.append(GuardDecision(key, family, t_window.accuracy, c_window.accuracy,
+                                            uses_cold))
 
     def _fine_tune(self) -> None:
         keys = list(self._features)

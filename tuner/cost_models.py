@@ -40,12 +40,27 @@ class CostModelChoice:
                                "trained_on_records": self.trained_on}
         log = getattr(self.model, "guard_log", None) if self.kind == "transfer" else None
         if log:
-            last: dict[str, Any] = {}
-            for decision in log:
-                last[decision.workload] = decision
-            out["workloads_on_cold_model"] = sorted(k for k, d in last.items() if d.uses_cold)
+            families = {d.workload: d.family for d in log}
+            on_cold = {d.family: d.uses_cold for d in log}  # the last decision for each family
+            out["families_on_cold_model"] = sorted(f for f, cold in on_cold.items() if cold)
+            out["workloads_on_cold_model"] = sorted(k for k, f in families.items() if on_cold[f])
+            out["guard_switches"] = guard_switches(log)
             out["batches_scored"] = len(log)
         return out
+
+
+def guard_switches(log) -> list[dict[str, Any]]:
+    """Every change of model in a guard log, in order: the batch index (0-based, over all
+    scored batches), family, the model switched to, and the two window accuracies then."""
+    switches, current = [], {}
+    for index, decision in enumerate(log):
+        if decision.uses_cold != current.get(decision.family, False):
+            switches.append({"batch": index, "family": decision.family,
+                             "to": "cold" if decision.uses_cold else "transferred",
+                             "transfer_accuracy": round(decision.transfer_accuracy, 3),
+                             "cold_accuracy": round(decision.cold_accuracy, 3)})
+        current[decision.family] = decision.uses_cold
+    return switches
 
 
 def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
