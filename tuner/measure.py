@@ -40,8 +40,11 @@ def fast_build(mod: Any, target: Any, _params: Any) -> Any:
 class MeasureConfig:
     """How candidates are built and timed.
 
-    ``number``/``repeat``/``min_repeat_ms`` go to TVM's ``EvaluatorConfig``; CPU cache flushing
-    is on so each repeat starts cold, as in a model where other layers evict the cache.
+    ``number``/``repeat``/``min_repeat_ms`` go to TVM's ``EvaluatorConfig``. CPU cache flushing
+    is off, as in MetaSchedule's ``tune_relax``: repeats after the first find the task's inputs
+    and weights in cache, so a task's time can be shorter than inside the model, where other
+    layers evict them (every record in a database was measured this way; turning it on makes
+    new records incomparable with old ones).
     """
 
     build_timeout_sec: float = 60.0
