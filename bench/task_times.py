@@ -1,4 +1,4 @@
-"""Where an artifact's estimate and its measured latency part: each task's kernel timed in the library.
+"""Where an artifact's estimate and its measured latency part: each tuned kernel timed alone.
 
     .venv/bin/python -m bench.task_times ARTIFACT_DIR [--threads 2] [--repeat 50]
 
