@@ -14,13 +14,17 @@ ResNet-18's eight ``conv2d + add + relu`` tasks are one family) over the family'
 decide, where a single task's own batches would take several rounds. While the cold model is
 still in its warm-up (MetaSchedule's XGBModel predicts at random below 100 samples) it is credited
 with a random model's expected accuracy, 0.5, rather than with its luck on the batch. When the
-cold model ranks the family's batches better by more than ``guard_margin``, predictions for the
-family come from the cold model (and switch back when the transferred one recovers).
+cold model ranks the family's batches better by more than ``guard_margin`` plus ``guard_z``
+times the spread a random ranking would show over the same batches (:func:`prefers_cold`; a
+first version without that band switched ResNet-18's convolutions to the random model and back
+on single batches of 11), predictions for the family come from the cold model (and switch back
+when the transferred one recovers).
 :attr:`TransferCostModel.guard_log` keeps every decision for reports.
 """
 from __future__ import annotations
 
 import logging
+import math
 import os
 import re
 from collections import defaultdict, deque
@@ -80,24 +84,56 @@ def measured_costs(results: list[Any]) -> np.ndarray:
     return np.array(costs, dtype=np.float64)
 
 
-class _RankWindow:
-    """Correct and comparable pair counts of the last ``size`` batches."""
+class RankWindow:
+    """Pairwise rank counts of the last ``size`` scored batches, and how much a random ranking's
+    accuracy would spread over them."""
 
     def __init__(self, size: int) -> None:
-        self.batches: deque[tuple[float, int]] = deque(maxlen=size)
+        self.batches: deque[tuple[float, int, int]] = deque(maxlen=size)
 
-    def add(self, correct: float, total: int) -> None:
+    def add(self, correct: float, total: int, candidates: int) -> None:
+        """One batch: ``correct`` of ``total`` comparable pairs among ``candidates``."""
         if total:
-            self.batches.append((correct, total))
+            self.batches.append((correct, total, candidates))
 
     @property
     def pairs(self) -> int:
-        return sum(t for _, t in self.batches)
+        return sum(t for _, t, _ in self.batches)
 
     @property
     def accuracy(self) -> float:
         total = self.pairs
-        return sum(c for c, _ in self.batches) / total if total else float("nan")
+        return sum(c for c, _, _ in self.batches) / total if total else float("nan")
+
+    @property
+    def chance_sd(self) -> float:
+        """Standard deviation of :attr:`accuracy` under a random ranking: Kendall's null variance
+        of the correct pairs among n candidates, ``n(n-1)(2n+5)/72``, summed over the
+        (independent) batches. Pairs within a batch share candidates, so one batch of 11 (55
+        pairs) spreads by 0.12, not the 0.07 of 55 independent pairs."""
+        total = self.pairs
+        variance = sum(n * (n - 1) * (2 * n + 5) / 72 for _, _, n in self.batches)
+        return math.sqrt(variance) / total if total else math.inf
+
+
+def prefers_cold(transfer: RankWindow, cold: RankWindow, uses_cold: bool, *, margin: float,
+                 z: float, min_pairs: int) -> bool:
+    """The guard's decision for one family: whether its next predictions come from the cold model.
+
+    Switches to cold when the cold window's accuracy beats the transferred one's by more than
+    ``margin + z * transfer.chance_sd`` (and back when the transferred one leads by as much);
+    keeps ``uses_cold`` while the window has fewer than ``min_pairs`` pairs or the gap is within
+    that band.
+    """
+    if transfer.pairs < min_pairs:
+        return uses_cold
+    gap = cold.accuracy - transfer.accuracy
+    band = margin + z * transfer.chance_sd
+    if not uses_cold and gap > band:
+        return True
+    if uses_cold and gap < -band:
+        return False
+    return uses_cold
 
 
 @derived_object
@@ -115,6 +151,8 @@ class TransferCostModel(PyCostModel):
         guard_window: batches per workload family the rank comparison looks back over.
         guard_margin: how much better (pairwise accuracy) the cold model must rank to be used.
         guard_min_pairs: comparable pairs needed in the family's window before any switch.
+        guard_z: how many standard deviations of a random ranking's accuracy
+            (:attr:`RankWindow.chance_sd`) the gap must exceed on top of ``guard_margin``.
     """
 
     def __init__(
@@ -125,7 +163,8 @@ class TransferCostModel(PyCostModel):
         cold: Any | None = None,
         guard_window: int = 8,
         guard_margin: float = 0.03,
-        guard_min_pairs: int = 40,
+        guard_min_pairs: int = 20,
+        guard_z: float = 1.5,
     ) -> None:
         super().__init__()
         self.base_booster = base_booster
@@ -138,9 +177,10 @@ class TransferCostModel(PyCostModel):
         self.guard_window = guard_window
         self.guard_margin = guard_margin
         self.guard_min_pairs = guard_min_pairs
+        self.guard_z = guard_z
         self.guard_log: list[GuardDecision] = []
-        self._transfer_rank: dict[str, _RankWindow] = defaultdict(lambda: _RankWindow(guard_window))
-        self._cold_rank: dict[str, _RankWindow] = defaultdict(lambda: _RankWindow(guard_window))
+        self._transfer_rank: dict[str, RankWindow] = defaultdict(lambda: RankWindow(guard_window))
+        self._cold_rank: dict[str, RankWindow] = defaultdict(lambda: RankWindow(guard_window))
         self._uses_cold: dict[str, bool] = {}
         self._features: dict[str, list[np.ndarray]] = defaultdict(list)
         self._costs: dict[str, list[np.ndarray]] = defaultdict(list)
@@ -201,19 +241,15 @@ class TransferCostModel(PyCostModel):
         """Score one measured batch of workload ``key`` and decide for its ``family``
         (``cold=None``: the cold model is still random; credit it with half the pairs)."""
         correct, total = pairwise_counts(transfer, costs)
-        self._transfer_rank[family].add(correct, total)
+        self._transfer_rank[family].add(correct, total, len(costs))
         if cold is None:
-            self._cold_rank[family].add(total / 2, total)
+            self._cold_rank[family].add(total / 2, total, len(costs))
         else:
-            self._cold_rank[family].add(*pairwise_counts(cold, costs))
+            self._cold_rank[family].add(*pairwise_counts(cold, costs), len(costs))
         t_window, c_window = self._transfer_rank[family], self._cold_rank[family]
-        uses_cold = self._uses_cold.get(family, False)
-        if t_window.pairs >= self.guard_min_pairs:
-            gap = c_window.accuracy - t_window.accuracy
-            if not uses_cold and gap > self.guard_margin:
-                uses_cold = True
-            elif uses_cold and gap < -self.guard_margin:
-                uses_cold = False
+        uses_cold = prefers_cold(t_window, c_window, self._uses_cold.get(family, False),
+                                 margin=self.guard_margin, z=self.guard_z,
+                                 min_pairs=self.guard_min_pairs)
         if uses_cold != self._uses_cold.get(family, False):
             logger.info("cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)", family,
                         "cold" if uses_cold else "transferred", t_window.accuracy,

@@ -25,7 +25,7 @@ from cost_model.booster import BoosterConfig, predict, train_booster
 from cost_model.dataset import extend_training_set, throughput_labels
 from cost_model.features import FEATURE_LENGTH, records_to_candidates, tune_context
 from cost_model.store import load_model, maybe_retrain, save_model, train
-from cost_model.transfer import TransferCostModel, workload_family
+from cost_model.transfer import RankWindow, TransferCostModel, prefers_cold, workload_family
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
 
@@ -118,6 +118,29 @@ def test_workload_family_drops_operator_numbers() -> None:
     assert workload_family("fused_matmul4_add") == "fused_matmul_add"
     assert workload_family("fused_conv2d25_add20_tir_clip10") == "fused_conv2d_add_tir_clip"
     assert workload_family("softmax") == "softmax"
+
+
+def test_guard_waits_until_the_gap_exceeds_chance() -> None:
+    """One batch of 11 ranked at 0.40 is within a random ranking's spread; eight are not."""
+    def windows(batches: int) -> tuple[RankWindow, RankWindow]:
+        transfer, cold = RankWindow(8), RankWindow(8)
+        for _ in range(batches):
+            transfer.add(22, 55, 11)  # 0.40 of the 55 pairs of 11 candidates
+            cold.add(27.5, 55, 11)  # a cold model still in its warm-up: credited 0.5
+        return transfer, cold
+
+    transfer, cold = windows(1)
+    assert transfer.chance_sd == pytest.approx(np.sqrt(11 * 10 * 27 / 72) / 55)  # 0.117
+    assert not prefers_cold(transfer, cold, False, margin=0.03, z=1.5, min_pairs=20)
+    transfer, cold = windows(8)
+    assert transfer.chance_sd == pytest.approx(0.117 / np.sqrt(8), abs=1e-3)
+    assert prefers_cold(transfer, cold, False, margin=0.03, z=1.5, min_pairs=20)
+    # Too few pairs: no decision either way; on cold, a small lead of the transfer keeps cold.
+    assert prefers_cold(transfer, cold, True, margin=0.03, z=1.5, min_pairs=1000)
+    even = RankWindow(8)
+    for _ in range(8):
+        even.add(30, 55, 11)
+    assert prefers_cold(even, cold, True, margin=0.03, z=1.5, min_pairs=20)
 
 
 def test_guard_decides_for_the_whole_family(tuned) -> None:
