@@ -29,9 +29,14 @@ def main() -> int:
     parser.add_argument("--repeat", type=int, default=50)
     args = parser.parse_args()
     os.environ.setdefault("TVM_NUM_THREADS", str(args.threads))
+    for name in ("manifest.json", "model.so"):
+        if not (args.artifact / name).is_file():
+            parser.error(f"{args.artifact} has no {name}: pass a folder `tunehub tune -o` wrote")
     import tvm
 
     manifest = json.loads((args.artifact / "manifest.json").read_text())
+    if manifest.get("target", {}).get("kind", "cpu") != "cpu":
+        parser.error("only CPU artifacts: the kernels are timed on this machine's CPU")
     # The VM executable imports the DSO that holds the kernels; time them there.
     library = tvm.runtime.load_module(str(args.artifact / "model.so")).imports[0]
     device = tvm.cpu(0)
