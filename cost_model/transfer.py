@@ -37,8 +37,13 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 
 from compiler.keys import workload_key
-from cost_model.booster import BoosterConfig, booster_from_bytes, booster_to_bytes, predict
-from cost_model.booster import train_booster
+from cost_model.booster import (
+    BoosterConfig,
+    booster_from_bytes,
+    booster_to_bytes,
+    predict,
+    train_booster,
+)
 from cost_model.dataset import throughput_labels
 from cost_model.features import candidate_features, make_extractor
 from cost_model.metrics import pairwise_counts

@@ -25,7 +25,12 @@ from cost_model.booster import BoosterConfig, predict, train_booster
 from cost_model.dataset import extend_training_set, throughput_labels
 from cost_model.features import FEATURE_LENGTH, records_to_candidates, tune_context
 from cost_model.store import load_model, maybe_retrain, save_model, train
-from cost_model.transfer import RankWindow, TransferCostModel, prefers_cold, workload_family
+from cost_model.transfer import (
+    RankWindow,
+    TransferCostModel,
+    prefers_cold,
+    workload_family,
+)
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
 
