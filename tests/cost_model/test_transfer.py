@@ -23,7 +23,12 @@ from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from cost_model.booster import BoosterConfig, predict, train_booster
 from cost_model.dataset import extend_training_set, throughput_labels
-from cost_model.features import FEATURE_LENGTH, records_to_candidates, tune_context
+from cost_model.features import (
+    FEATURE_LENGTH,
+    candidate_features,
+    records_to_candidates,
+    tune_context,
+)
 from cost_model.store import load_model, maybe_retrain, save_model, train
 from cost_model.transfer import (
     RankWindow,
@@ -117,6 +122,18 @@ def _results(costs: np.ndarray) -> list:
             for c in costs]
 
 
+def _backwards_model(context, candidates, costs: np.ndarray):
+    """A booster that learned the opposite of the measured order (negative transfer on purpose)
+    and a guarded model starting from it that may switch on any evidence: ``(booster, model)``."""
+    groups = np.zeros(len(costs), dtype=np.int32)
+    backwards = train_booster(candidate_features(context, candidates),
+                              1.0 - throughput_labels(costs, groups), groups,
+                              BoosterConfig(objective="throughput", rounds=30))
+    model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
+                              guard_min_pairs=1, guard_margin=0.0)
+    return backwards, model
+
+
 def test_workload_family_drops_operator_numbers() -> None:
     assert workload_family("fused_conv2d3_add3_add4_relu2") == "fused_conv2d_add_add_relu"
     assert workload_family("fused_conv2d_add_relu") == "fused_conv2d_add_relu"
@@ -155,14 +172,7 @@ def test_guard_decides_for_the_whole_family(tuned) -> None:
     first, candidates, costs = _candidates(storage, target, 0, "fused_conv2d_add_relu")
     sibling, sibling_candidates, _ = _candidates(storage, target, 1, "fused_conv2d7_add4_relu3")
     other, other_candidates, _ = _candidates(storage, target, 2, "fused_matmul_add")
-    from cost_model.features import candidate_features
-
-    features = candidate_features(first, candidates)
-    groups = np.zeros(len(costs), dtype=np.int32)
-    backwards = train_booster(features, 1.0 - throughput_labels(costs, groups), groups,
-                              BoosterConfig(objective="throughput", rounds=30))
-    model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
-                              guard_min_pairs=1, guard_margin=0.0)
+    backwards, model = _backwards_model(first, candidates, costs)
     np.random.seed(0)
     model.update(first, candidates, _results(costs))
     decision = model.guard_log[-1]
@@ -180,15 +190,7 @@ def test_guard_falls_back_to_cold_model_when_transfer_ranks_backwards(tuned) -> 
     storage, target, _, _ = tuned
     context, candidates, costs = _candidates(storage, target)
     assert np.isfinite(costs).sum() >= 3
-    from cost_model.features import candidate_features
-
-    features = candidate_features(context, candidates)
-    groups = np.zeros(len(costs), dtype=np.int32)
-    # A booster that learned the opposite order: negative transfer on purpose.
-    backwards = train_booster(features, 1.0 - throughput_labels(costs, groups), groups,
-                              BoosterConfig(objective="throughput", rounds=30))
-    model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
-                              guard_min_pairs=1, guard_margin=0.0)
+    _, model = _backwards_model(context, candidates, costs)
     results = _results(costs)
     np.random.seed(0)
     model.update(context, candidates, results)
@@ -239,7 +241,5 @@ def test_no_base_booster_learns_from_the_run_alone(tuned) -> None:
         model.update(context, candidates, results)
     assert model.booster is not None and model.base_booster is None
     assert model.booster.num_boosted_rounds() == 30  # trained from scratch, full rounds
-    from cost_model.features import candidate_features
-
     expected = predict(model.booster, candidate_features(context, candidates))
     assert np.allclose(model.predict(context, candidates), expected)
