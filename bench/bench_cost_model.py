@@ -17,6 +17,9 @@
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
    ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
+   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials), the
+   models of the copied workloads are registered so that families are known; ``--no-seeds``
+   turns them off.
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
    records of every other workload (what a warm run of that model starts from).
 
@@ -25,6 +28,7 @@ Writes ``bench/results/cost_model_<date>.md`` with the machine and date.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import os
@@ -96,17 +100,21 @@ def model_runs(storage, name: str):
 
 
 def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
-    """Copy every record of ``target_row`` whose workload is not in ``exclude``; return count."""
-    from db import NewTuningRecord
+    """Copy every record of ``target_row`` whose workload is not in ``exclude``, and the models
+    that use those workloads with their task names (what sibling seeds look families up in);
+    return the number of records copied."""
+    from db import ModelWorkload, NewTuningRecord
 
     spec = target_row.spec()
     dest_target = dest.ensure_target(spec)
     copied = 0
+    new_ids: dict[int, int] = {}
     for workload in source.list_workloads(target_id=target_row.id):
         if workload.id in exclude:
             continue
         new = dest.ensure_workload(workload.key, workload.mod_json, flops=workload.flops,
                                    summary=workload.summary)
+        new_ids[workload.id] = new.id
         rows = list(source.iter_records(target_id=target_row.id, workload_id=workload.id))
         dest.commit_records([
             NewTuningRecord(
@@ -117,17 +125,51 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
             for r in rows
         ])
         copied += len(rows)
+    for model in source.list_models():
+        tasks = [t for t in source.model_workloads(model.id) if t.workload_id in new_ids]
+        if not tasks or any(t.workload_id in exclude for t in source.model_workloads(model.id)):
+            continue
+        row = dest.add_model(content_hash=model.content_hash, format=model.format,
+                             filename=model.filename, size=model.size, owner=model.owner)
+        dest.set_model_workloads(row.id, [
+            ModelWorkload(model_id=row.id, workload_id=new_ids[t.workload_id],
+                          task_name=t.task_name, weight=t.weight, skip_reason=t.skip_reason)
+            for t in tasks
+        ])
     return copied
+
+
+@contextlib.contextmanager
+def count_seeds():
+    """Collect the ``RunnerResult`` of every sibling seed measured inside the block (a run
+    stopped by :class:`StopWhenWithin` returns no summary to read them from)."""
+    from tuner.sibling_seeds import SiblingSeeds
+
+    measured: list = []
+    original = SiblingSeeds.seed
+
+    def seed(self, *args, **kwargs):
+        results = original(self, *args, **kwargs)
+        measured.extend(results)
+        return results
+
+    SiblingSeeds.seed = seed
+    try:
+        yield measured
+    finally:
+        SiblingSeeds.seed = original
 
 
 def search_efficiency(
     source, target_row, name: str, work: Path, max_trials: int | None = None,
-    transfer: bool = True,
+    transfer: bool = True, seeds: bool = True,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
     same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
-    the other models' records add."""
+    the other models' records add. ``seeds=False``: no sibling seeds
+    (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
+    none)."""
     import db
     from compiler.prepare import prepare_model
     from cost_model.booster import BoosterConfig
@@ -136,6 +178,7 @@ def search_efficiency(
     from examples.export import export_onnx
     from tuner.cost_models import CostModelChoice, guard_switches, transfer_choice
     from tuner.job import tune_model
+    from tuner.search import SearchConfig
 
     model, cold_records = model_runs(source, name)
     weights = {w.workload_id: w.weight for w in source.model_workloads(model.id)}
@@ -169,8 +212,10 @@ def search_efficiency(
         start = time.perf_counter()
         try:
             budget = min(len(cold_records), max_trials or len(cold_records))
-            tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
-                       filename=path.name, listeners=[stop], cost_model=cost_model, seed=0)
+            with count_seeds() as seeds_measured:
+                tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
+                           filename=path.name, listeners=[stop], cost_model=cost_model, seed=0,
+                           search=SearchConfig(sibling_seeds=seeds))
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
                 raise err
@@ -189,6 +234,9 @@ def search_efficiency(
             for n in sorted({100, 150, 200, 250, 300, 400, len(warm)})
             if n <= min(len(warm), len(cold))}
         row["guard_switches"] = guard_switches(getattr(cost_model.model, "guard_log", []))
+        row["sibling_seeds"] = len(seeds_measured)
+        if not seeds:
+            row["model"] += " (no seeds)"
     finally:
         dest.close()
     return row
@@ -286,6 +334,10 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
             for n, (warm, cold) in r["at_equal_trials"].items():
                 lines.append(f"| {r['model']} | {n} | {warm:.3f} | {cold:.3f} | "
                              f"{warm / cold:.2f} |")
+    seeded = [r for r in search_rows if "sibling_seeds" in r]
+    if seeded:
+        lines += ["", "Sibling seeds measured in the warm runs (counted in their trials): "
+                  + ", ".join(f"{r['model']} {r['sibling_seeds']}" for r in seeded) + "."]
     switched = [(r["model"], s) for r in search_rows for s in r.get("guard_switches", [])]
     if switched:
         lines += ["", "Guard switches (batch index over all scored batches):", ""]
@@ -333,6 +385,8 @@ def main() -> int:
     parser.add_argument("--skip-search", action="store_true")
     parser.add_argument("--no-base", action="store_true", help="warm runs start with no booster "
                         "and learn from their own measurements only (ablation of the transfer)")
+    parser.add_argument("--no-seeds", action="store_true",
+                        help="warm runs without sibling seeds (tuner.sibling_seeds)")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--work", type=Path, help="keep the warm runs' databases and artifacts "
@@ -367,7 +421,8 @@ def main() -> int:
             if (work / f"warm-{name}.db").exists():
                 raise SystemExit(f"{work / f'warm-{name}.db'} exists: pass another --work")
             search_rows.append(search_efficiency(source, target_row, name, work,
-                                                 args.max_warm_trials, not args.no_base))
+                                                 args.max_warm_trials, not args.no_base,
+                                                 not args.no_seeds))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)

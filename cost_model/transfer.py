@@ -45,7 +45,7 @@ from cost_model.booster import (
     train_booster,
 )
 from cost_model.dataset import throughput_labels
-from cost_model.features import candidate_features, make_extractor
+from cost_model.features import FeatureCache
 from cost_model.metrics import pairwise_counts
 
 logger = logging.getLogger("tunehub.cost_model")
@@ -175,7 +175,7 @@ class TransferCostModel(PyCostModel):
         self.base_booster = base_booster
         self.booster = base_booster
         self.config = config
-        self.extractor = make_extractor()
+        self.features = FeatureCache()
         self.cold = cold or ms.cost_model.XGBModel(
             num_tuning_cores=max(1, len(os.sched_getaffinity(0))), verbose_eval=0
         )
@@ -208,13 +208,13 @@ class TransferCostModel(PyCostModel):
         _, family = self._key(context)
         if self._uses_cold.get(family, False):
             return np.asarray(self.cold.predict(context, candidates), dtype=np.float64)
-        return self._predict(candidate_features(context, candidates, self.extractor))
+        return self._predict(self.features(context, candidates))
 
     def update(self, context: Any, candidates: list[Any], results: list[Any]) -> None:
         if not candidates:
             return
         key, family = self._key(context)
-        features = candidate_features(context, candidates, self.extractor)
+        features = self.features(context, candidates)
         costs = measured_costs(results)
         cold_scores = np.asarray(self.cold.predict(context, candidates)) if _warmed_up(
             self.cold) else None

@@ -29,6 +29,7 @@ import tvm
 from compiler.artifact import LIBRARY_NAME, check_output_dir
 from compiler.prepare import PreparedModel
 from compiler.runner import Timing
+from cost_model.transfer import workload_family
 from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.cost_models import CostModelChoice, resolve_cost_model
@@ -37,6 +38,7 @@ from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
+from tuner.sibling_seeds import SeedTask, SiblingSeeds
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
@@ -118,6 +120,15 @@ class JobRowWriter:
                 task_id, trials_done=update.task_trials, best_mean_secs=update.task_best_secs
             )
         self.storage.add_job_trials(self.job_id, update.batch_trials)
+
+
+def _sibling_seeds(storage, target_id, to_tune, workload_ids, search) -> SiblingSeeds | None:
+    """The run's :class:`tuner.sibling_seeds.SiblingSeeds`, unless the search turns them off."""
+    if not (search or SearchConfig()).sibling_seeds:
+        return None
+    return SiblingSeeds(storage, target_id, [
+        SeedTask(workload_ids[t.key], workload_family(t.name), t.flops) for t in to_tune
+    ])
 
 
 def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: str, owner: str):
@@ -322,12 +333,14 @@ def _run_job(
     state = RunState(tasks, known)
     database = MetaScheduleDatabase(storage, target_row, job_id=job.id, worker=job.owner)
     to_tune = plan.to_tune
+    seeds = None
     if to_tune and remaining > 0:
         index = {t.key: i for i, t in enumerate(tasks)}
         extracted = [prepared.partition.extracted[index[t.key]] for t in to_tune]
         callback = ProgressCallback(
             state, [t.key for t in to_tune], [JobRowWriter(storage, job.id, task_ids), *listeners]
         )
+        seeds = _sibling_seeds(storage, target_row.id, to_tune, workload_ids, search)
         reset_metaschedule_logging()
         with tempfile.TemporaryDirectory(prefix="tunehub-tune-") as work_dir:
             run_search(
@@ -342,6 +355,7 @@ def _run_job(
                 callbacks=[RecordErrorsCallback(database), callback],
                 cost_model=cost_model.model,
                 seed=seed,
+                seeds=seeds,
             )
     statuses = {t.id: t.status for t in storage.list_job_tasks(job.id)}
     for key in (t.key for t in to_tune):
@@ -395,5 +409,6 @@ def _run_job(
         measured=timing,
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
-        extra={"cost_model": cost_model.summary()},
+        extra={"cost_model": cost_model.summary(),
+               "sibling_seeds": seeds.summary() if seeds is not None else None},
     )

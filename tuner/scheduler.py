@@ -13,10 +13,17 @@ most one batch, the one just sent, is measured but not yet committed, so a kille
 most one batch, and that progress (measure callbacks) follows each batch. The price: the
 measurement of one batch no longer overlaps the search for the next (on a machine whose cores
 all serve the search, the two competed anyway; throughput in ``bench/results/models_*.md``).
+
+With ``seeding`` (:meth:`tuner.sibling_seeds.SiblingSeeds.seed`), the task chosen is first offered
+its siblings' best schedules, measured and committed before its batch is made, so that the
+batch's population can start from them. Seeds count as trials: with ``max_trials`` the scheduler
+stops once batches and seeds together reach it (MetaSchedule's own limit counts batches only).
 """
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
+from typing import Any
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
@@ -34,10 +41,22 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
     ``join_running_task`` or ``tune`` would make MetaSchedule's FFI entry call back into Python).
     """
 
-    def __init__(self, *, alpha: float = 0.2, window_size: int = 3, seed: int | None = None):
+    def __init__(
+        self,
+        *,
+        alpha: float = 0.2,
+        window_size: int = 3,
+        seed: int | None = None,
+        max_trials: int | None = None,
+        seeding: Callable[[Any, int], list[Any]] | None = None,
+    ):
         super().__init__()
         self.alpha = alpha
         self.window_size = window_size
+        self.max_trials = max_trials
+        self.seeding = seeding
+        self.trials = 0  # candidates measured: joined batches plus seeds
+        self.seeds = 0
         self._rng = random.Random(seed)
         self._round_robin = 0
         self._history: list[list[float]] = []  # best latency (ms) after each joined batch
@@ -45,12 +64,23 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
     def _join(self, task_id: int) -> None:
         """Join ``task_id``'s batch (MetaSchedule's join: measure callbacks, database commit)
         and extend its best-latency history as ``GradientBased`` does."""
-        results = self._outer().join_running_task(task_id)
+        self._extend_history(task_id, self._outer().join_running_task(task_id))
+
+    def _extend_history(self, task_id: int, results: list[Any]) -> None:
         if results:
+            self.trials += len(results)
             history = self._history[task_id]
             latencies = [_INVALID_MS if (secs := mean_run_secs(r)) is None else secs * 1e3
                          for r in results]
             history.append(min([*history[-1:], *latencies]))
+
+    def _seed(self, task_id: int) -> None:
+        """Measure the sibling seeds of the task about to be searched, while the budget lasts."""
+        if self.seeding is None or (self.max_trials is not None and self.trials >= self.max_trials):
+            return
+        results = self.seeding(self._outer(), task_id)
+        self.seeds += len(results)
+        self._extend_history(task_id, results)
 
     def _gradient(self, task_id: int, weight: float) -> float:
         history = self._history[task_id]
@@ -67,6 +97,14 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         for task_id, task in enumerate(tasks):
             if task.runner_futures is not None:
                 self._join(task_id)
+        if self.max_trials is not None and self.trials >= self.max_trials:
+            return -1
+        task_id = self._choose(tasks)
+        if task_id != -1:
+            self._seed(task_id)
+        return task_id
+
+    def _choose(self, tasks) -> int:
         if self._round_robin < len(tasks):
             self._round_robin += 1
             return self._round_robin - 1

@@ -12,6 +12,7 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
@@ -20,6 +21,7 @@ from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
 from tuner.scheduler import BatchCommittingGradient
 from tuner.seed import measure_default_schedules
+from tuner.sibling_seeds import SiblingSeeds
 from tuner.space import design_space
 
 
@@ -28,6 +30,8 @@ class SearchConfig:
     """Evolutionary-search settings; the defaults are MetaSchedule's own.
 
     Smaller populations trade search quality for speed (tests use them to tune in seconds).
+    ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
+    rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`).
     """
 
     population_size: int = 512
@@ -36,6 +40,7 @@ class SearchConfig:
     genetic_num_iters: int = 4
     genetic_mutate_prob: float = 0.85
     eps_greedy: float = 0.05
+    sibling_seeds: bool = True
 
     def strategy(self) -> ms.search_strategy.EvolutionarySearch:
         return ms.search_strategy.EvolutionarySearch(
@@ -94,13 +99,15 @@ def run_search(
     space: Any = None,
     num_threads: int | None = None,
     seed: int | None = None,
+    seeds: SiblingSeeds | None = None,
 ) -> None:
     """Tune ``extracted_tasks`` for at most ``trials`` (+ one batch, as MetaSchedule overshoots).
 
     ``callbacks`` run after MetaSchedule's default ones (database commit, artifact cleanup,
     cost-model update). On CUDA the default (DLight) schedule of each task is measured and stored
     first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
-    :func:`tuner.space.design_space` of the target. Raises whatever
+    :func:`tuner.space.design_space` of the target. ``seeds`` (in the order of
+    ``extracted_tasks``) offers each task its siblings' schedules, within ``trials``. Raises whatever
     MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
     threads = num_threads or len(os.sched_getaffinity(0))
@@ -129,5 +136,9 @@ def run_search(
         database=database,
         cost_model=cost_model or default_cost_model(),
         measure_callbacks=measure_callbacks,
-        task_scheduler=BatchCommittingGradient(seed=seed),
+        task_scheduler=BatchCommittingGradient(
+            seed=seed,
+            max_trials=trials,
+            seeding=None if seeds is None else partial(seeds.seed, builder=builder, runner=runner),
+        ),
     )

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 import db
@@ -25,6 +26,7 @@ from cost_model.booster import BoosterConfig, predict, train_booster
 from cost_model.dataset import extend_training_set, throughput_labels
 from cost_model.features import (
     FEATURE_LENGTH,
+    FeatureCache,
     candidate_features,
     records_to_candidates,
     tune_context,
@@ -132,6 +134,26 @@ def _backwards_model(context, candidates, costs: np.ndarray):
     model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
                               guard_min_pairs=1, guard_margin=0.0)
     return backwards, model
+
+
+def test_feature_cache_extracts_each_schedule_once(tuned) -> None:
+    storage, target, _, _ = tuned
+    context, candidates, _ = _candidates(storage, target)
+    other_context, others, _ = _candidates(storage, target, rank=1)
+    distinct = len({tvm_ffi.structural_hash(c.sch.mod) for c in candidates})
+    cache = FeatureCache(capacity=distinct + 1)
+    # A population with every schedule twice: extracted once, same rows as without the cache.
+    doubled = candidates + candidates[::-1]
+    rows = cache(context, doubled)
+    np.testing.assert_array_equal(rows, candidate_features(context, doubled))
+    assert (cache.hits, cache.misses) == (len(doubled) - distinct, distinct)
+    np.testing.assert_array_equal(cache(context, candidates[:3]), rows[:3])
+    assert cache.misses == distinct
+    # Another workload's schedules are other keys; the least recently used rows make room.
+    np.testing.assert_array_equal(cache(other_context, others[:2]),
+                                  candidate_features(other_context, others[:2]))
+    assert cache.misses == distinct + 2 and len(cache._rows) == cache.capacity
+    assert cache(context, []).shape == (0, FEATURE_LENGTH)
 
 
 def test_workload_family_drops_operator_numbers() -> None:

@@ -1,0 +1,110 @@
+"""tuner.sibling_seeds: a task's search starts from its siblings' best schedules, refitted to its
+shapes and measured within the trial budget."""
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import pytest
+import tvm
+from tvm.s_tir import meta_schedule as ms
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from cost_model.transfer import workload_family
+from tuner.intrinsics import load_tensor_intrinsics
+from tuner.job import tune_model
+from tuner.search import FAST_SEARCH
+from tuner.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
+
+
+def test_refit_tiles_keeps_the_extent_and_the_inner_factors_that_divide() -> None:
+    assert refit_tiles(64, [2, 4, 8]) == [2, 4, 8]
+    assert refit_tiles(56, [1, 8, 8]) == [1, 7, 8]  # 8 divides 56; then 7 is all that is left
+    assert refit_tiles(7, [4, 4]) == [7, 1]
+    assert refit_tiles(1, [16, 1, 4]) == [1, 1, 1]
+    rng = random.Random(0)
+    for _ in range(500):
+        extent = rng.randint(1, 4096)
+        factors = [rng.choice([1, 2, 3, 4, 8, 16, 32, 64]) for _ in range(rng.randint(1, 5))]
+        fitted = refit_tiles(extent, factors)
+        product = 1
+        for factor in fitted:
+            product *= factor
+        assert product == extent and len(fitted) == len(factors)
+        assert all(f <= max(old, 1) for f, old in zip(fitted[1:], factors[1:]))
+    with pytest.raises(ValueError):
+        refit_tiles(8, [])
+    with pytest.raises(ValueError):
+        refit_tiles(0, [2])
+
+
+@pytest.fixture(scope="module")
+def cnn_db(tmp_path_factory, example_model):
+    """The small CNN tuned once (3 ``conv2d + add + relu`` tasks: siblings of each other)."""
+    work = tmp_path_factory.mktemp("seeds")
+    storage = db.open_storage(f"sqlite:///{work / 'seeds.db'}", upgrade=True)
+    target = cpu_target()
+    prepared = prepare_model(example_model("small_cnn", "onnx"), target)
+    summary = tune_model(storage, prepared, trials=24, output_dir=work / "cnn", search=FAST_SEARCH,
+                         seed=0, cost_model="cold")
+    yield storage, target, prepared, summary, work
+    storage.close()
+
+
+def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
+    storage, target, prepared, _, _ = cnn_db
+    target_id = storage.get_target(target.key).id
+    convs = [t for t in prepared.partition.tasks
+             if workload_family(t.name) == "fused_conv2d_add_relu"]
+    assert len(convs) == 3
+    ids = storage.workload_ids([t.key for t in convs])
+    seeds = SiblingSeeds(storage, target_id,
+                         [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs])
+    load_tensor_intrinsics("cpu")
+    task = convs[0]
+    mod = tvm.ir.load_json(storage.get_workload(task.key).mod_json)
+    context = ms.TuneContext(mod=mod, target=target.tvm_target(),
+                             space_generator="post-order-apply", task_name=task.name)
+    own = storage.best_record(ids[task.key], target_id)
+    own_rate = task.flops / own.mean_secs
+    faster = [t for t in convs[1:]
+              if t.flops / storage.best_record(ids[t.key], target_id).mean_secs > own_rate]
+
+    offered = []
+    while candidates := seeds.candidates(0, context):
+        (candidate,) = candidates
+        # A schedule of this task's module, postprocessed, with this task's arguments.
+        assert ([str(a.as_json()) for a in candidate.args_info]
+                == [str(a.as_json()) for a in ms.arg_info.ArgInfo.from_entry_func(mod)])
+        assert "sch.enter_postproc()" in str(candidate.sch.trace)
+        offered.append(candidate)
+    assert len(offered) == len(faster) - seeds.failed
+    assert seeds.offered == len(offered)
+    # A task without a FLOP count is never seeded.
+    no_flops = SiblingSeeds(storage, target_id, [SeedTask(ids[task.key], "fused_conv2d_add_relu",
+                                                          None)])
+    assert no_flops.candidates(0, context) == []
+
+
+def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
+    """The MLP's last layer (``matmul + add``) is a sibling of the CNN's classifier: seeded from
+    the database. Its two ``matmul + add + relu`` layers seed each other within the run."""
+    storage, target, _, cnn_summary, work = cnn_db
+    assert cnn_summary.extra["sibling_seeds"]["measured"] >= 1  # the CNN's convolutions
+    prepared = prepare_model(example_model("mlp", "onnx"), target)
+    budget = 16
+    summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp",
+                         search=FAST_SEARCH, seed=0, cost_model="cold")
+    seeded = summary.extra["sibling_seeds"]
+    assert seeded["measured"] >= 1 and seeded["valid"] >= 1
+    job = storage.get_job(summary.job_id)
+    # Seeds are trials: the job's measurements stay within the budget plus one batch (4 here).
+    assert seeded["measured"] < job.trials_done <= budget + 4
+    assert summary.verification["passed"]
+
+    off = tune_model(storage, prepared, trials=8, output_dir=work / "mlp-off", seed=0,
+                     search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False),
+                     cost_model="cold", continue_tuning=True)
+    assert off.extra["sibling_seeds"] is None
