@@ -30,7 +30,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
 from cost_model.transfer import workload_family
-from db import TuningStorage
+from db import NewTuningRecord, TuningStorage
+from db.metaschedule_database import record_as_json
 from tuner.progress import mean_run_secs
 
 logger = logging.getLogger(__name__)
@@ -102,6 +103,7 @@ class SiblingSeeds:
         self.tasks = tasks
         self.offered = 0  # seeds handed out
         self.failed = 0  # sibling records that did not replay on the task
+        self.known = 0  # replayed schedules the database already held for the task
         self.measured: list[tuple[int, float | None]] = []  # (task index, mean secs or None)
         self._family: dict[str, set[int]] = defaultdict(set)
         for model in storage.list_models():
@@ -118,7 +120,8 @@ class SiblingSeeds:
         design space supplies the postprocessors).
 
         Offers each sibling record once per task, fastest sibling first, and only a sibling
-        whose best record runs at a higher FLOP/s than the task's own best record (any run's).
+        whose best record runs at a higher FLOP/s than the task's own best record (any run's),
+        and never a schedule the database already holds for the task (a resumed run).
         Never raises for a sibling schedule that does not replay; it is counted in
         :attr:`failed` and skipped.
         """
@@ -130,20 +133,24 @@ class SiblingSeeds:
         for rate, record in self._faster_siblings(task_index, own_rate):
             self._tried.add((task_index, record.id))
             candidate = self._adapt(record, context)
-            if candidate is not None:
+            if candidate is None:
+                self.failed += 1
+            elif self._stored(task, candidate, context):
+                self.known += 1  # measured before (an earlier or resumed run): nothing to learn
+            else:
                 self.offered += 1
                 logger.debug("seeding task %d from workload %d (%.1f GFLOP/s)", task_index,
                              record.workload_id, rate / 1e9)
                 return [candidate]
-            self.failed += 1
         return []
 
     def summary(self) -> dict[str, int]:
         """Counts for a run summary: seeds measured (and how many of them ran), sibling
-        records that did not replay."""
+        records that did not replay, seeds skipped because the database already held them."""
         return {"measured": len(self.measured),
                 "valid": sum(secs is not None for _, secs in self.measured),
-                "did_not_replay": self.failed}
+                "did_not_replay": self.failed,
+                "already_stored": self.known}
 
     def seed(self, scheduler: Any, task_id: int, builder: Any, runner: Any) -> list[Any]:
         """Measure :meth:`candidates` of ``task_id`` as MetaSchedule measures a batch.
@@ -203,6 +210,14 @@ class SiblingSeeds:
             return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(context.mod))
         except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
             return None
+
+    def _stored(self, task: SeedTask, candidate: ms.MeasureCandidate, context: Any) -> bool:
+        """Whether the database already holds a record of this very schedule for the task."""
+        record = ms.database.TuningRecord(candidate.sch.trace, ms.database.Workload(context.mod),
+                                          None, context.target, candidate.args_info)
+        key = NewTuningRecord.from_metaschedule_json(task.workload_id, self.target_id,
+                                                     record_as_json(record)).trace_hash
+        return self.storage.get_record(task.workload_id, self.target_id, key) is not None
 
     def _workload(self, workload_id: int) -> Any:
         if workload_id not in self._workloads:

@@ -29,6 +29,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "faster and searches less)",
     )
     tune.add_argument(
+        "--no-sibling-seeds",
+        dest="sibling_seeds",
+        action="store_false",
+        help="do not start tasks from the best schedules of their siblings (same fused "
+        "operators on other shapes, from any model in the database)",
+    )
+    tune.add_argument(
         "--cost-model",
         choices=("auto", "transfer", "cold"),
         default="auto",
@@ -52,7 +59,9 @@ def run_tune(args: argparse.Namespace) -> int:
     if args.population < 4:
         raise CliError(f"--population must be >= 4, got {args.population}")
     search = SearchConfig(
-        population_size=args.population, init_min_unmeasured=min(50, args.population // 4)
+        population_size=args.population,
+        init_min_unmeasured=min(50, args.population // 4),
+        sibling_seeds=args.sibling_seeds,
     )
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)
