@@ -3,7 +3,11 @@ shapes and measured within the trial budget."""
 from __future__ import annotations
 
 import dataclasses
+import json
 import random
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import tvm
@@ -18,6 +22,8 @@ from tuner.intrinsics import load_tensor_intrinsics
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
 from tuner.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
+
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_refit_tiles_keeps_the_extent_and_the_inner_factors_that_divide() -> None:
@@ -112,7 +118,12 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     assert seeded["measured"] < job.trials_done <= budget + 4
     assert summary.verification["passed"]
 
-    off = tune_model(storage, prepared, trials=8, output_dir=work / "mlp-off", seed=0,
-                     search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False),
-                     cost_model="cold", continue_tuning=True)
-    assert off.extra["sibling_seeds"] is None
+    # The CLI turns them off.
+    off = subprocess.run(
+        [sys.executable, "-m", "service.cli", "tune", str(example_model("mlp", "onnx")),
+         "--trials", "8", "--population", "16", "--continue", "--no-sibling-seeds",
+         "--cost-model", "cold", "--db", storage.url, "-o", str(work / "mlp-off"), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
+    assert off.returncode == 0, off.stderr
+    summary = json.loads(off.stdout)
+    assert summary["trials_measured"] > 0 and summary["sibling_seeds"] is None
