@@ -42,6 +42,8 @@ from db.types import (
     NewTuningRecord,
     TargetRecord,
     TuningRecordRow,
+    canonical_trace_json,
+    trace_hash,
 )
 
 logger = logging.getLogger(__name__)
@@ -71,6 +73,13 @@ def record_as_json(record: TuningRecord) -> list[Any]:
     from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 
     return _plain_json(ms_ffi.TuningRecordAsJSON(record))
+
+
+def schedule_key(trace: Any, workload: Workload) -> str:
+    """The ``trace_hash`` a record of the schedule with this ``trace`` of ``workload`` is stored
+    under (the de-duplication key of the records table)."""
+    trace_json = record_as_json(TuningRecord(trace, workload, None, None, None))[0]
+    return trace_hash(canonical_trace_json(trace_json))
 
 
 def describe_workload(mod: tvm.IRModule, mod_json: str | None = None) -> str:
@@ -285,6 +294,20 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
     def commit_tuning_records(self, records: Sequence[TuningRecord]) -> None:
         """Store many MetaSchedule records in one transaction (not called by MetaSchedule)."""
         self._storage.commit_records([self._new_record(r) for r in records])
+
+    def holds(self, mod: tvm.IRModule, candidates: Sequence[Any]) -> list[bool]:
+        """For each MetaSchedule ``MeasureCandidate`` of workload ``mod``: whether a record of
+        that very schedule (same trace, decisions included) is stored for this target, valid or
+        failed. A workload the database does not know holds nothing."""
+        workload = Workload(mod)
+        workload_id = self._workload_id(workload, create=False)
+        if workload_id is None:
+            return [False] * len(candidates)
+        return [
+            self._storage.get_record(workload_id, self._target_row.id,
+                                     schedule_key(candidate.sch.trace, workload)) is not None
+            for candidate in candidates
+        ]
 
     def record_failure(
         self,

@@ -1,6 +1,7 @@
 """Run MetaSchedule's search over a set of extracted tasks, writing through a SQL database.
 
-``run_search`` is a thin, explicit call of ``ms.tune_tasks``: evolutionary search, the gradient
+``run_search`` is a thin, explicit call of ``ms.tune_tasks``: evolutionary search (minus the
+schedules the database already holds: :mod:`tuner.skip_stored`), the gradient
 task scheduler (committing each batch before the next: :mod:`tuner.scheduler`), MetaSchedule's
 default measure callbacks (which commit every measured candidate
 to ``database``, failures included) plus TuneHub's own (error texts, progress).
@@ -22,6 +23,7 @@ from tuner.measure import MeasureConfig, make_builder, make_runner
 from tuner.scheduler import BatchCommittingGradient
 from tuner.seed import measure_default_schedules
 from tuner.sibling_seeds import SiblingSeeds
+from tuner.skip_stored import SkipStoredSchedules
 from tuner.space import design_space
 
 
@@ -117,7 +119,8 @@ def run_search(
         tasks,
         work_dir,
         space=space or design_space(target_kind, tasks[0].target if tasks else None),
-        strategy=(search or SearchConfig()).strategy(),
+        strategy=SkipStoredSchedules((search or SearchConfig()).strategy(), database)
+        if hasattr(database, "holds") else (search or SearchConfig()).strategy(),
         num_threads=threads,
         seed=seed,
     )

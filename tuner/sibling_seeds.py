@@ -30,8 +30,8 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
 from cost_model.transfer import workload_family
-from db import NewTuningRecord, TuningStorage
-from db.metaschedule_database import record_as_json
+from db import TuningStorage
+from db.metaschedule_database import schedule_key
 from tuner.progress import mean_run_secs
 
 logger = logging.getLogger(__name__)
@@ -213,10 +213,7 @@ class SiblingSeeds:
 
     def _stored(self, task: SeedTask, candidate: ms.MeasureCandidate, context: Any) -> bool:
         """Whether the database already holds a record of this very schedule for the task."""
-        record = ms.database.TuningRecord(candidate.sch.trace, ms.database.Workload(context.mod),
-                                          None, context.target, candidate.args_info)
-        key = NewTuningRecord.from_metaschedule_json(task.workload_id, self.target_id,
-                                                     record_as_json(record)).trace_hash
+        key = schedule_key(candidate.sch.trace, ms.database.Workload(context.mod))
         return self.storage.get_record(task.workload_id, self.target_id, key) is not None
 
     def _workload(self, workload_id: int) -> Any:

@@ -1,0 +1,32 @@
+"""tuner.skip_stored: a run never measures again a schedule the database already holds."""
+from __future__ import annotations
+
+import dataclasses
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from tuner.job import tune_model
+from tuner.search import FAST_SEARCH
+
+
+def test_a_continued_run_measures_only_new_schedules(tmp_path, example_model) -> None:
+    storage = db.open_storage(f"sqlite:///{tmp_path / 'skip.db'}", upgrade=True)
+    try:
+        prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
+        # No seeds: they are checked against the database separately (tuner.sibling_seeds).
+        search = dataclasses.replace(FAST_SEARCH, sibling_seeds=False)
+        first = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "a",
+                           search=search, seed=0, cost_model="cold")
+        stored = storage.count_records()
+        again = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "b",
+                           search=search, seed=0, cost_model="cold", continue_tuning=True)
+        # The second run starts its populations from the first run's best records (MetaSchedule
+        # does that) but measures none of them again: every trial it counts is a new record.
+        job = storage.get_job(again.job_id)
+        assert job.trials_done >= 12
+        assert storage.count_records(job_id=again.job_id) == job.trials_done
+        assert storage.count_records() == stored + job.trials_done
+        assert first.job_id != again.job_id and again.verification["passed"]
+    finally:
+        storage.close()
