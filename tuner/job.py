@@ -122,11 +122,11 @@ class JobRowWriter:
         self.storage.add_job_trials(self.job_id, update.batch_trials)
 
 
-def _sibling_seeds(storage, target_id, to_tune, workload_ids, search) -> SiblingSeeds | None:
+def _sibling_seeds(database, to_tune, workload_ids, search) -> SiblingSeeds | None:
     """The run's :class:`tuner.sibling_seeds.SiblingSeeds`, unless the search turns them off."""
     if not (search or SearchConfig()).sibling_seeds:
         return None
-    return SiblingSeeds(storage, target_id, [
+    return SiblingSeeds(database, [
         SeedTask(workload_ids[t.key], workload_family(t.name), t.flops) for t in to_tune
     ])
 
@@ -340,7 +340,7 @@ def _run_job(
         callback = ProgressCallback(
             state, [t.key for t in to_tune], [JobRowWriter(storage, job.id, task_ids), *listeners]
         )
-        seeds = _sibling_seeds(storage, target_row.id, to_tune, workload_ids, search)
+        seeds = _sibling_seeds(database, to_tune, workload_ids, search)
         reset_metaschedule_logging()
         with tempfile.TemporaryDirectory(prefix="tunehub-tune-") as work_dir:
             run_search(

@@ -56,7 +56,6 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         self.max_trials = max_trials
         self.seeding = seeding
         self.trials = 0  # candidates measured: joined batches plus seeds
-        self.seeds = 0
         self._rng = random.Random(seed)
         self._round_robin = 0
         self._history: list[list[float]] = []  # best latency (ms) after each joined batch
@@ -78,9 +77,7 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         """Measure the sibling seeds of the task about to be searched, while the budget lasts."""
         if self.seeding is None or (self.max_trials is not None and self.trials >= self.max_trials):
             return
-        results = self.seeding(self._outer(), task_id)
-        self.seeds += len(results)
-        self._extend_history(task_id, results)
+        self._extend_history(task_id, self.seeding(self._outer(), task_id))
 
     def _gradient(self, task_id: int, weight: float) -> float:
         history = self._history[task_id]

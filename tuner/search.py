@@ -115,12 +115,12 @@ def run_search(
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target_kind)
     tasks = list(extracted_tasks)
+    strategy = (search or SearchConfig()).strategy()
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         tasks,
         work_dir,
         space=space or design_space(target_kind, tasks[0].target if tasks else None),
-        strategy=SkipStoredSchedules((search or SearchConfig()).strategy(), database)
-        if hasattr(database, "holds") else (search or SearchConfig()).strategy(),
+        strategy=SkipStoredSchedules(strategy, database) if hasattr(database, "holds") else strategy,
         num_threads=threads,
         seed=seed,
     )

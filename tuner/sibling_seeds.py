@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
@@ -31,7 +32,7 @@ from tvm.s_tir.schedule import Trace
 
 from cost_model.transfer import workload_family
 from db import TuningStorage
-from db.metaschedule_database import schedule_key
+from db.metaschedule_database import MetaScheduleDatabase
 from tuner.progress import mean_run_secs
 
 logger = logging.getLogger(__name__)
@@ -71,10 +72,7 @@ def replay_on(trace: Trace, mod: tvm.IRModule) -> tvm.s_tir.Schedule:
             return decision
         extent = int(sch.get(inputs[0]).extent)
         factors = [int(f) for f in decision]
-        product = 1
-        for factor in factors:
-            product *= factor
-        return decision if product == extent else refit_tiles(extent, factors)
+        return decision if math.prod(factors) == extent else refit_tiles(extent, factors)
 
     trace.apply_to_schedule(sch, remove_postproc=True, decision_provider=decide)
     return sch
@@ -93,21 +91,23 @@ class SeedTask:
 class SiblingSeeds:
     """Sibling schedules to measure for a run's tasks (see the module docstring).
 
-    ``tasks`` are in MetaSchedule's task order. Families span every model registered in
-    ``storage`` plus the run's own tasks; records are the target's (``target_id``).
+    ``database`` is the run's :class:`db.metaschedule_database.MetaScheduleDatabase`; ``tasks``
+    are in MetaSchedule's task order. Families span every model registered in its storage plus
+    the run's own tasks; records are its target's.
     """
 
-    def __init__(self, storage: TuningStorage, target_id: int, tasks: list[SeedTask]) -> None:
-        self.storage = storage
-        self.target_id = target_id
+    def __init__(self, database: MetaScheduleDatabase, tasks: list[SeedTask]) -> None:
+        self.database = database
+        self.storage: TuningStorage = database.storage
+        self.target_id = database.target_record.id
         self.tasks = tasks
         self.offered = 0  # seeds handed out
         self.failed = 0  # sibling records that did not replay on the task
         self.known = 0  # replayed schedules the database already held for the task
         self.measured: list[tuple[int, float | None]] = []  # (task index, mean secs or None)
         self._family: dict[str, set[int]] = defaultdict(set)
-        for model in storage.list_models():
-            for task in storage.model_workloads(model.id):
+        for model in self.storage.list_models():
+            for task in self.storage.model_workloads(model.id):
                 self._family[workload_family(task.task_name)].add(task.workload_id)
         for task in tasks:
             self._family[task.family].add(task.workload_id)
@@ -135,7 +135,7 @@ class SiblingSeeds:
             candidate = self._adapt(record, context)
             if candidate is None:
                 self.failed += 1
-            elif self._stored(task, candidate, context):
+            elif self.database.holds(context.mod, [candidate])[0]:
                 self.known += 1  # measured before (an earlier or resumed run): nothing to learn
             else:
                 self.offered += 1
@@ -210,11 +210,6 @@ class SiblingSeeds:
             return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(context.mod))
         except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
             return None
-
-    def _stored(self, task: SeedTask, candidate: ms.MeasureCandidate, context: Any) -> bool:
-        """Whether the database already holds a record of this very schedule for the task."""
-        key = schedule_key(candidate.sch.trace, ms.database.Workload(context.mod))
-        return self.storage.get_record(task.workload_id, self.target_id, key) is not None
 
     def _workload(self, workload_id: int) -> Any:
         if workload_id not in self._workloads:

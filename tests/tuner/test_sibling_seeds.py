@@ -17,7 +17,7 @@ import db
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from cost_model.transfer import workload_family
-from db.metaschedule_database import record_as_json
+from db.metaschedule_database import MetaScheduleDatabase, record_as_json
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
@@ -69,7 +69,8 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
     ids = storage.workload_ids([t.key for t in convs])
     rates = {t.key: t.flops / storage.best_record(ids[t.key], target_id).mean_secs for t in convs}
     convs.sort(key=lambda t: rates[t.key])  # the slowest first: it has faster siblings
-    seeds = SiblingSeeds(storage, target_id,
+    database = MetaScheduleDatabase(storage, target)
+    seeds = SiblingSeeds(database,
                          [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs])
     load_tensor_intrinsics("cpu")
     task = convs[0]
@@ -93,13 +94,12 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
                                       target.tvm_target(), offered[0].args_info)
     storage.commit_record(db.NewTuningRecord.from_metaschedule_json(
         ids[task.key], target_id, record_as_json(stored)))
-    again = SiblingSeeds(storage, target_id, seeds.tasks)
+    again = SiblingSeeds(database, seeds.tasks)
     while again.candidates(0, context):
         pass
     assert again.offered == seeds.offered - 1 and again.known == seeds.known + 1
     # A task without a FLOP count is never seeded.
-    no_flops = SiblingSeeds(storage, target_id, [SeedTask(ids[task.key], "fused_conv2d_add_relu",
-                                                          None)])
+    no_flops = SiblingSeeds(database, [SeedTask(ids[task.key], "fused_conv2d_add_relu", None)])
     assert no_flops.candidates(0, context) == []
 
 
