@@ -215,7 +215,8 @@ def search_efficiency(
             with count_seeds() as seeds_measured:
                 tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
                            filename=path.name, listeners=[stop], cost_model=cost_model, seed=0,
-                           search=SearchConfig(sibling_seeds=seeds))
+                           search=SearchConfig(sibling_seeds=seeds,
+                                               sibling_population=seeds))
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
                 raise err

@@ -267,6 +267,11 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
             self._by_object[workload] = workload_id
         return workload_id
 
+    def workload_id_of(self, workload: Workload) -> int | None:
+        """The storage id of a workload this database committed or found (``None``: unknown;
+        never stores one)."""
+        return self._workload_id(workload, create=False)
+
     def _workload_for_id(self, workload_id: int) -> Workload:
         cached = self._by_id.get(workload_id)
         if cached is not None:

@@ -123,8 +123,10 @@ class JobRowWriter:
 
 
 def _sibling_seeds(database, to_tune, workload_ids, search) -> SiblingSeeds | None:
-    """The run's :class:`tuner.sibling_seeds.SiblingSeeds`, unless the search turns them off."""
-    if not (search or SearchConfig()).sibling_seeds:
+    """The run's :class:`tuner.sibling_seeds.SiblingSeeds`, unless the search turns off both
+    their uses (measured seeds, primed populations)."""
+    config = search or SearchConfig()
+    if not (config.sibling_seeds or config.sibling_population):
         return None
     return SiblingSeeds(database, [
         SeedTask(workload_ids[t.key], workload_family(t.name), t.flops) for t in to_tune

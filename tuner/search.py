@@ -22,6 +22,7 @@ from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
 from tuner.scheduler import BatchCommittingGradient
 from tuner.seed import measure_default_schedules
+from tuner.primed_database import SiblingPrimedDatabase
 from tuner.sibling_seeds import SiblingSeeds
 from tuner.skip_stored import SkipStoredSchedules
 from tuner.space import design_space
@@ -33,7 +34,9 @@ class SearchConfig:
 
     Smaller populations trade search quality for speed (tests use them to tune in seconds).
     ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
-    rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`).
+    rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`);
+    ``sibling_population`` (TuneHub's too, only with seeds) puts siblings' refitted schedules in
+    each batch's initial population (:mod:`tuner.primed_database`).
     """
 
     population_size: int = 512
@@ -43,6 +46,7 @@ class SearchConfig:
     genetic_mutate_prob: float = 0.85
     eps_greedy: float = 0.05
     sibling_seeds: bool = True
+    sibling_population: bool = True
 
     def strategy(self) -> ms.search_strategy.EvolutionarySearch:
         return ms.search_strategy.EvolutionarySearch(
@@ -109,18 +113,24 @@ def run_search(
     cost-model update). On CUDA the default (DLight) schedule of each task is measured and stored
     first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
     :func:`tuner.space.design_space` of the target. ``seeds`` (in the order of
-    ``extracted_tasks``) offers each task its siblings' schedules, within ``trials``. Raises whatever
+    ``extracted_tasks``) offers each task its siblings' schedules: measured within ``trials``
+    (``search.sibling_seeds``) and in the search's populations (``search.sibling_population``). Raises whatever
     MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target_kind)
     tasks = list(extracted_tasks)
-    strategy = (search or SearchConfig()).strategy()
+    config = search or SearchConfig()
+    strategy = config.strategy()
+    if hasattr(database, "holds"):
+        primed = (SiblingPrimedDatabase(database, seeds)
+                  if seeds is not None and config.sibling_population else None)
+        strategy = SkipStoredSchedules(strategy, database, primed)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         tasks,
         work_dir,
         space=space or design_space(target_kind, tasks[0].target if tasks else None),
-        strategy=SkipStoredSchedules(strategy, database) if hasattr(database, "holds") else strategy,
+        strategy=strategy,
         num_threads=threads,
         seed=seed,
     )
@@ -142,6 +152,7 @@ def run_search(
         task_scheduler=BatchCommittingGradient(
             seed=seed,
             max_trials=trials,
-            seeding=None if seeds is None else partial(seeds.seed, builder=builder, runner=runner),
+            seeding=(partial(seeds.seed, builder=builder, runner=runner)
+                     if seeds is not None and config.sibling_seeds else None),
         ),
     )

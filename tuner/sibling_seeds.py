@@ -1,4 +1,4 @@
-"""Start a task's search from the best schedules of its siblings, measured.
+"""Start a task's search from the best schedules of its siblings: measured, and in its population.
 
 MetaSchedule's evolutionary search begins each batch from the task's best measured schedules plus
 random samples of its design space. A convolution on a new shape therefore starts from random
@@ -16,6 +16,10 @@ space's postprocessors are applied. The scheduler measures it like any candidate
 against the trial budget, is stored as an ordinary record, and the cost model learns from it), so
 the task's next batch starts from it when it is fast. A trace that does not replay (other block
 names, a decision the new shape cannot take) is skipped.
+
+The same refitting also feeds the search without measuring: :meth:`SiblingSeeds.population` gives
+the top few records of every sibling, refitted, for the initial population of each batch
+(:mod:`tuner.primed_database`), where the cost model scores them and mutation refines them.
 """
 from __future__ import annotations
 
@@ -96,6 +100,8 @@ class SiblingSeeds:
     the run's own tasks; records are its target's.
     """
 
+    per_sibling = 4  # records of each sibling that :meth:`population` refits
+
     def __init__(self, database: MetaScheduleDatabase, tasks: list[SeedTask]) -> None:
         self.database = database
         self.storage: TuningStorage = database.storage
@@ -105,6 +111,7 @@ class SiblingSeeds:
         self.failed = 0  # sibling records that did not replay on the task
         self.known = 0  # replayed schedules the database already held for the task
         self.measured: list[tuple[int, float | None]] = []  # (task index, mean secs or None)
+        self.populated = 0  # refitted sibling schedules handed to the search's populations
         self._family: dict[str, set[int]] = defaultdict(set)
         for model in self.storage.list_models():
             for task in self.storage.model_workloads(model.id):
@@ -112,6 +119,8 @@ class SiblingSeeds:
         for task in tasks:
             self._family[task.family].add(task.workload_id)
         self._tried: set[tuple[int, int]] = set()  # (task index, sibling record id)
+        self._by_workload = {task.workload_id: task for task in tasks}
+        self._refits: dict[tuple[int, int], Trace | None] = {}  # (workload, sibling record)
         self._workloads: dict[int, Any] = {}
         self._mods: dict[int, tvm.IRModule] = {}
 
@@ -146,11 +155,13 @@ class SiblingSeeds:
 
     def summary(self) -> dict[str, int]:
         """Counts for a run summary: seeds measured (and how many of them ran), sibling
-        records that did not replay, seeds skipped because the database already held them."""
+        records that did not replay, seeds skipped because the database already held them,
+        sibling schedules put in populations (summed over batches)."""
         return {"measured": len(self.measured),
                 "valid": sum(secs is not None for _, secs in self.measured),
                 "did_not_replay": self.failed,
-                "already_stored": self.known}
+                "already_stored": self.known,
+                "in_populations": self.populated}
 
     def seed(self, scheduler: Any, task_id: int, builder: Any, runner: Any) -> list[Any]:
         """Measure :meth:`candidates` of ``task_id`` as MetaSchedule measures a batch.
@@ -199,11 +210,49 @@ class SiblingSeeds:
                 offers.append((rate, record))
         return sorted(offers, key=lambda offer: -offer[0])
 
+    def population(self, workload_id: int, mod: tvm.IRModule, limit: int) -> list[Trace]:
+        """Up to ``limit`` sibling schedules refitted to the task of ``workload_id`` (whose
+        module is ``mod``), unmeasured, for the evolutionary search's initial population: the
+        top :attr:`per_sibling` records of each sibling, siblings in order of their best FLOP/s.
+        Empty for a workload that is not one of the run's tasks. Traces that do not replay are
+        skipped (never raises for them); each (task, record) pair is refitted once."""
+        task = self._by_workload.get(workload_id)
+        if task is None or limit <= 0:
+            return []
+        siblings = []
+        for sibling in self._family[task.family] - {workload_id}:
+            flops = self._workload(sibling).flops
+            best = self.storage.best_record(sibling, self.target_id)
+            if flops and best is not None:
+                siblings.append((flops / best.mean_secs, sibling))
+        traces: list[Trace] = []
+        for _, sibling in sorted(siblings, reverse=True):
+            ids = [i for i, _ in self.storage.top_k_ids(sibling, self.target_id, self.per_sibling)]
+            missing = [i for i in ids if (workload_id, i) not in self._refits]
+            for record in self.storage.get_records(missing) if missing else []:
+                self._refits[(workload_id, record.id)] = self._refit(record, mod)
+            traces.extend(t for i in ids if (t := self._refits[(workload_id, i)]) is not None)
+            if len(traces) >= limit:
+                break
+        self.populated += min(len(traces), limit)
+        return traces[:limit]
+
+    def _refit(self, record: Any, mod: tvm.IRModule) -> Trace | None:
+        """The trace of sibling ``record`` replayed on ``mod`` with refitted tiles (no
+        postprocessing), or ``None`` when it does not replay."""
+        try:
+            return self._replay(record, mod).trace
+        except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
+            return None
+
+    def _replay(self, record: Any, mod: tvm.IRModule) -> tvm.s_tir.Schedule:
+        source = tvm.s_tir.Schedule(self._mod(record.workload_id))
+        Trace.apply_json_to_schedule(json.loads(record.trace_json), source)
+        return replay_on(source.trace, mod)
+
     def _adapt(self, record: Any, context: Any) -> ms.MeasureCandidate | None:
         try:
-            source = tvm.s_tir.Schedule(self._mod(record.workload_id))
-            Trace.apply_json_to_schedule(json.loads(record.trace_json), source)
-            sch = replay_on(source.trace, context.mod)
+            sch = self._replay(record, context.mod)
             sch.enter_postproc()
             if not all(postproc.apply(sch) for postproc in context.space_generator.postprocs):
                 return None

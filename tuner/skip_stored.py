@@ -27,13 +27,16 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
     """``inner`` (a MetaSchedule ``SearchStrategy``) without the schedules ``database`` holds.
 
     ``database`` is a :class:`db.metaschedule_database.MetaScheduleDatabase` (anything with its
-    ``holds(mod, candidates)``). :attr:`skipped` counts the candidates dropped.
+    ``holds(mod, candidates)``). ``search_database``, when given, is the database ``inner`` reads
+    instead of the scheduler's (a :class:`tuner.primed_database.SiblingPrimedDatabase`).
+    :attr:`skipped` counts the candidates dropped.
     """
 
-    def __init__(self, inner: Any, database: Any) -> None:
+    def __init__(self, inner: Any, database: Any, search_database: Any = None) -> None:
         super().__init__()
         self.inner = inner
         self.database = database
+        self.search_database = search_database
         self.skipped = 0
         self._mod = None
 
@@ -43,8 +46,8 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None,
                    cost_model=None) -> None:
-        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces, database,
-                              cost_model)
+        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces,
+                              self.search_database or database, cost_model)
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()
@@ -61,4 +64,4 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Any:
-        return SkipStoredSchedules(self.inner.clone(), self.database)
+        return SkipStoredSchedules(self.inner.clone(), self.database, self.search_database)

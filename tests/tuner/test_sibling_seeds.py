@@ -55,7 +55,7 @@ def cnn_db(tmp_path_factory, example_model):
     target = cpu_target()
     prepared = prepare_model(example_model("small_cnn", "onnx"), target)
     tune_model(storage, prepared, trials=24, output_dir=work / "cnn", seed=0, cost_model="cold",
-               search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False))
+               search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False))
     yield storage, target, prepared, work
     storage.close()
 
@@ -113,6 +113,7 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
                          search=FAST_SEARCH, seed=0, cost_model="cold")
     seeded = summary.extra["sibling_seeds"]
     assert seeded["measured"] >= 1 and seeded["valid"] >= 1
+    assert seeded["in_populations"] >= 1  # the search started from siblings' schedules too
     job = storage.get_job(summary.job_id)
     # Seeds are trials: the job's measurements stay within the budget plus one batch (4 here).
     assert seeded["measured"] < job.trials_done <= budget + 4
@@ -127,3 +128,49 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     assert off.returncode == 0, off.stderr
     summary = json.loads(off.stdout)
     assert summary["trials_measured"] > 0 and summary["sibling_seeds"] is None
+
+
+def test_population_gives_siblings_refitted_schedules_through_the_search_database(cnn_db) -> None:
+    """The primed view answers ``get_top_k`` with the task's own records plus its siblings' best
+    schedules replayed on the task's own module (tiles refitted), unmeasured and never stored."""
+    from tuner.primed_database import SiblingPrimedDatabase
+
+    storage, target, prepared, _ = cnn_db
+    target_id = storage.get_target(target.key).id
+    convs = [t for t in prepared.partition.tasks
+             if workload_family(t.name) == "fused_conv2d_add_relu"]
+    ids = storage.workload_ids([t.key for t in convs])
+    database = MetaScheduleDatabase(storage, target)
+    seeds = SiblingSeeds(database,
+                         [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs])
+    view = SiblingPrimedDatabase(database, seeds, share=0.5)
+    task = convs[0]
+    mod = tvm.ir.load_json(storage.get_workload(task.key).mod_json)
+    workload = view.commit_workload(mod)
+    records_before = storage.count_records(target_id=target_id)
+
+    own = database.get_top_k(workload, 8)
+    answer = view.get_top_k(workload, 8)
+    siblings = [r for r in answer if r.run_secs is None]  # unmeasured: the siblings' schedules
+    kept = answer[:len(answer) - len(siblings)]
+    assert 1 <= len(siblings) <= 4  # half the slots at most
+    assert [str(r.trace) for r in kept] == [str(r.trace) for r in own[:len(kept)]]
+    assert len(answer) == min(8, len(own) + len(siblings))
+    load_tensor_intrinsics("cpu")
+    context = ms.TuneContext(mod=mod, target=target.tvm_target(),
+                             space_generator="post-order-apply", task_name=task.name)
+    own_traces = {str(r.trace) for r in own}
+    for record in siblings:
+        assert str(record.trace) not in own_traces
+        # What the evolutionary search does with a database record: replay it on the task's
+        # module and postprocess it (tile sizes that do not fit the task's loops fail here).
+        sch = tvm.s_tir.Schedule(mod)
+        record.trace.apply_to_schedule(sch, remove_postproc=True)
+        sch.enter_postproc()
+        assert all(postproc.apply(sch) for postproc in context.space_generator.postprocs)
+    assert seeds.populated == len(siblings)
+    assert storage.count_records(target_id=target_id) == records_before  # nothing stored
+    # A workload that is not one of the run's tasks gets its own records only.
+    assert seeds.population(-1, mod, 4) == []
+    with pytest.raises(ValueError):
+        SiblingPrimedDatabase(database, seeds, share=1.5)

@@ -15,7 +15,7 @@ def test_a_continued_run_measures_only_new_schedules(tmp_path, example_model) ->
     try:
         prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
         # No seeds: they are checked against the database separately (tuner.sibling_seeds).
-        search = dataclasses.replace(FAST_SEARCH, sibling_seeds=False)
+        search = dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False)
         first = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "a",
                            search=search, seed=0, cost_model="cold")
         stored = storage.count_records()
