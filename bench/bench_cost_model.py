@@ -17,9 +17,10 @@
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
    ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
-   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials), the
-   models of the copied workloads are registered so that families are known; ``--no-seeds``
-   turns them off.
+   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials) and put
+   siblings' schedules in their search populations (:mod:`tuner.primed_database`; unmeasured);
+   the models of the copied workloads are registered so that families are known; ``--no-seeds``
+   turns both off.
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
    records of every other workload (what a warm run of that model starts from).
 
@@ -140,24 +141,23 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
 
 
 @contextlib.contextmanager
-def count_seeds():
-    """Collect the ``RunnerResult`` of every sibling seed measured inside the block (a run
-    stopped by :class:`StopWhenWithin` returns no summary to read them from)."""
+def sibling_seeders():
+    """Every :class:`tuner.sibling_seeds.SiblingSeeds` created inside the block, to read its
+    counters after the run (a run stopped by :class:`StopWhenWithin` returns no summary)."""
     from tuner.sibling_seeds import SiblingSeeds
 
-    measured: list = []
-    original = SiblingSeeds.seed
+    created: list = []
+    original = SiblingSeeds.__init__
 
-    def seed(self, *args, **kwargs):
-        results = original(self, *args, **kwargs)
-        measured.extend(results)
-        return results
+    def init(self, *args, **kwargs):
+        original(self, *args, **kwargs)
+        created.append(self)
 
-    SiblingSeeds.seed = seed
+    SiblingSeeds.__init__ = init
     try:
-        yield measured
+        yield created
     finally:
-        SiblingSeeds.seed = original
+        SiblingSeeds.__init__ = original
 
 
 def search_efficiency(
@@ -212,7 +212,7 @@ def search_efficiency(
         start = time.perf_counter()
         try:
             budget = min(len(cold_records), max_trials or len(cold_records))
-            with count_seeds() as seeds_measured:
+            with sibling_seeders() as seeders:
                 tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
                            filename=path.name, listeners=[stop], cost_model=cost_model, seed=0,
                            search=SearchConfig(sibling_seeds=seeds,
@@ -235,7 +235,8 @@ def search_efficiency(
             for n in sorted({100, 150, 200, 250, 300, 400, len(warm)})
             if n <= min(len(warm), len(cold))}
         row["guard_switches"] = guard_switches(getattr(cost_model.model, "guard_log", []))
-        row["sibling_seeds"] = len(seeds_measured)
+        row["sibling_seeds"] = sum(len(s.measured) for s in seeders)
+        row["sibling_population"] = sum(s.populated for s in seeders)
         if not seeds:
             row["model"] += " (no seeds)"
     finally:
@@ -338,7 +339,10 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
     seeded = [r for r in search_rows if "sibling_seeds" in r]
     if seeded:
         lines += ["", "Sibling seeds measured in the warm runs (counted in their trials): "
-                  + ", ".join(f"{r['model']} {r['sibling_seeds']}" for r in seeded) + "."]
+                  + ", ".join(f"{r['model']} {r['sibling_seeds']}" for r in seeded) + "; "
+                  "sibling schedules put in their search populations (summed over batches): "
+                  + ", ".join(f"{r['model']} {r.get('sibling_population', 0)}" for r in seeded)
+                  + "."]
     switched = [(r["model"], s) for r in search_rows for s in r.get("guard_switches", [])]
     if switched:
         lines += ["", "Guard switches (batch index over all scored batches):", ""]
@@ -387,7 +391,8 @@ def main() -> int:
     parser.add_argument("--no-base", action="store_true", help="warm runs start with no booster "
                         "and learn from their own measurements only (ablation of the transfer)")
     parser.add_argument("--no-seeds", action="store_true",
-                        help="warm runs without sibling seeds (tuner.sibling_seeds)")
+                        help="warm runs without sibling schedules, measured or in "
+                        "populations (tuner.sibling_seeds, tuner.primed_database)")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--work", type=Path, help="keep the warm runs' databases and artifacts "

@@ -20,9 +20,9 @@ from tvm.s_tir import meta_schedule as ms
 
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, make_builder, make_runner
+from tuner.primed_database import SiblingPrimedDatabase
 from tuner.scheduler import BatchCommittingGradient
 from tuner.seed import measure_default_schedules
-from tuner.primed_database import SiblingPrimedDatabase
 from tuner.sibling_seeds import SiblingSeeds
 from tuner.skip_stored import SkipStoredSchedules
 from tuner.space import design_space
