@@ -162,14 +162,17 @@ def sibling_seeders():
 
 def search_efficiency(
     source, target_row, name: str, work: Path, max_trials: int | None = None,
-    transfer: bool = True, seeds: bool = True,
+    transfer: bool = True, seeds: bool = True, leave_out: frozenset[str] = frozenset(),
+    population: bool = True,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
     same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
     the other models' records add. ``seeds=False``: no sibling seeds
     (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
-    none)."""
+    none); ``population=False``: seeds measured, none put in the search's populations
+    (:mod:`tuner.primed_database`). ``leave_out``: task names left out of both estimates (their trials still count; the
+    run's stop listener still sees every task, so such a run goes on to its cap)."""
     import db
     from compiler.prepare import prepare_model
     from cost_model.booster import BoosterConfig
@@ -181,14 +184,15 @@ def search_efficiency(
     from tuner.search import SearchConfig
 
     model, cold_records = model_runs(source, name)
-    weights = {w.workload_id: w.weight for w in source.model_workloads(model.id)}
+    weights = {w.workload_id: w.weight for w in source.model_workloads(model.id)
+               if w.task_name not in leave_out}
     tuned = {r.workload_id for r in cold_records}
     weights = {k: w for k, w in weights.items() if k in tuned}  # untunable tasks left out
     cold = curve(cold_records, weights)
     cold_final = cold[-1]
     goal = WITHIN * cold_final
     row = {"model": name, "cold_trials": len(cold_records), "cold_final_ms": cold_final * 1e3,
-           "cold_to_goal": trials_to(goal, cold)}
+           "cold_to_goal": trials_to(goal, cold), "left_out": sorted(leave_out)}
     dest = db.open_storage(f"sqlite:///{work / f'warm-{name}.db'}", upgrade=True)
     try:
         spec = target_row.spec()
@@ -216,7 +220,7 @@ def search_efficiency(
                 tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
                            filename=path.name, listeners=[stop], cost_model=cost_model, seed=0,
                            search=SearchConfig(sibling_seeds=seeds,
-                                               sibling_population=seeds))
+                                               sibling_population=seeds and population))
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
                 raise err
@@ -239,6 +243,8 @@ def search_efficiency(
         row["sibling_population"] = sum(s.populated for s in seeders)
         if not seeds:
             row["model"] += " (no seeds)"
+        elif not population:
+            row["model"] += " (seeds, no population)"
     finally:
         dest.close()
     return row
@@ -336,6 +342,10 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
             for n, (warm, cold) in r["at_equal_trials"].items():
                 lines.append(f"| {r['model']} | {n} | {warm:.3f} | {cold:.3f} | "
                              f"{warm / cold:.2f} |")
+    left = [r for r in search_rows if r.get("left_out")]
+    if left:
+        lines += ["", "Tasks left out of both estimates (`--leave-out`; their trials still count): "
+                  + "; ".join(f"{r['model']}: {', '.join(r['left_out'])}" for r in left) + "."]
     seeded = [r for r in search_rows if "sibling_seeds" in r]
     if seeded:
         lines += ["", "Sibling seeds measured in the warm runs (counted in their trials): "
@@ -393,6 +403,12 @@ def main() -> int:
     parser.add_argument("--no-seeds", action="store_true",
                         help="warm runs without sibling schedules, measured or in "
                         "populations (tuner.sibling_seeds, tuner.primed_database)")
+    parser.add_argument("--no-population", action="store_true",
+                        help="warm runs measure sibling seeds but put no sibling schedules in "
+                        "their search populations (tuner.primed_database)")
+    parser.add_argument("--leave-out", nargs="*", default=[], metavar="TASK",
+                        help="task names left out of the cold and warm estimates (e.g. tasks the "
+                        "cold run only tuned in a later job, after a compiler change renamed them)")
     parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
                         "not reached the goal (default: the cold run's trial count)")
     parser.add_argument("--work", type=Path, help="keep the warm runs' databases and artifacts "
@@ -428,7 +444,9 @@ def main() -> int:
                 raise SystemExit(f"{work / f'warm-{name}.db'} exists: pass another --work")
             search_rows.append(search_efficiency(source, target_row, name, work,
                                                  args.max_warm_trials, not args.no_base,
-                                                 not args.no_seeds))
+                                                 not args.no_seeds,
+                                                 frozenset(args.leave_out),
+                                                 not args.no_population))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)
