@@ -17,10 +17,10 @@
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
    ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
-   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials) and put
-   siblings' schedules in their search populations (:mod:`tuner.primed_database`; unmeasured);
-   the models of the copied workloads are registered so that families are known; ``--no-seeds``
-   turns both off.
+   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials; with
+   ``--population`` siblings' schedules also go into their search populations,
+   :mod:`tuner.primed_database`); the models of the copied workloads are registered so that
+   families are known; ``--no-seeds`` turns seeds off.
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
    records of every other workload (what a warm run of that model starts from).
 
@@ -163,15 +163,15 @@ def sibling_seeders():
 def search_efficiency(
     source, target_row, name: str, work: Path, max_trials: int | None = None,
     transfer: bool = True, seeds: bool = True, leave_out: frozenset[str] = frozenset(),
-    population: bool = True,
+    population: bool = False,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
     same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
     the other models' records add. ``seeds=False``: no sibling seeds
     (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
-    none); ``population=False``: seeds measured, none put in the search's populations
-    (:mod:`tuner.primed_database`). ``leave_out``: task names left out of both estimates (their trials still count; the
+    none); ``population=True``: sibling schedules also put in the search's populations
+    (:mod:`tuner.primed_database`, off by default). ``leave_out``: task names left out of both estimates (their trials still count; the
     run's stop listener still sees every task, so such a run goes on to its cap)."""
     import db
     from compiler.prepare import prepare_model
@@ -243,8 +243,8 @@ def search_efficiency(
         row["sibling_population"] = sum(s.populated for s in seeders)
         if not seeds:
             row["model"] += " (no seeds)"
-        elif not population:
-            row["model"] += " (seeds, no population)"
+        elif population:
+            row["model"] += " (seeds and population)"
     finally:
         dest.close()
     return row
@@ -403,9 +403,9 @@ def main() -> int:
     parser.add_argument("--no-seeds", action="store_true",
                         help="warm runs without sibling schedules, measured or in "
                         "populations (tuner.sibling_seeds, tuner.primed_database)")
-    parser.add_argument("--no-population", action="store_true",
-                        help="warm runs measure sibling seeds but put no sibling schedules in "
-                        "their search populations (tuner.primed_database)")
+    parser.add_argument("--population", action="store_true",
+                        help="warm runs also put sibling schedules in their search populations "
+                        "(tuner.primed_database; off by default, as in tunehub tune)")
     parser.add_argument("--leave-out", nargs="*", default=[], metavar="TASK",
                         help="task names left out of the cold and warm estimates (e.g. tasks the "
                         "cold run only tuned in a later job, after a compiler change renamed them)")
@@ -446,7 +446,7 @@ def main() -> int:
                                                  args.max_warm_trials, not args.no_base,
                                                  not args.no_seeds,
                                                  frozenset(args.leave_out),
-                                                 not args.no_population))
+                                                 args.population))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)

@@ -35,8 +35,8 @@ class SearchConfig:
     Smaller populations trade search quality for speed (tests use them to tune in seconds).
     ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
     rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`);
-    ``sibling_population`` (TuneHub's too, only with seeds) puts siblings' refitted schedules in
-    each batch's initial population (:mod:`tuner.primed_database`).
+    ``sibling_population`` (TuneHub's too; off: in ResNet-18's A/B run it did worse) puts
+    siblings' refitted schedules in each batch's initial population (:mod:`tuner.primed_database`).
     """
 
     population_size: int = 512
@@ -46,7 +46,7 @@ class SearchConfig:
     genetic_mutate_prob: float = 0.85
     eps_greedy: float = 0.05
     sibling_seeds: bool = True
-    sibling_population: bool = True
+    sibling_population: bool = False
 
     def strategy(self) -> ms.search_strategy.EvolutionarySearch:
         return ms.search_strategy.EvolutionarySearch(

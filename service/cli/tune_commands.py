@@ -33,8 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         dest="sibling_seeds",
         action="store_false",
         help="do not start tasks from the best schedules of their siblings (same fused "
-        "operators on other shapes, from any model in the database): neither measured first "
-        "nor put in the search's populations",
+        "operators on other shapes, from any model in the database)",
     )
     tune.add_argument(
         "--cost-model",
@@ -63,7 +62,6 @@ def run_tune(args: argparse.Namespace) -> int:
         population_size=args.population,
         init_min_unmeasured=min(50, args.population // 4),
         sibling_seeds=args.sibling_seeds,
-        sibling_population=args.sibling_seeds,
     )
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)

@@ -109,11 +109,12 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     storage, target, _, work = cnn_db
     prepared = prepare_model(example_model("mlp", "onnx"), target)
     budget = 16
-    summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp",
-                         search=FAST_SEARCH, seed=0, cost_model="cold")
+    summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp", seed=0,
+                         search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
+                         cost_model="cold")
     seeded = summary.extra["sibling_seeds"]
     assert seeded["measured"] >= 1 and seeded["valid"] >= 1
-    assert seeded["in_populations"] >= 1  # the search started from siblings' schedules too
+    assert seeded["in_populations"] >= 1  # turned on here: siblings' schedules in populations
     job = storage.get_job(summary.job_id)
     # Seeds are trials: the job's measurements stay within the budget plus one batch (4 here).
     assert seeded["measured"] < job.trials_done <= budget + 4
