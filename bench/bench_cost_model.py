@@ -163,7 +163,7 @@ def sibling_seeders():
 def search_efficiency(
     source, target_row, name: str, work: Path, max_trials: int | None = None,
     transfer: bool = True, seeds: bool = True, leave_out: frozenset[str] = frozenset(),
-    population: bool = False,
+    population: bool = False, seed: int = 0,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
@@ -171,7 +171,7 @@ def search_efficiency(
     the other models' records add. ``seeds=False``: no sibling seeds
     (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
     none); ``population=True``: sibling schedules also put in the search's populations
-    (:mod:`tuner.primed_database`, off by default). ``leave_out``: task names left out of both estimates (their trials still count; the
+    (:mod:`tuner.primed_database`, off by default). ``seed``: the search's random seed. ``leave_out``: task names left out of both estimates (their trials still count; the
     run's stop listener still sees every task, so such a run goes on to its cap)."""
     import db
     from compiler.prepare import prepare_model
@@ -218,7 +218,7 @@ def search_efficiency(
             budget = min(len(cold_records), max_trials or len(cold_records))
             with sibling_seeders() as seeders:
                 tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
-                           filename=path.name, listeners=[stop], cost_model=cost_model, seed=0,
+                           filename=path.name, listeners=[stop], cost_model=cost_model, seed=seed,
                            search=SearchConfig(sibling_seeds=seeds,
                                                sibling_population=seeds and population))
         except (_Reached, RuntimeError) as err:
@@ -245,6 +245,8 @@ def search_efficiency(
             row["model"] += " (no seeds)"
         elif population:
             row["model"] += " (seeds and population)"
+        if seed:
+            row["model"] += f" (seed {seed})"
     finally:
         dest.close()
     return row
@@ -403,6 +405,9 @@ def main() -> int:
     parser.add_argument("--no-seeds", action="store_true",
                         help="warm runs without sibling schedules, measured or in "
                         "populations (tuner.sibling_seeds, tuner.primed_database)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="the warm runs' search seed (repeat a run with another to see its "
+                        "spread)")
     parser.add_argument("--population", action="store_true",
                         help="warm runs also put sibling schedules in their search populations "
                         "(tuner.primed_database; off by default, as in tunehub tune)")
@@ -446,7 +451,7 @@ def main() -> int:
                                                  args.max_warm_trials, not args.no_base,
                                                  not args.no_seeds,
                                                  frozenset(args.leave_out),
-                                                 args.population))
+                                                 args.population, args.seed))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)
