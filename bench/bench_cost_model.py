@@ -24,7 +24,9 @@
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
    records of every other workload (what a warm run of that model starts from).
 
-Writes ``bench/results/cost_model_<date>.md`` with the machine and date.
+Writes ``bench/results/cost_model_<date>.md`` with the machine and date. The estimates are the
+runs' recorded times; to compare a warm run's end with the cold run's under the same machine
+conditions, re-measure both runs' best schedules with ``bench/remeasure.py``.
 """
 from __future__ import annotations
 
@@ -163,7 +165,7 @@ def sibling_seeders():
 def search_efficiency(
     source, target_row, name: str, work: Path, max_trials: int | None = None,
     transfer: bool = True, seeds: bool = True, leave_out: frozenset[str] = frozenset(),
-    population: bool = False, seed: int = 0,
+    population: bool = False, seed: int = 0, full_budget: bool = False,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
@@ -171,8 +173,11 @@ def search_efficiency(
     the other models' records add. ``seeds=False``: no sibling seeds
     (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
     none); ``population=True``: sibling schedules also put in the search's populations
-    (:mod:`tuner.primed_database`, off by default). ``seed``: the search's random seed. ``leave_out``: task names left out of both estimates (their trials still count; the
-    run's stop listener still sees every task, so such a run goes on to its cap)."""
+    (:mod:`tuner.primed_database`, off by default). ``seed``: the search's random seed.
+    ``leave_out``: task names left out of both estimates (their trials still count; the run's
+    stop listener still sees every task, so such a run goes on to its cap). ``full_budget``: no
+    stop listener; the run spends its whole budget (what a user's run would do, and what a
+    side-by-side re-measurement of its end, ``bench/remeasure.py``, should judge)."""
     import db
     from compiler.prepare import prepare_model
     from cost_model.booster import BoosterConfig
@@ -218,7 +223,8 @@ def search_efficiency(
             budget = min(len(cold_records), max_trials or len(cold_records))
             with sibling_seeders() as seeders:
                 tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
-                           filename=path.name, listeners=[stop], cost_model=cost_model, seed=seed,
+                           filename=path.name, listeners=[] if full_budget else [stop],
+                           cost_model=cost_model, seed=seed,
                            search=SearchConfig(sibling_seeds=seeds,
                                                sibling_population=seeds and population))
         except (_Reached, RuntimeError) as err:
@@ -405,6 +411,10 @@ def main() -> int:
     parser.add_argument("--no-seeds", action="store_true",
                         help="warm runs without sibling schedules, measured or in "
                         "populations (tuner.sibling_seeds, tuner.primed_database)")
+    parser.add_argument("--full-budget", action="store_true",
+                        help="warm runs spend their whole budget instead of stopping at the goal "
+                        "(their recorded estimate can reach it early on a fast moment of the "
+                        "machine)")
     parser.add_argument("--seed", type=int, default=0,
                         help="the warm runs' search seed (repeat a run with another to see its "
                         "spread)")
@@ -451,7 +461,8 @@ def main() -> int:
                                                  args.max_warm_trials, not args.no_base,
                                                  not args.no_seeds,
                                                  frozenset(args.leave_out),
-                                                 args.population, args.seed))
+                                                 args.population, args.seed,
+                                                 args.full_budget))
             print(json.dumps(search_rows[-1], default=str), flush=True)
             print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
                   flush=True)

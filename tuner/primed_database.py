@@ -21,7 +21,7 @@ Off by default (``SearchConfig.sibling_population``): in an A/B pair of warm Res
 98.6 ms and the one without at 74.7 ms (cold 2,000-trial final: 67.7 ms); on the MLP both
 reached the goal in 113 trials. One run each, and the ResNet-18 runs parted on whether an early
 batch found a fast convolution that the seeds then carried to every sibling, so this says
-"no gain shown", not "harmful" (``bench/results/cost_model_2026-11-30.md``).
+"no gain shown", not "harmful" (``bench/results/cost_model_2026-12-01.md``).
 """
 from __future__ import annotations
 

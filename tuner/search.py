@@ -35,8 +35,8 @@ class SearchConfig:
     Smaller populations trade search quality for speed (tests use them to tune in seconds).
     ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
     rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`);
-    ``sibling_population`` (TuneHub's too; off: in ResNet-18's A/B run it did worse) puts
-    siblings' refitted schedules in each batch's initial population (:mod:`tuner.primed_database`).
+    ``sibling_population`` (TuneHub's too; off: no gain shown in an A/B pair) puts siblings'
+    refitted schedules in each batch's initial population (:mod:`tuner.primed_database`).
     """
 
     population_size: int = 512
@@ -114,8 +114,8 @@ def run_search(
     first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
     :func:`tuner.space.design_space` of the target. ``seeds`` (in the order of
     ``extracted_tasks``) offers each task its siblings' schedules: measured within ``trials``
-    (``search.sibling_seeds``) and in the search's populations (``search.sibling_population``). Raises whatever
-    MetaSchedule raises (e.g. ``ValueError`` for no tasks).
+    (``search.sibling_seeds``) and in the search's populations (``search.sibling_population``).
+    Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks).
     """
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target_kind)

@@ -47,7 +47,8 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None,
                    cost_model=None) -> None:
         self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces,
-                              self.search_database or database, cost_model)
+                              database if self.search_database is None else self.search_database,
+                              cost_model)  # not ``or``: a database with no records is falsy
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()

@@ -55,7 +55,8 @@ def cnn_db(tmp_path_factory, example_model):
     target = cpu_target()
     prepared = prepare_model(example_model("small_cnn", "onnx"), target)
     tune_model(storage, prepared, trials=24, output_dir=work / "cnn", seed=0, cost_model="cold",
-               search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False))
+               search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False,
+                                          sibling_population=False))
     yield storage, target, prepared, work
     storage.close()
 
