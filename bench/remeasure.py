@@ -48,32 +48,34 @@ def _schedule(row: Any, mod: Any) -> Any:
 def remeasure_bests(pairs: list[tuple[str, int, Any, Any, Any]], target: Any,
                     rounds: int = 3) -> list[Remeasured]:
     """``pairs``: ``(task name, weight, workload module, best row of run a, best row of run
-    b)``. Returns one :class:`Remeasured` per pair, in order. A schedule that does not build or
-    run gets ``None``; never raises for one."""
+    b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per pair, in
+    order. A schedule that does not build or run gets ``None``; never raises for one."""
     from tvm.s_tir import meta_schedule as ms
 
     from tuner.measure import MeasureConfig, make_builder, make_runner
+    from tuner.progress import mean_run_secs
 
-    config = MeasureConfig()
+    config = MeasureConfig.for_target(target.kind)
     builder, runner = make_builder(config), make_runner(config)
-    device = "cuda" if target.kind.name == "cuda" else "cpu"
+    tvm_target = target.tvm_target()
     out = []
     for task, weight, mod, row_a, row_b in pairs:
         inputs = []
         for row in (row_a, row_b):
             sch = _schedule(row, mod)
             inputs.append((sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
-        built = builder.build([ms.builder.BuilderInput(sch.mod, target) for sch, _ in inputs])
+        built = builder.build([ms.builder.BuilderInput(sch.mod, tvm_target)
+                               for sch, _ in inputs])
         times: list[list[float]] = [[], []]
         for _ in range(rounds):
             for index, ((_, args), result) in enumerate(zip(inputs, built, strict=True)):
                 if result.error_msg is not None:
                     continue
-                (future,) = runner.run([ms.runner.RunnerInput(result.artifact_path, device,
-                                                              args)])
-                measured = future.result()
-                if measured.error_msg is None and measured.run_secs:
-                    times[index].append(statistics.fmean(float(s) for s in measured.run_secs))
+                (future,) = runner.run([ms.runner.RunnerInput(result.artifact_path,
+                                                              target.device, args)])
+                secs = mean_run_secs(future.result())
+                if secs is not None:
+                    times[index].append(secs)
         out.append(Remeasured(task, weight, *(statistics.median(t) if t else None
                                               for t in times)))
     return out
@@ -99,6 +101,8 @@ def main() -> int:
     args = parser.parse_args()
     if not args.warm.is_file():
         parser.error(f"{args.warm} is not a file")
+    if args.rounds < 1:
+        parser.error(f"--rounds must be >= 1, got {args.rounds}")
     import tvm
 
     import db
@@ -109,8 +113,13 @@ def main() -> int:
     warm = db.open_storage(f"sqlite:///{args.warm}")
     try:
         model, _ = model_runs(source, args.model)
-        (target,) = warm.list_targets()
+        targets = warm.list_targets()
+        if len(targets) != 1:
+            parser.error(f"{args.warm} holds {len(targets)} targets; a warm run's holds one")
+        (target,) = targets
         cold_target = source.get_target(target.key)
+        if cold_target is None:
+            parser.error(f"{args.source} has no records for the warm run's target {target.key}")
         pairs, recorded = [], [0.0, 0.0]
         for task in source.model_workloads(model.id):
             if task.task_name in args.leave_out:
@@ -125,7 +134,9 @@ def main() -> int:
             recorded[1] += task.weight * warm_best.mean_secs
             pairs.append((task.task_name, task.weight, tvm.ir.load_json(workload.mod_json),
                           cold_best, warm_best))
-        rows = remeasure_bests(pairs, target.spec().tvm_target(), args.rounds)
+        if not pairs:
+            parser.error(f"no task of {args.model} has a best record in both databases")
+        rows = remeasure_bests(pairs, target.spec(), args.rounds)
     finally:
         warm.close()
         source.close()

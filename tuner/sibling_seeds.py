@@ -177,7 +177,7 @@ class SiblingSeeds:
         if not candidates:
             return []
         target = record.ctx.target
-        device = "cuda" if target.kind.name == "cuda" else "cpu"  # the runner's device name
+        device = self.database.target_spec.device  # the runner's device name
         built = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in candidates])
         results = []
         for candidate, result in zip(candidates, built, strict=True):
