@@ -93,17 +93,16 @@ class EmbeddedWorkers:
         self._monitor.start()
 
     def _requeue(self, name: str) -> None:
-        """The worker process ``name`` is gone: release its leases (and any job it claimed
-        whole, the pre-lease protocol) so other workers take the work over at once."""
+        """The worker process ``name`` is gone: release its leases so other workers take the
+        work over at once."""
         try:
             with db.open_storage(self.database_url) as storage:
                 leases = storage.release_worker_leases(name, max_attempts=self.settings.lease_max_attempts)
-                ids = storage.requeue_jobs(worker=name)
         except db.StorageError as err:
             logger.warning("could not release the work of %s: %s", name, err)
             return
-        if leases or ids:
-            logger.warning("released leases %s / requeued jobs %s of worker %s", leases, ids, name)
+        if leases:
+            logger.warning("released leases %s of worker %s", leases, name)
 
     def _watch(self) -> None:
         while not self._stopping.wait(1.0):

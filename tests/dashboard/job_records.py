@@ -1,9 +1,9 @@
 """Tuning records for a job, written through the storage API as a worker writes them.
 
 The dashboard's tests and its benchmark need jobs with many records without hours of tuning:
-:class:`RecordWriter` takes a queued job, claims it the way a worker does (``claim_next_job``,
-job tasks from the model's task list, tasks to ``running``), then commits batches of records
-tagged with the job and updates task and job progress after each batch, like
+:class:`RecordWriter` takes a queued job, claims it the way a worker does (``start_job`` with
+job tasks from the model's task list, then one ``claim_task_lease`` per task), then commits
+batches of records tagged with the job and updates task and job progress after each batch, like
 :class:`tuner.job.JobRowWriter`. Latencies follow a tuning curve (fast early improvements, a
 floor set by the task's FLOPs) with noise and ~5 % failed candidates; traces are distinct JSON
 lists, so every record is a new row. Nothing is measured: this stands in for the measuring, not
@@ -38,15 +38,13 @@ class RecordWriter:
         self.worker = self.worker or f"records-writer-{self.job_id}"
 
     def start(self) -> list[db.JobTask]:
-        """Claim the job (it must be the next queued one) and create its running tasks."""
+        """Start the job (it must be queued) and lease each of its tasks to this writer."""
         job = self.storage.get_job(self.job_id)
         assert job is not None and job.model_id is not None, "a queued job of an uploaded model"
         self.target_id = job.target_id
         self.storage.register_worker(
             self.worker, fingerprint_json='{"cores": 2, "writer": "test"}', target_id=job.target_id
         )
-        claimed = self.storage.claim_next_job(self.worker, target_id=job.target_id)
-        assert claimed is not None and claimed.id == self.job_id, "the job was not the next one"
         links = self.storage.model_workloads(job.model_id)
         new = [
             db.NewJobTask(
@@ -58,10 +56,14 @@ class RecordWriter:
             )
             for link in links
         ]
-        self.tasks = [
-            self.storage.transition_job_task(t.id, db.JobStatus.RUNNING, leased_by=self.worker)
-            for t in self.storage.add_job_tasks(self.job_id, new)
-        ]
+        started = self.storage.start_job(self.job_id, new)
+        assert started is not None, "the job was not queued"
+        for _ in new:
+            lease = self.storage.claim_task_lease(
+                self.worker, target_id=job.target_id, lease_secs=3600, max_trials=job.trial_budget
+            )
+            assert lease is not None and lease.job_id == self.job_id, "another job's task was next"
+        self.tasks = self.storage.list_job_tasks(self.job_id)
         return self.tasks
 
     def _latency(self, task: db.JobTask) -> float | None:

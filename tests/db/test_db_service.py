@@ -1,8 +1,6 @@
-"""Storage methods the service and the workers use, on both backends: job claims and leases,
-requeue of dead workers' jobs, owner filters, model deletion, record and workload browsing."""
+"""Storage methods the service and the workers use, on both backends: owner filters, model
+deletion, record and workload browsing."""
 from __future__ import annotations
-
-import threading
 
 import pytest
 
@@ -19,66 +17,6 @@ def _job(storage, target_id, **kw):
     return storage.create_job(target_id=target_id, trial_budget=kw.pop("budget", 8), **kw)
 
 
-def test_claim_order_priority_then_age_and_target_filter(storage, target_id, other_targets):
-    other = storage.ensure_target(other_targets["one_core"]).id
-    low = _job(storage, target_id, owner="a")
-    high = _job(storage, target_id, owner="a", priority=5)
-    elsewhere = _job(storage, other, owner="a", priority=9)
-    later_low = _job(storage, target_id, owner="a")
-
-    first = storage.claim_next_job("w1", target_id=target_id)
-    assert first.id == high.id and first.status == "running" and first.worker == "w1"
-    assert first.started_at is not None
-    assert storage.claim_next_job("w1", target_id=target_id).id == low.id
-    assert storage.claim_next_job("w2", target_id=target_id).id == later_low.id
-    assert storage.claim_next_job("w2", target_id=target_id) is None
-    assert storage.claim_next_job("w3").id == elsewhere.id  # no filter: any target
-    assert storage.claim_next_job("w3") is None
-
-
-def test_concurrent_claims_never_share_a_job(storage, target_id, db_url):
-    jobs = {_job(storage, target_id).id for _ in range(12)}
-    claimed: list[int] = []
-    lock = threading.Lock()
-
-    def claimer(name: str) -> None:
-        with db.open_storage(db_url) as own:
-            while (job := own.claim_next_job(name, target_id=target_id)) is not None:
-                with lock:
-                    claimed.append(job.id)
-
-    threads = [threading.Thread(target=claimer, args=(f"w{i}",)) for i in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert sorted(claimed) == sorted(jobs)  # every job once, none twice
-
-
-def test_requeue_dead_workers_jobs_only(storage, target_id):
-    worker = storage.register_worker("alive", target_id=target_id)
-    storage.register_worker("dead", target_id=target_id)
-    a = _job(storage, target_id)
-    b = _job(storage, target_id)
-    cli = _job(storage, target_id)
-    storage.claim_next_job("alive")
-    storage.claim_next_job("dead")
-    storage.transition_job(cli.id, JobStatus.RUNNING, expected=JobStatus.QUEUED)  # CLI: no worker
-    storage.heartbeat(worker.id)
-    # Nobody is stale within an hour; everyone with a worker is stale within -1 s.
-    assert storage.requeue_jobs(stale_after_secs=3600) == []
-    assert storage.requeue_jobs(worker="dead") == [b.id]
-    requeued = storage.get_job(b.id)
-    assert requeued.status == "queued" and requeued.worker is None
-    assert storage.requeue_jobs(stale_after_secs=-1) == [a.id]
-    assert storage.get_job(cli.id).status == "running"  # a CLI run is never reaped
-    # An unregistered worker's job is stale at once.
-    storage.claim_next_job("ghost")
-    assert storage.requeue_jobs(stale_after_secs=3600) == [min(a.id, b.id)]
-    with pytest.raises(db.StorageError):
-        storage.requeue_jobs()
-
-
 def test_owner_filters_counts_and_pagination(storage, target_id):
     for i in range(5):
         _job(storage, target_id, owner="alice" if i % 2 == 0 else "bob")
@@ -88,7 +26,7 @@ def test_owner_filters_counts_and_pagination(storage, target_id):
     assert [j.id for j in storage.list_jobs(owner="alice", limit=2, offset=1)] == [
         j.id for j in alice[1:]
     ]
-    storage.claim_next_job("w")
+    storage.transition_job(alice[0].id, JobStatus.RUNNING, expected=JobStatus.QUEUED)
     counts = storage.job_counts()
     assert counts == {"queued": 4, "running": 1, "succeeded": 0, "failed": 0, "cancelled": 0}
     assert storage.count_jobs(status="queued") == 4

@@ -168,19 +168,12 @@ def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
     _assert_nothing_half_written(server)
 
 
-def test_queue_metrics_and_claim_order(server, alice) -> None:
+def test_queue_metrics(server, alice) -> None:
     model_id = alice.get("/models").json()["data"][0]["id"]
     low = alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4}).json()
-    high = alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "priority": 10}).json()
+    alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "priority": 10}).json()
     metrics = httpx.get(f"{server.url}/metrics").text
     queued = [line for line in metrics.splitlines() if line.startswith("tunehub_queue_depth")]
     assert queued and float(queued[0].split()[1]) >= 2
     assert "tunehub_http_requests_total" in metrics
-    with server.storage() as storage:
-        # The lease path a worker uses: the higher priority first.
-        assert storage.claim_next_job("test-worker").id == high["id"]
-        listed = alice.get("/jobs", params={"status": "running"}).json()
-        assert [j["id"] for j in listed["data"]] == [high["id"]]
-        assert listed["data"][0]["worker"] == "test-worker"
-        assert storage.requeue_jobs(stale_after_secs=3600) == [high["id"]]  # never registered
     assert alice.get(f"/jobs/{low['id']}").json()["status"] == "queued"

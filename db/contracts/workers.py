@@ -1,0 +1,24 @@
+"""The contract of workers: registration by name and heartbeats on the database clock."""
+from __future__ import annotations
+
+import abc
+
+from db.types import Worker
+
+
+class WorkerStorage(abc.ABC):
+    """The registered workers."""
+
+    @abc.abstractmethod
+    def register_worker(
+        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None
+    ) -> Worker:
+        """Insert or update the worker called ``name`` and stamp a heartbeat."""
+
+    @abc.abstractmethod
+    def heartbeat(self, worker_id: int, *, status: str | None = None) -> Worker:
+        """Stamp ``last_heartbeat`` with the database clock (and set ``status`` if given)."""
+
+    @abc.abstractmethod
+    def list_workers(self) -> list[Worker]:
+        """All workers, by id."""

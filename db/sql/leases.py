@@ -1,0 +1,293 @@
+"""Task leases on SQL, granting side: job starts, tune and finalize leases, renewals, batches.
+
+Claims are compare-and-sets (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on SQLite);
+a partial unique index keeps one active lease per piece of work.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from sqlalchemy import case, func, not_, or_, select, update
+
+from db.contracts.jobs import JobStorage
+from db.errors import ConflictError, NotFoundError
+from db.models import JobRow, JobTaskRow, TaskLeaseRow
+from db.sql.base import SQLBase, frozen
+from db.sql.jobs import job_task_row
+from db.types import Job, JobStatus, LeaseBatchResult, LeaseStatus, NewJobTask, TaskLease
+
+
+class LeaseSQL(SQLBase, JobStorage):
+    """The lease-granting part of :class:`JobStorage`."""
+
+    def start_job(self, job_id: int, tasks: Sequence[NewJobTask]) -> Job | None:
+        with self._session(write=True) as session:
+            result = session.execute(
+                update(JobRow)
+                .where(JobRow.id == job_id, JobRow.status == JobStatus.QUEUED)
+                .values(
+                    status=JobStatus.RUNNING,
+                    worker=None,
+                    started_at=func.coalesce(JobRow.started_at, func.now()),
+                    updated_at=func.now(),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            if result.rowcount != 1:
+                return None
+            existing = {
+                t.workload_id: t
+                for t in session.scalars(select(JobTaskRow).where(JobTaskRow.job_id == job_id))
+            }
+            # Tasks left by an earlier run of this job: unfinished ones are lease-able again.
+            session.execute(
+                update(JobTaskRow)
+                .where(
+                    JobTaskRow.job_id == job_id,
+                    JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+                )
+                .values(
+                    status=JobStatus.QUEUED, leased_by=None, lease_expires_at=None,
+                    updated_at=func.now(),
+                )
+                .execution_options(synchronize_session=False)
+            )
+            session.add_all(
+                job_task_row(job_id, t)
+                for t in tasks
+                if t.workload_id not in existing
+            )
+            session.flush()
+            return frozen(Job, session.get(JobRow, job_id, populate_existing=True))
+
+    def claim_task_lease(
+        self,
+        worker: str,
+        *,
+        target_id: int,
+        lease_secs: float,
+        max_trials: int | Callable[[int], int],
+    ) -> TaskLease | None:
+        cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
+        candidate = (
+            select(JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id)
+            .join(JobRow, JobRow.id == JobTaskRow.job_id)
+            .where(
+                JobTaskRow.status == JobStatus.QUEUED,
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+            )
+            .order_by(
+                JobRow.priority.desc(),
+                JobRow.id,
+                (func.coalesce(JobTaskRow.flops, 0.0) * JobTaskRow.weight).desc(),
+                JobTaskRow.id,
+            )
+            .limit(1)
+            .with_for_update(skip_locked=True, of=JobTaskRow)  # PostgreSQL; SQLite: write lock
+        )
+        with self._session(write=True) as session:
+            while True:
+                row = session.execute(candidate).one_or_none()
+                if row is None:
+                    return None
+                task_id, budget, done, job_id = row
+                remaining = budget - done
+                values: dict[str, Any] = {"updated_at": func.now()}
+                if remaining <= 0:  # nothing left to measure: finished, not lease-able
+                    values["status"] = JobStatus.SUCCEEDED
+                else:
+                    values.update(
+                        status=JobStatus.RUNNING,
+                        leased_by=worker,
+                        lease_expires_at=self._db_now_plus(lease_secs),
+                    )
+                claimed = session.execute(
+                    update(JobTaskRow)
+                    .where(JobTaskRow.id == task_id, JobTaskRow.status == JobStatus.QUEUED)
+                    .values(**values)
+                    .execution_options(synchronize_session=False)
+                )
+                if claimed.rowcount != 1 or remaining <= 0:
+                    continue
+                lease = TaskLeaseRow(
+                    job_id=job_id,
+                    task_id=task_id,
+                    kind="tune",
+                    work_key=f"task:{task_id}",
+                    worker=worker,
+                    status=LeaseStatus.ACTIVE,
+                    trials=max(1, min(remaining, int(cap(budget)))),
+                    expires_at=self._db_now_plus(lease_secs),
+                )
+                session.add(lease)
+                session.flush()
+                session.refresh(lease)
+                return frozen(TaskLease, lease)
+
+    def claim_finalize_lease(
+        self, worker: str, *, target_id: int, lease_secs: float
+    ) -> TaskLease | None:
+        from sqlalchemy import exc  # noqa: PLC0415
+
+        unfinished = (
+            select(JobTaskRow.id)
+            .where(
+                JobTaskRow.job_id == JobRow.id,
+                JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+            )
+            .exists()
+        )
+        finalizing = (
+            select(TaskLeaseRow.id)
+            .where(
+                TaskLeaseRow.job_id == JobRow.id,
+                TaskLeaseRow.kind == "finalize",
+                TaskLeaseRow.status == LeaseStatus.ACTIVE,
+            )
+            .exists()
+        )
+        candidates = (
+            select(JobRow.id)
+            .where(
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+                not_(unfinished),
+                not_(finalizing),
+            )
+            .order_by(JobRow.priority.desc(), JobRow.id)
+            .limit(5)
+        )
+        with self._session(write=True) as session:
+            for job_id in list(session.scalars(candidates)):
+                lease = TaskLeaseRow(
+                    job_id=job_id,
+                    task_id=None,
+                    kind="finalize",
+                    work_key=f"finalize:{job_id}",
+                    worker=worker,
+                    status=LeaseStatus.ACTIVE,
+                    trials=0,
+                    expires_at=self._db_now_plus(lease_secs),
+                )
+                try:
+                    # The partial unique index on the active work key settles a race between
+                    # two claimers (PostgreSQL: the second waits for the first, then fails).
+                    with session.begin_nested():
+                        session.add(lease)
+                        session.flush()
+                except exc.IntegrityError:
+                    continue
+                session.refresh(lease)
+                return frozen(TaskLease, lease)
+        return None
+
+    def get_lease(self, lease_id: int) -> TaskLease | None:
+        with self._session() as session:
+            row = session.get(TaskLeaseRow, lease_id)
+            return None if row is None else frozen(TaskLease, row)
+
+    def list_leases(
+        self,
+        *,
+        job_id: int | None = None,
+        worker: str | None = None,
+        status: str | None = None,
+        after_id: int = 0,
+        limit: int = 100,
+    ) -> list[TaskLease]:
+        stmt = select(TaskLeaseRow).where(TaskLeaseRow.id > after_id)
+        if job_id is not None:
+            stmt = stmt.where(TaskLeaseRow.job_id == job_id)
+        if worker is not None:
+            stmt = stmt.where(TaskLeaseRow.worker == worker)
+        if status is not None:
+            stmt = stmt.where(TaskLeaseRow.status == status)
+        stmt = stmt.order_by(TaskLeaseRow.id).limit(max(0, int(limit)))
+        with self._session() as session:
+            return [frozen(TaskLease, r) for r in session.scalars(stmt)]
+
+    def renew_leases(self, worker: str, *, lease_secs: float) -> list[TaskLease]:
+        active = (TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE)
+        with self._session(write=True) as session:
+            session.execute(
+                update(TaskLeaseRow)
+                .where(*active)
+                .values(expires_at=self._db_now_plus(lease_secs), updated_at=func.now())
+                .execution_options(synchronize_session=False)
+            )
+            rows = session.scalars(select(TaskLeaseRow).where(*active).order_by(TaskLeaseRow.id))
+            return [frozen(TaskLease, r) for r in rows]
+
+    def record_lease_batch(
+        self,
+        lease_id: int,
+        *,
+        batch: int,
+        trials: int,
+        best_mean_secs: float | None,
+        lease_secs: float,
+    ) -> LeaseBatchResult:
+        with self._session(write=True) as session:
+            lease = session.get(TaskLeaseRow, lease_id)
+            if lease is None:
+                raise NotFoundError(f"task lease {lease_id} does not exist")
+            counted = False
+            if lease.status == LeaseStatus.ACTIVE and lease.kind == "tune":
+                if batch > lease.batches_done:
+                    raise ConflictError(
+                        f"batch {batch} of lease {lease_id} arrived before batch "
+                        f"{lease.batches_done}: upload batches in order"
+                    )
+                if batch == lease.batches_done:
+                    counted = self._count_batch(session, lease, trials, best_mean_secs, lease_secs)
+            job_status = session.execute(
+                select(JobRow.status).where(JobRow.id == lease.job_id)
+            ).scalar_one()
+            lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
+            return LeaseBatchResult(frozen(TaskLease, lease), counted, job_status)
+
+    def _count_batch(self, session, lease, trials: int, best: float | None, lease_secs: float) -> bool:
+        moved = session.execute(
+            update(TaskLeaseRow)
+            .where(
+                TaskLeaseRow.id == lease.id,
+                TaskLeaseRow.status == LeaseStatus.ACTIVE,
+                TaskLeaseRow.batches_done == lease.batches_done,
+            )
+            .values(
+                trials_done=TaskLeaseRow.trials_done + trials,
+                batches_done=TaskLeaseRow.batches_done + 1,
+                expires_at=self._db_now_plus(lease_secs),
+                updated_at=func.now(),
+            )
+            .execution_options(synchronize_session=False)
+        )
+        if moved.rowcount != 1:
+            return False
+        task_values: dict[str, Any] = {
+            "trials_done": JobTaskRow.trials_done + trials,
+            "updated_at": func.now(),
+        }
+        if best is not None:
+            task_values["best_mean_secs"] = case(
+                (
+                    or_(JobTaskRow.best_mean_secs.is_(None), JobTaskRow.best_mean_secs > best),
+                    best,
+                ),
+                else_=JobTaskRow.best_mean_secs,
+            )
+        session.execute(
+            update(JobTaskRow)
+            .where(JobTaskRow.id == lease.task_id)
+            .values(**task_values)
+            .execution_options(synchronize_session=False)
+        )
+        session.execute(
+            update(JobRow)
+            .where(JobRow.id == lease.job_id)
+            .values(trials_done=JobRow.trials_done + trials, updated_at=func.now())
+            .execution_options(synchronize_session=False)
+        )
+        return True
