@@ -1,8 +1,9 @@
 """Schema versions: programmatic Alembic upgrades and the start-up check.
 
 The migrations ship inside the package (``db/migrations``), so this works from any working
-directory. The service and the workers call :func:`check_schema` (through
-:func:`db.open_storage`) and refuse to start on an old schema; the message names the command.
+directory. :func:`db.open_storage` settles the schema through :func:`prepare_schema`: a fresh
+database (no tables at all) gets the schema at once, as MLflow and Optuna do; the service and the
+workers refuse to start on an old schema, and the message names the command.
 """
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
-from sqlalchemy import Engine
+from sqlalchemy import Engine, inspect
 
 from db.engine import display_url, map_errors
-from db.errors import SchemaOutdatedError
+from db.errors import SchemaOutdatedError, StorageError
 
 MIGRATIONS_DIR = Path(__file__).resolve().parent / "migrations"
 
@@ -44,6 +45,39 @@ def current_revision(engine: Engine) -> str | None:
     """The revision stamped in the database, ``None`` for a database without TuneHub tables."""
     with map_errors(), engine.connect() as conn:
         return MigrationContext.configure(conn).get_current_revision()
+
+
+def is_empty(engine: Engine) -> bool:
+    """Whether the database has no tables (a new SQLite file, an empty PostgreSQL database)."""
+    with map_errors(), engine.connect() as conn:
+        return not inspect(conn).get_table_names()
+
+
+def prepare_schema(engine: Engine, *, migrate: bool = False) -> str:
+    """Bring the schema to the head where that is safe, else refuse; return the revision.
+
+    At the head: nothing to do. A fresh database (:func:`is_empty`) is migrated to the head. An
+    old schema (or tables without a TuneHub stamp) is migrated only with ``migrate``. Two
+    processes creating the schema of one fresh database at once both succeed: the loser of the
+    race finds the winner's schema.
+
+    Raises:
+        SchemaOutdatedError: the schema is old (and ``migrate`` is false) or newer than this
+            TuneHub; the message names the exact command to run.
+    """
+    current = current_revision(engine)
+    head = head_revision()
+    if current == head:
+        return current
+    if current is not None and current not in known_revisions():
+        check_schema(engine)  # raises: newer than this code
+    if migrate or (current is None and is_empty(engine)):
+        try:
+            upgrade(engine)
+        except StorageError:
+            if current_revision(engine) != head:
+                raise
+    return check_schema(engine)
 
 
 def check_schema(engine: Engine) -> str:

@@ -1,4 +1,5 @@
-"""Schema versions: upgrade from empty, refusal of old/missing/newer schemas, the CLI commands."""
+"""Schema versions: upgrade from empty, fresh databases created, refusal of old/newer schemas,
+the CLI commands."""
 from __future__ import annotations
 
 import json
@@ -70,12 +71,48 @@ def test_upgrade_from_0001_keeps_data_and_adds_job_worker(db_url):
         assert job.status == "running" and job.worker is None  # a CLI-style run: no worker
 
 
-def test_missing_schema_is_refused_with_the_exact_command(db_url):
+def test_fresh_database_gets_the_schema_without_upgrade(db_url):
+    """A missing SQLite file and an empty PostgreSQL database are created at the head."""
+    with db.open_storage(db_url) as storage:
+        assert storage.stats().schema_revision == HEAD
+        assert EXPECTED_TABLES <= set(inspect(storage.engine).get_table_names())
+    with db.open_storage(db_url) as storage:  # opened again: nothing to do
+        assert storage.count_records() == 0
+
+
+def test_older_schema_is_refused_with_the_exact_command(db_url):
+    engine = create_storage_engine(db_url)
+    try:
+        db.upgrade(engine, "0001_initial")
+    finally:
+        engine.dispose()
     with pytest.raises(db.SchemaOutdatedError) as info:
         db.open_storage(db_url)
     shown = db.engine.display_url(db_url)
+    assert "schema revision 0001_initial" in str(info.value)
     assert f"tunehub db upgrade --db {shown}" in str(info.value)
     assert info.value.command == f"tunehub db upgrade --db {shown}"
+    engine = create_storage_engine(db_url)
+    try:
+        assert db.current_revision(engine) == "0001_initial"  # refused, not touched
+    finally:
+        engine.dispose()
+
+
+def test_tables_without_a_tunehub_schema_are_refused(db_url):
+    engine = create_storage_engine(db_url)
+    try:
+        with engine.begin() as conn:
+            conn.execute(text("CREATE TABLE someone_elses (id INTEGER PRIMARY KEY)"))
+    finally:
+        engine.dispose()
+    with pytest.raises(db.SchemaOutdatedError, match="no TuneHub schema"):
+        db.open_storage(db_url)
+    engine = create_storage_engine(db_url)
+    try:
+        assert set(inspect(engine).get_table_names()) == {"someone_elses"}
+    finally:
+        engine.dispose()
 
 
 def test_old_schema_is_refused_and_upgrade_fixes_it(db_url):
@@ -104,6 +141,11 @@ def test_newer_schema_is_refused_even_with_upgrade(db_url):
 def test_cli_upgrade_and_stats(db_url, capsys):
     from service.cli import main
 
+    engine = create_storage_engine(db_url)
+    try:
+        db.upgrade(engine, "0001_initial")  # an old schema: refused until upgraded
+    finally:
+        engine.dispose()
     assert main(["db", "stats", "--db", db_url]) == 2
     assert "tunehub db upgrade --db" in capsys.readouterr().err
     assert main(["db", "upgrade", "--db", db_url]) == 0
@@ -132,11 +174,18 @@ def test_embedded_default_is_created_on_first_use(tmp_path, monkeypatch, capsys)
     assert db.resolve_database_url("sqlite:///x.db") == ("sqlite:///x.db", False)
 
 
-def test_missing_sqlite_file_is_refused_without_creating_it(tmp_path):
-    path = tmp_path / "absent.db"
-    with pytest.raises(db.SchemaOutdatedError, match=f"tunehub db upgrade --db sqlite:///{path}"):
-        db.open_storage(f"sqlite:///{path}")
-    assert not path.exists()
+def test_missing_sqlite_file_is_created_with_the_schema(tmp_path, capsys):
+    from service.cli import main
+
+    path = tmp_path / "new" / "absent.db"
+    with db.open_storage(f"sqlite:///{path}") as storage:
+        assert storage.stats().schema_revision == HEAD
+    assert path.exists()
+    # The CLI the same way: `tunehub db stats --db sqlite:///<missing path>` creates it.
+    other = tmp_path / "cli.db"
+    assert main(["db", "stats", "--db", f"sqlite:///{other}", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["schema_revision"] == HEAD
+    assert other.exists()
 
 
 def test_sqlite_pragmas(tmp_path):
