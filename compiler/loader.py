@@ -42,18 +42,23 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
     return path.read_bytes()
 
 
-def _load_pt2(data: bytes, limits: ModelLimits, input_shapes: Mapping[str, Sequence[int]]):
-    from compiler.pt2_loader import pt2_input_specs
+def _load_pt2(
+    data: bytes, limits: ModelLimits, input_shapes: Mapping[str, Sequence[int]], display_name: str
+):
+    from compiler.pt2_loader import check_pt2_graph_limits, pt2_input_specs
     from compiler.pt2_safety import load_exported_program
 
     fd, name = tempfile.mkstemp(suffix=".pt2", prefix="tunehub-upload-")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        program = load_exported_program(Path(name), max_uncompressed_bytes=2 * limits.max_bytes)
+        program = load_exported_program(
+            Path(name), max_uncompressed_bytes=2 * limits.max_bytes, display_name=display_name
+        )
     finally:
         os.unlink(name)
     specs, bindings = pt2_input_specs(program, input_shapes, limits)
+    check_pt2_graph_limits(program, limits)
     return program, specs, bindings
 
 
@@ -63,17 +68,25 @@ def load_model(
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     expected_format: ModelFormat | None = None,
+    allow_external_data: bool = True,
+    display_name: str | None = None,
 ) -> LoadedModel:
     """Validate and load a model from bytes (upload) or a path (local file).
 
     ``input_shapes`` gives static values for symbolic input dimensions (input name → shape).
     ``expected_format`` makes a mismatch between a declared and the detected format an error.
+    ``allow_external_data``: an ONNX file loaded from a path may keep weights in files of its own
+    folder; ``False`` (every upload: its folder is the service's staging area) refuses external
+    data whatever it names, as bytes always do. ``display_name`` is how messages name the file
+    (default: the path's file name, or ``<upload>`` for bytes), so a server's temp names never
+    reach a user.
     """
     limits = limits or ModelLimits()
     base_dir: Path | None = None
     if isinstance(source, Path):
         data = read_model_file(source, limits)
-        base_dir = source.parent
+        base_dir = source.parent if allow_external_data else None
+        display_name = display_name or source.name
     else:
         data = bytes(source)
         if len(data) > limits.max_bytes:
@@ -91,5 +104,5 @@ def load_model(
     if fmt == "onnx":
         model, specs = load_onnx(data, limits=limits, input_shapes=shapes, base_dir=base_dir)
         return LoadedModel("onnx", sha256, len(data), specs, model)
-    program, specs, bindings = _load_pt2(data, limits, shapes)
+    program, specs, bindings = _load_pt2(data, limits, shapes, display_name or "<upload>")
     return LoadedModel("pt2", sha256, len(data), specs, program, bindings)

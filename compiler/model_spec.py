@@ -30,11 +30,20 @@ class ModelLimits:
 
     ``max_bytes`` bounds the file (and, for ``.pt2``, the unpacked archive); ``max_input_elements``
     bounds each declared input; ``max_total_input_bytes`` bounds all inputs together.
+    ``max_nodes`` bounds the graph's operator nodes (subgraphs included, ONNX; graph nodes, ``.pt2``).
+    ``max_constant_elements`` / ``max_constant_bytes`` bound every tensor the import could
+    materialize at compile time (initializers, ``Constant`` nodes and anything computed only from
+    them, such as a ``ConstantOfShape``/``Expand``/``Tile``/``Range`` on constant operands): checked
+    on the ONNX graph before TVM folds anything, and on the Relax module after each folding step
+    (so they bound weights too: raise them with ``max_bytes``).
     """
 
     max_bytes: int = 512 * 1024 * 1024
     max_input_elements: int = 1 << 26
     max_total_input_bytes: int = 1 << 30
+    max_nodes: int = 20_000
+    max_constant_elements: int = 1 << 27
+    max_constant_bytes: int = 1 << 29
     min_onnx_opset: int = 7
     max_onnx_opset: int = 23
 

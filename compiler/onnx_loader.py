@@ -3,7 +3,8 @@
 Promises: a returned model parsed as protobuf, passed ``onnx.checker``, uses a default-domain opset
 within :class:`ModelLimits`, carries all weights inside the file (or, when loaded from a path, in
 external-data files inside that file's own folder), and declares only static input shapes (after
-applying the user's ``input_shapes``) within the size limits. Anything else raises
+applying the user's ``input_shapes``) within the size limits, and stays within the node-count and
+compile-time-constant limits (:mod:`compiler.graph_limits`). Anything else raises
 :class:`ModelError` with a message for the user; nothing is executed.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from google.protobuf.message import DecodeError
 from onnx import helper
 
 from compiler.errors import ModelError
+from compiler.graph_limits import check_graph_limits
 from compiler.model_spec import ModelLimits, TensorSpec
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -225,4 +227,6 @@ def load_onnx(
     specs = _input_specs(model, input_shapes or {}, limits)
     if not model.graph.output:
         raise ModelError("bad_onnx", "ONNX model declares no outputs")
-    return with_static_inputs(model, specs), specs
+    fixed = with_static_inputs(model, specs)
+    check_graph_limits(fixed, limits)
+    return fixed, specs

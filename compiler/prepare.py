@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tvm
 
+from compiler.constant_limits import bounded_folding, check_relax_constants
 from compiler.importer import import_model
 from compiler.loader import load_model
 from compiler.model_spec import LoadedModel, ModelFormat, ModelLimits
@@ -31,14 +32,26 @@ def prepare_model(
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
     expected_format: ModelFormat | None = None,
+    allow_external_data: bool = True,
+    display_name: str | None = None,
 ) -> PreparedModel:
     """Load, validate, import and partition a model for ``target``.
 
-    Raises :class:`compiler.errors.ModelError` (or its subclass for unsupported operators) for
-    anything wrong with the input.
+    ``allow_external_data`` and ``display_name`` are passed to :func:`load_model`. Every tensor
+    TVM folds is bounded by ``limits`` (:mod:`compiler.constant_limits`), and running out of
+    memory while folding is a ``ModelError("out_of_memory")``. Raises
+    :class:`compiler.errors.ModelError` (or its subclass for unsupported operators) for anything
+    wrong with the input.
     """
+    limits = limits or ModelLimits()
     model = load_model(
-        source, limits=limits, input_shapes=input_shapes, expected_format=expected_format
+        source, limits=limits, input_shapes=input_shapes, expected_format=expected_format,
+        allow_external_data=allow_external_data, display_name=display_name,
     )
-    mod = import_model(model)
-    return PreparedModel(model, mod, partition(mod, target), target)
+    with bounded_folding("importing the model"):
+        mod = import_model(model)
+    check_relax_constants(mod, limits, "importing the model")
+    with bounded_folding("partitioning the model into tasks"):
+        parts = partition(mod, target)
+    check_relax_constants(parts.fused, limits, "partitioning the model into tasks")
+    return PreparedModel(model, mod, parts, target)

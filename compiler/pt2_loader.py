@@ -1,9 +1,10 @@
-"""Describe the user inputs of a ``torch.export`` program and bind its symbolic dimensions.
+"""Describe the user inputs of a ``torch.export`` program, bind its symbolic dimensions, bound its graph.
 
 The archive itself is opened only through :mod:`compiler.pt2_safety` (no code runs from it).
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -77,3 +78,48 @@ def pt2_input_specs(
         specs.append(TensorSpec(name, tuple(shape), _dtype_name(value.dtype)))
     check_input_sizes(specs, limits)
     return tuple(specs), tuple(sorted(bindings.items()))
+
+
+def check_pt2_graph_limits(program: torch.export.ExportedProgram, limits: ModelLimits) -> None:
+    """Refuse a program with too many graph nodes or a compile-time constant over the limits.
+
+    A node is a compile-time constant when every tensor it reads is a parameter, buffer or constant
+    of the program (or it reads none, like ``aten.full``): TVM folds such nodes at import. Their
+    sizes come from the shapes ``torch.export`` recorded (``meta["val"]``); nothing is evaluated.
+    Raises :class:`ModelError` with code ``too_many_nodes`` or ``constant_too_large``.
+    """
+    nodes = list(program.graph.nodes)
+    operators = sum(1 for node in nodes if node.op == "call_function")
+    if operators > limits.max_nodes:
+        raise ModelError(
+            "too_many_nodes",
+            f"torch.export program has {operators} nodes, over the limit of {limits.max_nodes}",
+        )
+    user_inputs = set(program.graph_signature.user_inputs)
+    constant: set[str] = {
+        node.name for node in nodes if node.op == "placeholder" and node.name not in user_inputs
+    }
+    for node in nodes:
+        if node.op != "call_function":
+            continue
+        if any(arg.name not in constant for arg in node.all_input_nodes):
+            continue
+        constant.add(node.name)
+        values = node.meta.get("val")
+        for value in values if isinstance(values, (list, tuple)) else [values]:
+            if not isinstance(value, torch.Tensor):
+                continue
+            try:
+                shape = [int(d) for d in value.shape]
+            except (TypeError, ValueError):  # symbolic: depends on an input, not folded
+                continue
+            elements = math.prod(shape)
+            size = elements * value.element_size()
+            if elements > limits.max_constant_elements or size > limits.max_constant_bytes:
+                raise ModelError(
+                    "constant_too_large",
+                    f"graph node {node.name} ({node.target}) builds a constant of shape {shape} "
+                    f"({elements:.3g} elements, {size:.3g} bytes), over the limit of "
+                    f"{limits.max_constant_elements} elements and {limits.max_constant_bytes} "
+                    "bytes for a tensor built at compile time",
+                )

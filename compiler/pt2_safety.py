@@ -89,6 +89,7 @@ import stat
 import struct
 import threading
 import zipfile
+import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import IO, TYPE_CHECKING, Any, BinaryIO
@@ -797,25 +798,112 @@ def _check_member_headers(
     return infos
 
 
-def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str, keep: bool) -> bytes:
-    """Decompress a member (bounded by its declared size, CRC-checked); return it if ``keep``."""
-    chunks: list[bytes] = []
-    got = 0
-    try:
-        with zf.open(info) as src:
-            while chunk := src.read(_CHUNK):
-                got += len(chunk)
-                if got > info.file_size:
+_LOCAL_HEADER = struct.Struct("<4s5H3L2H")  # local file header (30 bytes, then name and extra)
+_DATA_DESCRIPTOR_FLAG = 0x08
+_ZIP64_SIZE = 0xFFFFFFFF
+
+
+def _member_chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) -> Iterator[bytes]:
+    """Yield a member's decompressed bytes, proving they are exactly what its headers declare.
+
+    ``zipfile`` trusts the central directory's sizes and cuts the output there, so a member whose
+    header understated its size (with a CRC of the cut data) read as valid while its data went on:
+    hidden bytes for another zip reader, or a deflate stream expanding far past the limits. Here the
+    local header must agree with the central directory (method, and CRC and sizes unless a data
+    descriptor follows the data), a stored member's two sizes must be equal, and a deflate stream
+    must end exactly at ``compress_size`` input bytes having produced exactly ``file_size`` bytes,
+    with the CRC over all of them. Raises ``ModelError`` (``bad_pt2`` or ``pt2_too_large``).
+    """
+    fp = zf.fp
+    if fp is None:
+        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file cannot be read (archive closed)")
+    fp.seek(info.header_offset)
+    header = fp.read(_LOCAL_HEADER.size)
+    if len(header) < _LOCAL_HEADER.size:
+        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (local header cut short)")
+    sig, _ver, flags, method, _t, _d, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+    if sig != _ZIP_MAGIC or method != info.compress_type:
+        raise ModelError(
+            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (local header disagrees with the directory)"
+        )
+    if not flags & _DATA_DESCRIPTOR_FLAG and (
+        crc != info.CRC
+        or (csize != _ZIP64_SIZE and csize != info.compress_size)
+        or (usize != _ZIP64_SIZE and usize != info.file_size)
+    ):
+        raise ModelError(
+            "pt2_too_large",
+            f"member {shown!r}: its local header and the central directory declare different sizes "
+            "or checksums (a header that understates the member's size)",
+        )
+    if method == zipfile.ZIP_STORED and info.compress_size != info.file_size:
+        raise ModelError(
+            "pt2_too_large",
+            f"member {shown!r} is stored uncompressed but declares {info.compress_size} stored and "
+            f"{info.file_size} unpacked bytes (a header that understates the member's size)",
+        )
+    encoding = "utf-8" if info.flag_bits & 0x800 else "cp437"
+    if fp.read(name_len) != info.orig_filename.encode(encoding, "replace"):
+        raise ModelError(
+            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (file name in directory and header differ)"
+        )
+    fp.seek(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
+    left = info.compress_size
+    produced = 0
+    checksum = 0
+    decompressor = zlib.decompressobj(-15) if method == zipfile.ZIP_DEFLATED else None
+    while left > 0:
+        raw = fp.read(min(_CHUNK, left))
+        if not raw:
+            raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is cut short")
+        left -= len(raw)
+        pending = raw
+        while pending:
+            if decompressor is None:
+                chunk, pending = pending, b""
+            else:
+                if decompressor.eof:
                     raise ModelError(
-                        "pt2_too_large", f"member {shown!r} decompresses to more than its declared size"
+                        "pt2_too_large",
+                        f"member {shown!r}: its compressed data ends before its declared compressed size",
                     )
-                if keep:
-                    chunks.append(chunk)
+                try:  # bounded: never more than one byte past what the header declares
+                    chunk = decompressor.decompress(pending, info.file_size - produced + 1)
+                except zlib.error as exc:
+                    raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})") from None
+                pending = decompressor.unconsumed_tail
+            produced += len(chunk)
+            if produced > info.file_size:
+                raise ModelError(
+                    "pt2_too_large", f"member {shown!r} decompresses to more than its declared size"
+                )
+            checksum = zlib.crc32(chunk, checksum)
+            if chunk:
+                yield chunk
+    if decompressor is not None and (not decompressor.eof or decompressor.unused_data):
+        raise ModelError(
+            "pt2_too_large",
+            f"member {shown!r}: its compressed data does not end where its header says "
+            "(a header that understates the member's size)",
+        )
+    if produced != info.file_size:
+        raise ModelError(
+            "pt2_too_large", f"member {shown!r} decompresses to {produced} bytes, not its declared {info.file_size}"
+        )
+    if checksum != info.CRC:
+        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (bad CRC-32)")
+
+
+def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str, keep: bool) -> bytes:
+    """Decompress a member (exactly its declared size, CRC-checked); return it if ``keep``."""
+    chunks: list[bytes] = []
+    try:
+        for chunk in _member_chunks(zf, info, shown):
+            if keep:
+                chunks.append(chunk)
     except ModelError:
         raise
-    except (zipfile.BadZipFile, EOFError, OSError, ValueError, RuntimeError, NotImplementedError) as exc:
-        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})") from None
-    except Exception as exc:  # zlib.error and friends
+    except (OSError, ValueError, EOFError, struct.error) as exc:
         raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})") from None
     return b"".join(chunks)
 
@@ -1003,11 +1091,13 @@ def inspect_pt2_archive(
     *,
     max_uncompressed_bytes: int,
     max_members: int,
+    display_name: str | None = None,
 ) -> Pt2ArchiveReport:
     """Check an untrusted ``.pt2`` archive without importing or running anything from it.
 
     ``data`` is the file's bytes, its path, or a seekable binary file object (left open, position
-    undefined afterwards). Nothing in the archive is unpickled, ``eval``\\ ed or imported; torch is not
+    undefined afterwards); messages call it ``display_name`` (default: its file name). Nothing in the
+    archive is unpickled, ``eval``\\ ed or imported; torch is not
     imported.
 
     Promises, when it returns: the file is a well-formed zip (no data before/inside it, no duplicate or
@@ -1027,6 +1117,7 @@ def inspect_pt2_archive(
     if max_uncompressed_bytes <= 0 or max_members <= 0:
         raise ValueError("max_uncompressed_bytes and max_members must be positive")
     fh, label, owned = _open_source(data)
+    label = display_name or label
     try:
         return _inspect_fileobj(fh, f".pt2 file {label!r}", max_uncompressed_bytes, max_members)
     finally:
@@ -1187,6 +1278,7 @@ def load_exported_program(
     *,
     max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    display_name: str | None = None,
 ) -> torch.export.ExportedProgram:
     """Load an untrusted ``.pt2`` file as an ``ExportedProgram`` without executing code from it.
 
@@ -1197,15 +1289,19 @@ def load_exported_program(
 
     Raises :class:`~compiler.errors.ModelError`: the inspection's codes, or ``bad_pt2`` with a one-line,
     user-facing message if torch fails to load the checked file (the torch exception is chained as
-    ``__cause__`` for server logs).
+    ``__cause__`` for server logs). Messages name the file ``display_name`` (default: the path's file
+    name), so a caller loading a temp copy never shows its temp name.
     """
-    display = os.path.basename(os.fspath(path))
+    display = display_name or os.path.basename(os.fspath(path))
     try:
         fh = open(path, "rb")
     except OSError as exc:
         raise ModelError("bad_pt2", f"cannot read .pt2 file {display!r}: {exc.strerror}") from None
     with fh:
-        inspect_pt2_archive(fh, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members)
+        inspect_pt2_archive(
+            fh, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
+            display_name=display,
+        )
         fh.seek(0)
         import torch
 

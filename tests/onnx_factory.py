@@ -72,3 +72,38 @@ def two_layer_model(batch: int = 4, inner: int = 32, hidden: int = 16, cols: int
         [float_input("y", [batch, cols])],
         [w1, w2],
     )
+
+
+def constant_of_shape_bomb(shape: list[int]) -> onnx.ModelProto:
+    """``x + ConstantOfShape(shape)``: ~120 bytes of file, ``prod(shape)`` float32 elements once
+    TVM folds the constant at import."""
+    dims = numpy_helper.from_array(np.array(shape, dtype=np.int64), "s")
+    return make_model(
+        [helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["x", "c"], ["y"])],
+        [float_input("x", [1])],
+        [float_input("y", list(shape))],
+        [dims],
+    )
+
+
+def add_chain_model(nodes: int, width: int = 4) -> onnx.ModelProto:
+    """``nodes`` chained ``Add`` nodes (``y = x + 1 + 1 + ...``): small file, slow to import."""
+    one = numpy_helper.from_array(np.ones(width, dtype=np.float32), "one")
+    names = ["x"] + [f"a{i}" for i in range(nodes - 1)] + ["y"]
+    chain = [helper.make_node("Add", [names[i], "one"], [names[i + 1]]) for i in range(nodes)]
+    return make_model(chain, [float_input("x", [width])], [float_input("y", [width])], [one])
+
+
+def external_data_model(location: str, shape: tuple[int, ...] = (4, 4)) -> onnx.ModelProto:
+    """``x @ w`` whose weight ``w`` is stored as external data at ``location`` (not written)."""
+    weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(shape))
+    weight.data_location = TensorProto.EXTERNAL
+    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * int(np.prod(shape))))):
+        entry = weight.external_data.add()
+        entry.key, entry.value = key, value
+    return make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        [float_input("x", [2, shape[0]])],
+        [float_input("y", [2, shape[1]])],
+        [weight],
+    )

@@ -3,15 +3,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import numpy as np
 import onnx
 import pytest
-from onnx import numpy_helper
+from onnx import helper, numpy_helper
 
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.importer import import_model
 from compiler.loader import load_model
 from compiler.model_spec import ModelLimits
-from tests.onnx_factory import matmul_model, relu_model, unsupported_ops_model
+from tests.onnx_factory import (
+    add_chain_model,
+    constant_of_shape_bomb,
+    external_data_model,
+    float_input,
+    make_model,
+    matmul_model,
+    relu_model,
+    unsupported_ops_model,
+)
 
 
 def _bytes(model: onnx.ModelProto) -> bytes:
@@ -146,3 +156,110 @@ def test_initializers_are_not_treated_as_inputs() -> None:
     loaded = load_model(_bytes(model))
     assert [s.name for s in loaded.inputs] == ["x"]
     assert numpy_helper.to_array(model.graph.initializer[0]).shape == (16, 8)
+
+
+# -- resource limits (issue 18, cases 3-5): refused before TVM builds anything ----------------------
+
+
+@pytest.mark.parametrize(
+    "shape", [[1_000_000, 1_000_000], [250_000_000]], ids=["1e12-elements", "2.5e8-elements"]
+)
+def test_constant_of_shape_bomb_is_refused_before_folding(shape) -> None:
+    data = _bytes(constant_of_shape_bomb(shape))
+    assert len(data) < 200
+    err = _error(data)
+    assert err.code == "constant_too_large"
+    assert "ConstantOfShape" in err.message and str(shape) in err.message
+
+
+def test_bomb_shape_computed_from_an_input_shape_is_refused() -> None:
+    """``ConstantOfShape(Concat(Shape(x), [3e8]))``: the shape is only known once propagated."""
+    k = numpy_helper.from_array(np.array([300_000_000], np.int64), "k")
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("Concat", ["sx", "k"], ["s"], axis=0),
+            helper.make_node("ConstantOfShape", ["s"], ["c"]),
+            helper.make_node("Add", ["x2", "c"], ["y"]),
+        ],
+        [float_input("x", [2]), float_input("x2", [1])],
+        [float_input("y", ["n", "m"])],
+        [k],
+    )
+    err = _error(_bytes(model))
+    assert err.code == "constant_too_large" and "[2, 300000000]" in err.message
+
+
+def test_legit_computed_shape_still_loads() -> None:
+    k = numpy_helper.from_array(np.array([3], np.int64), "k")
+    model = make_model(
+        [
+            helper.make_node("Shape", ["x"], ["sx"]),
+            helper.make_node("Concat", ["sx", "k"], ["s"], axis=0),
+            helper.make_node("ConstantOfShape", ["s"], ["c"]),
+            helper.make_node("Add", ["x2", "c"], ["y"]),
+        ],
+        [float_input("x", [2]), float_input("x2", [1])],
+        [float_input("y", [2, 3])],
+        [k],
+    )
+    import_model(load_model(_bytes(model)))
+
+
+def test_folded_constants_are_bounded_at_run_time_too() -> None:
+    """With the static check out of the way (huge limits there), the Relax constants that folding
+    built are checked against the same limits: prepare_model refuses them."""
+    from compiler.prepare import prepare_model
+    from compiler.target import resolve_target
+
+    model = load_model(_bytes(constant_of_shape_bomb([64, 1024])))
+    assert model.format == "onnx"
+    tight = ModelLimits(max_constant_elements=10_000)
+    err = _error(_bytes(constant_of_shape_bomb([64, 1024])), limits=tight)
+    assert err.code == "constant_too_large"
+    from compiler import constant_limits, importer
+
+    mod = importer.import_model(model)
+    with pytest.raises(ModelError) as info:
+        constant_limits.check_relax_constants(mod, tight, "importing the model")
+    assert info.value.code == "constant_too_large" and "[64, 1024]" in info.value.message
+    assert prepare_model(_bytes(constant_of_shape_bomb([8, 8])), resolve_target("cpu")).partition
+
+
+def test_allocation_failure_in_tvm_is_a_model_error() -> None:
+    from compiler.constant_limits import bounded_folding
+
+    with pytest.raises(ModelError) as info, bounded_folding("importing the model"):
+        raise RuntimeError("std::bad_alloc")
+    assert info.value.code == "out_of_memory"
+    with pytest.raises(KeyError), bounded_folding("importing the model"):
+        raise KeyError("not an allocation failure")
+
+
+def test_node_count_limit() -> None:
+    err = _error(_bytes(add_chain_model(25_000)))
+    assert err.code == "too_many_nodes" and "25000" in err.message
+    assert load_model(_bytes(add_chain_model(50)), limits=ModelLimits(max_nodes=50)).inputs
+
+
+def test_external_data_refused_when_not_allowed_even_inside_the_folder(tmp_path: Path) -> None:
+    (tmp_path / "w.bin").write_bytes(np.ones(16, np.float32).tobytes())
+    path = tmp_path / "m.onnx"
+    path.write_bytes(_bytes(external_data_model("w.bin")))
+    assert load_model(path).format == "onnx"  # a local file may use its own folder
+    err = _error(path, allow_external_data=False)
+    assert err.code == "external_data"
+
+
+@pytest.mark.parametrize("command", ["inspect", "compile", "tune"])
+def test_cli_refuses_a_bomb_with_one_line_and_exit_2(command, tmp_path: Path, capsys) -> None:
+    from service.cli import main
+
+    path = tmp_path / "bomb.onnx"
+    path.write_bytes(_bytes(constant_of_shape_bomb([1_000_000, 1_000_000])))
+    args = {"inspect": [], "compile": ["-o", str(tmp_path / "out")],
+            "tune": ["--trials", "1", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]}[command]
+    assert main([command, str(path), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "constant_too_large" not in err
+    assert err.startswith("tunehub: error:") and "ConstantOfShape" in err

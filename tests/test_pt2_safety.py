@@ -14,6 +14,7 @@ import pickle
 import struct
 import warnings
 import zipfile
+import zlib
 from collections.abc import Callable
 from dataclasses import dataclass, FrozenInstanceError
 from pathlib import Path
@@ -717,3 +718,63 @@ def test_torch_sympy_function_list_matches_torch() -> None:
         if isinstance(v, type) and issubclass(v, sympy.Basic) and v.__module__ == functions.__name__
     }  # fmt: skip
     assert classes - {"MinMaxBase"} <= pt2_safety._TORCH_SYMPY_FUNCTIONS
+
+
+# ----------------------------------------------------- issue 18, case 7: sizes a header understates
+
+
+def understated_member(genuine: Genuine, dst: Path, *, deflated: bool) -> Path:
+    """Add ``extra/payload`` whose local and central headers declare fewer bytes than its data
+    holds, with the CRC of the declared prefix (what zipfile checks): stored 5000 bytes declared
+    as 10, or a deflate stream of 8 MiB declared as 4096 bytes (under the zip-bomb ratio check)."""
+    payload = b"\0" * (8 * 1024**2) if deflated else b"A" * 5000
+    declared = 4096 if deflated else 10
+    method = zipfile.ZIP_DEFLATED if deflated else zipfile.ZIP_STORED
+    with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(dst, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))
+        zout.writestr(f"{genuine.root}/extra/payload", payload, compress_type=method)
+    data = bytearray(dst.read_bytes())
+    name = f"{genuine.root}/extra/payload".encode()
+    crc = zlib.crc32(payload[:declared])
+    local = data.index(name) - 30
+    assert data[local:local + 4] == b"PK\x03\x04"
+    struct.pack_into("<I", data, local + 14, crc)
+    struct.pack_into("<I", data, local + 22, declared)
+    central = data.rindex(b"PK\x01\x02")
+    assert data[central + 46:central + 46 + len(name)] == name
+    struct.pack_into("<I", data, central + 16, crc)
+    struct.pack_into("<I", data, central + 24, declared)
+    dst.write_bytes(bytes(data))
+    return dst
+
+
+@pytest.mark.parametrize("deflated", [False, True], ids=["stored", "deflated"])
+def test_member_whose_header_understates_its_size_is_refused(genuine: Genuine, tmp_path: Path, deflated: bool) -> None:
+    path = understated_member(genuine, tmp_path / "understated.pt2", deflated=deflated)
+    with zipfile.ZipFile(path) as zf:  # what the old scanner relied on: zipfile reads it as valid
+        assert len(zf.read(f"{genuine.root}/extra/payload")) == (4096 if deflated else 10)
+    with pytest.raises(ModelError) as info:
+        inspect_pt2_archive(path, **LIMITS)
+    assert info.value.code == "pt2_too_large"
+    assert "extra/payload" in info.value.message
+    expect_refusal(path, "pt2_too_large", None, "extra/payload")
+
+
+def test_zip_bomb_message_never_shows_a_temp_file_name(genuine: Genuine, tmp_path: Path) -> None:
+    from compiler.loader import load_model
+
+    staged = tmp_path / "upload-k2j4h5"  # how the service stages an upload
+    with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(staged, "w") as zout:
+        for name in zin.namelist():
+            zout.writestr(name, zin.read(name))
+        zout.writestr(f"{genuine.root}/extra/bomb", b"\0" * (16 * 1024**2), compress_type=zipfile.ZIP_DEFLATED)
+    for source, kwargs, shown in [
+        (staged, {"display_name": "bomb.pt2"}, "bomb.pt2"),
+        (staged.read_bytes(), {}, "<upload>"),
+    ]:
+        with pytest.raises(ModelError) as info:
+            load_model(source, **kwargs)
+        assert info.value.code == "pt2_too_large" and "zip bomb" in info.value.message
+        assert shown in info.value.message
+        assert "tunehub-upload-" not in info.value.message and staged.name not in info.value.message
