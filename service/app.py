@@ -9,12 +9,14 @@ from __future__ import annotations
 import contextlib
 import gc
 import logging
+import threading
 import time
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 
 import db
+from service import validation
 from service.api.deps import API_PREFIX, ServiceState
 from service.api.errors import install_error_handlers
 from service.api.main import api_router
@@ -92,6 +94,9 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
         # for hundreds of milliseconds.
         gc.collect()
         gc.freeze()
+        # Uploads validate in processes forked from a fork server that imports the compiler
+        # once (seconds): start it now, not on the first upload.
+        threading.Thread(target=validation.warm_up, name="validation-warm-up", daemon=True).start()
         yield
         if owns:
             storage.close()

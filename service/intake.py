@@ -1,7 +1,8 @@
 """Model intake: validate an uploaded file with the compiler, then store it, all or nothing.
 
-Runs in a worker thread (validation of a large model takes seconds of CPU). The order keeps every
-failure clean: validate the temp file first (nothing stored yet); then, under a process lock,
+Runs in a worker thread, which waits while the validation runs in a memory- and time-limited
+child process (:mod:`service.validation`). The order keeps every failure clean: validate the temp
+file first (nothing stored yet); then, under a process lock,
 move the file into ``models/<sha256>``, add the model row and its task list; if any of that fails,
 the row is deleted and the file removed unless another row still uses the content.
 """
@@ -14,8 +15,10 @@ import db
 from compiler.errors import ModelError
 from compiler.model_spec import ModelLimits
 from compiler.target import TargetSpec, resolve_target
+from compiler.validation import ValidatedModel
 from service.files import FileStore
 from service.uploads import ReceivedUpload
+from service.validation import ValidationLimits, validate_in_child
 
 #: Serializes file adoption/removal with the rows that reference the files.
 FILE_LOCK = threading.Lock()
@@ -45,32 +48,32 @@ def validate_and_store(
     target: str,
     expected_format: str | None,
     limits: ModelLimits,
+    process_limits: ValidationLimits,
 ) -> db.ModelRecord:
-    """Validate ``upload`` and record it for ``owner``; raises ModelError for a bad model."""
-    from compiler.prepare import prepare_model
-    from tuner.job import _register_workloads  # the tuner's own task registration, reused as is
-
+    """Validate ``upload`` in a limited child process (:mod:`service.validation`) and record it
+    for ``owner``. Raises ModelError for a bad model (the temp file is removed then)."""
     try:
         spec = target_for(storage, target).spec()
-        prepared = prepare_model(
-            upload.path, spec, limits=limits, expected_format=expected_format  # type: ignore[arg-type]
+        validated = validate_in_child(
+            upload.path, spec, limits=limits, expected_format=expected_format,  # type: ignore[arg-type]
+            display_name=upload.filename, process_limits=process_limits,
         )
     except BaseException:
         upload.path.unlink(missing_ok=True)
         raise
-    content_hash = prepared.model.sha256
+    content_hash = validated.sha256
     with FILE_LOCK:
         files.adopt_model(upload.path, content_hash)
         model = None
         try:
             model = storage.add_model(
                 content_hash=content_hash,
-                format=prepared.model.format,
+                format=validated.format,
                 filename=upload.filename,
-                size=prepared.model.size_bytes,
+                size=validated.size_bytes,
                 owner=owner,
             )
-            _register_workloads(storage, prepared, model.id)
+            register_validated_workloads(storage, validated, model.id)
         except BaseException:
             if model is not None:
                 try:
@@ -85,6 +88,31 @@ def validate_and_store(
                 files.remove_model(content_hash)
             raise
     return model
+
+
+def register_validated_workloads(
+    storage: db.TuningStorage, validated: ValidatedModel, model_id: int
+) -> None:
+    """Store each task's workload (idempotent) and the model's task list, from the plain data the
+    validation process returned: the same rows the tuner's workload registration writes from
+    a prepared model (whose TVM objects stay in the validation process)."""
+    workload_ids: dict[str, int] = {}
+    for task, mod_json in zip(validated.tasks, validated.workload_json):
+        shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
+        row = storage.ensure_workload(
+            task.key, mod_json, flops=task.flops, summary=f"{task.name} {shapes}"
+        )
+        workload_ids[task.key] = row.id
+    storage.set_model_workloads(
+        model_id,
+        [
+            db.ModelWorkload(
+                model_id, workload_ids[t.key], t.name, t.weight,
+                skip_reason=None if t.tunable else (t.skip_reason or "not tunable"),
+            )
+            for t in validated.tasks
+        ],
+    )
 
 
 def delete_model(storage: db.TuningStorage, files: FileStore, model_id: int) -> db.ModelRecord:

@@ -22,6 +22,22 @@ class Settings(BaseSettings):
     max_model_bytes: int = Field(512 * 1024 * 1024, gt=0, description="largest accepted model file")
     max_input_elements: int = Field(1 << 26, gt=0, description="largest declared input tensor")
     max_total_input_bytes: int = Field(1 << 30, gt=0, description="all inputs together")
+    max_model_nodes: int = Field(20_000, gt=0, description="operator nodes of a model's graph")
+    max_constant_elements: int = Field(
+        1 << 27, gt=0, description="elements of any tensor built at compile time (folded constants)"
+    )
+    max_constant_bytes: int = Field(
+        1 << 29, gt=0, description="bytes of any tensor built at compile time (folded constants)"
+    )
+    validation_timeout_secs: float = Field(
+        120.0, gt=0, description="an upload's validation is stopped (and refused) after this long"
+    )
+    validation_memory_bytes: int = Field(
+        4 << 30, gt=0, description="memory one upload's validation process may allocate"
+    )
+    validation_queue_secs: float = Field(
+        60.0, ge=0, description="how long an upload waits for a free validation slot (then 503)"
+    )
 
     # -- the service ---------------------------------------------------------------------------
     database_url: str | None = Field(
@@ -40,7 +56,9 @@ class Settings(BaseSettings):
     token_file: Path | None = Field(
         None, description="where serve keeps the local user token (default $TUNEHUB_HOME/token)"
     )
-    validation_concurrency: int = Field(1, ge=1, description="model validations at once")
+    validation_concurrency: int = Field(
+        2, ge=1, description="upload validations at once (each in its own process)"
+    )
     api_threads: int = Field(
         8, ge=1, le=256, description="request threads (each holds one database connection)"
     )
@@ -99,6 +117,16 @@ class Settings(BaseSettings):
             max_bytes=self.max_model_bytes,
             max_input_elements=self.max_input_elements,
             max_total_input_bytes=self.max_total_input_bytes,
+            max_nodes=self.max_model_nodes,
+            max_constant_elements=self.max_constant_elements,
+            max_constant_bytes=self.max_constant_bytes,
+        )
+
+    def validation_limits(self):
+        from service.validation import ValidationLimits
+
+        return ValidationLimits(
+            timeout_secs=self.validation_timeout_secs, memory_bytes=self.validation_memory_bytes
         )
 
     @property

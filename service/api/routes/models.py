@@ -50,10 +50,31 @@ UPLOAD_BODY = {
 
 
 def _limiter(settings) -> anyio.CapacityLimiter:
+    """The validation slots: at most ``validation_concurrency`` uploads validate at once (each in
+    its own process); the others wait in the event loop, holding no request thread."""
     key = settings.validation_concurrency
     if key not in _limiters:
         _limiters[key] = anyio.CapacityLimiter(key)
     return _limiters[key]
+
+
+async def _validate_in_slot(settings, work):
+    """Run ``work`` in a thread once a validation slot is free; 503 after waiting
+    ``validation_queue_secs`` for one."""
+    limiter = _limiter(settings)
+    try:
+        with anyio.fail_after(settings.validation_queue_secs):
+            await limiter.acquire()
+    except TimeoutError:
+        raise ApiError(
+            503, "validation_busy",
+            f"every model validation slot stayed busy for {settings.validation_queue_secs:g} s; "
+            "retry later", {"Retry-After": "10"},
+        ) from None
+    try:
+        return await anyio.to_thread.run_sync(work)
+    finally:
+        limiter.release()
 
 
 def model_detail(storage, row) -> ModelDetail:
@@ -93,6 +114,7 @@ def owned_model(storage, user, model_id: int):
         413: {"model": ErrorBody},
         415: {"model": ErrorBody},
         422: {"model": ErrorBody},
+        503: {"model": ErrorBody, "description": "every validation slot stayed busy"},
     },
     summary="Upload a model (multipart 'file'); validated before anything is stored",
 )
@@ -132,11 +154,12 @@ async def upload_model(
         row = intake.validate_and_store(
             storage, files, upload, owner=user.name, target=target,
             expected_format=fmt, limits=settings.model_limits(),
+            process_limits=settings.validation_limits(),
         )
         return model_detail(storage, row)
 
     try:
-        detail = await anyio.to_thread.run_sync(work, limiter=_limiter(settings))
+        detail = await _validate_in_slot(settings, work)
     except ModelError as err:
         raise model_error(err) from None
     finally:
