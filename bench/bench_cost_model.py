@@ -17,9 +17,9 @@
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
    ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
-   Warm runs measure sibling seeds (:mod:`tuner.sibling_seeds`; they count as trials; with
+   Warm runs measure sibling seeds (:mod:`tuner.task_scheduler.sibling_seeds`; they count as trials; with
    ``--population`` siblings' schedules also go into their search populations,
-   :mod:`tuner.primed_database`); the models of the copied workloads are registered so that
+   :mod:`tuner.database.primed`); the models of the copied workloads are registered so that
    families are known; ``--no-seeds`` turns seeds off.
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
    records of every other workload (what a warm run of that model starts from).
@@ -144,9 +144,9 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
 
 @contextlib.contextmanager
 def sibling_seeders():
-    """Every :class:`tuner.sibling_seeds.SiblingSeeds` created inside the block, to read its
+    """Every :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` created inside the block, to read its
     counters after the run (a run stopped by :class:`StopWhenWithin` returns no summary)."""
-    from tuner.sibling_seeds import SiblingSeeds
+    from tuner.task_scheduler.sibling_seeds import SiblingSeeds
 
     created: list = []
     original = SiblingSeeds.__init__
@@ -171,9 +171,9 @@ def search_efficiency(
     run's cost model starts with no booster and learns from the run's measurements alone (the
     same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
     the other models' records add. ``seeds=False``: no sibling seeds
-    (:mod:`tuner.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
+    (:mod:`tuner.task_scheduler.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
     none); ``population=True``: sibling schedules also put in the search's populations
-    (:mod:`tuner.primed_database`, off by default). ``seed``: the search's random seed.
+    (:mod:`tuner.database.primed`, off by default). ``seed``: the search's random seed.
     ``leave_out``: task names left out of both estimates (their trials still count; the run's
     stop listener still sees every task, so such a run goes on to its cap). ``full_budget``: no
     stop listener; the run spends its whole budget (what a user's run would do, and what a
@@ -410,7 +410,7 @@ def main() -> int:
                         "and learn from their own measurements only (ablation of the transfer)")
     parser.add_argument("--no-seeds", action="store_true",
                         help="warm runs without sibling schedules, measured or in "
-                        "populations (tuner.sibling_seeds, tuner.primed_database)")
+                        "populations (tuner.task_scheduler.sibling_seeds, tuner.database.primed)")
     parser.add_argument("--full-budget", action="store_true",
                         help="warm runs spend their whole budget instead of stopping at the goal "
                         "(their recorded estimate can reach it early on a fast moment of the "
@@ -420,7 +420,7 @@ def main() -> int:
                         "spread)")
     parser.add_argument("--population", action="store_true",
                         help="warm runs also put sibling schedules in their search populations "
-                        "(tuner.primed_database; off by default, as in tunehub tune)")
+                        "(tuner.database.primed; off by default, as in tunehub tune)")
     parser.add_argument("--leave-out", nargs="*", default=[], metavar="TASK",
                         help="task names left out of the cold and warm estimates (e.g. tasks the "
                         "cold run only tuned in a later job, after a compiler change renamed them)")

@@ -194,7 +194,7 @@ def bench_gemm(spec: str, trials: int, target, work: Path, population: int, spac
     from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
     from tuner.measure import MeasureConfig
     from tuner.search import default_cost_model, reset_metaschedule_logging, run_search
-    from tuner.seed import default_schedule
+    from tuner.task_scheduler.default_schedules import default_schedule
 
     kind, size = spec.split(":")
     n = int(size)

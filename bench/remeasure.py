@@ -53,7 +53,7 @@ def remeasure_bests(pairs: list[tuple[str, int, Any, Any, Any]], target: Any,
     from tvm.s_tir import meta_schedule as ms
 
     from tuner.measure import MeasureConfig, make_builder, make_runner
-    from tuner.progress import mean_run_secs
+    from tuner.measurements import mean_run_secs
 
     config = MeasureConfig.for_target(target.kind)
     builder, runner = make_builder(config), make_runner(config)

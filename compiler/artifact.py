@@ -16,6 +16,7 @@ from typing import Any
 
 import tvm
 
+from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
 from compiler.model_spec import LoadedModel
@@ -23,8 +24,6 @@ from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
 from compiler.verify import VerificationResult, verify
 
-LIBRARY_NAME = "model.so"
-MANIFEST_NAME = "manifest.json"
 MANIFEST_VERSION = 1
 
 

@@ -28,7 +28,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 from collections import defaultdict, deque
 from dataclasses import dataclass
 from typing import Any
@@ -49,6 +48,8 @@ from cost_model.booster import (
 from cost_model.dataset import throughput_labels
 from cost_model.features import FeatureCache
 from cost_model.metrics import pairwise_counts
+from tuner.measurements import mean_run_secs
+from tuner.siblings import workload_family
 
 logger = logging.getLogger("tunehub.cost_model")
 
@@ -64,16 +65,6 @@ class GuardDecision:
     uses_cold: bool
 
 
-def workload_family(task_name: str) -> str:
-    """The operator family of a tuning task: its name without the numeric suffix of each fused
-    operator (``fused_conv2d3_add3_add4_relu2`` -> ``fused_conv2d_add_add_relu``).
-
-    Relax's FuseOps names a fused function after its operators and numbers repeated names, so
-    tasks of one family compute the same operators on different shapes.
-    """
-    return re.sub(r"\d+(?=_|$)", "", task_name)
-
-
 def _warmed_up(cold: Any) -> bool:
     """Whether ``cold`` predicts from a trained model (MetaSchedule's XGBModel: once it holds
     ``num_warmup_samples`` samples; a model without these attributes counts as trained)."""
@@ -83,12 +74,8 @@ def _warmed_up(cold: Any) -> bool:
 
 def measured_costs(results: list[Any]) -> np.ndarray:
     """Mean run time of each ``RunnerResult``; ``inf`` for a failed candidate."""
-    costs = []
-    for result in results:
-        secs = [float(s) for s in (result.run_secs or [])]
-        valid = result.error_msg is None and secs and max(secs) < 1e9
-        costs.append(float(np.mean(secs)) if valid else np.inf)
-    return np.array(costs, dtype=np.float64)
+    means = [mean_run_secs(result) for result in results]
+    return np.array([np.inf if m is None else m for m in means], dtype=np.float64)
 
 
 class RankWindow:

@@ -166,6 +166,8 @@ class JobRow(Base):
     worker: Mapped[str | None] = mapped_column(String(128))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    #: What the job's runs' search features did, summed (:class:`tuner.work.SearchReport` JSON).
+    search_json: Mapped[str | None] = mapped_column(Text)
 
 
 class JobTaskRow(Base):

@@ -309,6 +309,7 @@ class Job:
     started_at: datetime | None = None
     finished_at: datetime | None = None
     worker: str | None = None
+    search_json: str | None = None
 
 
 @dataclass(frozen=True)

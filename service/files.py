@@ -16,6 +16,8 @@ import shutil
 import tempfile
 from pathlib import Path
 
+from compiler.artifact_layout import job_artifact_dir
+
 
 class FileStore:
     def __init__(self, root: Path) -> None:
@@ -61,4 +63,4 @@ class FileStore:
         self.model_path(content_hash).unlink(missing_ok=True)
 
     def artifact_dir(self, job_id: int) -> Path:
-        return self.artifacts / f"job-{int(job_id)}"
+        return job_artifact_dir(self.root, job_id)

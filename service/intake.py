@@ -19,6 +19,7 @@ from compiler.validation import ValidatedModel
 from service.files import FileStore
 from service.uploads import ReceivedUpload
 from service.validation import ValidationLimits, validate_in_child
+from tuner.workloads import register_workloads
 
 #: Serializes file adoption/removal with the rows that reference the files.
 FILE_LOCK = threading.Lock()
@@ -73,7 +74,7 @@ def validate_and_store(
                 size=validated.size_bytes,
                 owner=owner,
             )
-            register_validated_workloads(storage, validated, model.id)
+            register_workloads(storage, validated.tasks, validated.workload_json, model.id)
         except BaseException:
             if model is not None:
                 try:
@@ -88,31 +89,6 @@ def validate_and_store(
                 files.remove_model(content_hash)
             raise
     return model
-
-
-def register_validated_workloads(
-    storage: db.TuningStorage, validated: ValidatedModel, model_id: int
-) -> None:
-    """Store each task's workload (idempotent) and the model's task list, from the plain data the
-    validation process returned: the same rows the tuner's workload registration writes from
-    a prepared model (whose TVM objects stay in the validation process)."""
-    workload_ids: dict[str, int] = {}
-    for task, mod_json in zip(validated.tasks, validated.workload_json):
-        shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
-        row = storage.ensure_workload(
-            task.key, mod_json, flops=task.flops, summary=f"{task.name} {shapes}"
-        )
-        workload_ids[task.key] = row.id
-    storage.set_model_workloads(
-        model_id,
-        [
-            db.ModelWorkload(
-                model_id, workload_ids[t.key], t.name, t.weight,
-                skip_reason=None if t.tunable else (t.skip_reason or "not tunable"),
-            )
-            for t in validated.tasks
-        ],
-    )
 
 
 def delete_model(storage: db.TuningStorage, files: FileStore, model_id: int) -> db.ModelRecord:

@@ -7,10 +7,12 @@ same (the coordinator's rules are in :mod:`tuner.coordinator`):
 
 1. Register the worker's name, hardware fingerprint and target (an earlier process of the same
    name is gone: what it held goes back to the queue).
-2. Ask for a lease. A **tune** lease is a trial batch of one task: the worker fetches the records
-   the server has for that task, runs MetaSchedule's search locally from them
-   (:func:`tuner.task_tuning.tune_workload`; measured locally or through an RPC tracker) and uploads
-   every measured batch. A **finalize** lease: fetch the model, compile it with the best records,
+2. Ask for a lease. A **tune** lease is a trial batch of one task: the worker fetches the lease's
+   context (the server's best records for the task, the schedules it already holds, the task's
+   faster siblings' schedules), runs the one search (:func:`tuner.task_tuning.tune_workload`, the
+   same :func:`tuner.search.run_search` as ``tunehub tune``; measured locally or through an RPC
+   tracker) and uploads every measured batch; ending the lease, it reports what the search's
+   features did. A **finalize** lease: fetch the model, compile it with the best records,
    verify it against the reference framework and upload the artifact
    (:func:`tuner.finalize.publish_tuned`).
 3. A heartbeat thread stamps the worker every ``heartbeat_secs``, which keeps its lease alive;
@@ -67,6 +69,9 @@ class _Current:
 class Worker:
     """The worker loop over a :class:`WorkClient` (see the module docstring)."""
 
+    #: Tasks whose transferred cost model (and guard state) a worker keeps between leases.
+    TASK_MODELS = 16
+
     def __init__(
         self,
         settings: Settings,
@@ -89,12 +94,12 @@ class Worker:
         self.current: _Current | None = None
         self.leases_done = 0
         self._cost_model: tuple[int, object] | None = None  # (stored id, TrainedModel)
+        self._task_models: dict[tuple[int, int | None], object] = {}  # (job, task) -> model
         self._next_retrain = time.monotonic() + settings.cost_model_retrain_secs
 
     @property
     def target_info(self) -> TargetInfo:
-        t = self.target
-        return TargetInfo(t.key, t.kind, t.target_json, t.fingerprint_json, t.tvm_version)
+        return TargetInfo.of(self.target)
 
     # -- the loop ------------------------------------------------------------------------------
     def run(self) -> int:
@@ -174,9 +179,10 @@ class Worker:
         finally:
             self.current = None
 
-    def _end(self, offer: WorkOffer, outcome: str, error: str | None = None) -> str:
+    def _end(self, offer: WorkOffer, outcome: str, error: str | None = None,
+             search=None) -> str:
         try:
-            end = self.client.finish(offer.lease_id, outcome, error)
+            end = self.client.finish(offer.lease_id, outcome, error, search)
         except WorkerApiError as err:  # expired meanwhile: its work is already requeued
             logger.warning("lease %s could not be ended %s: %s",
                            offer.lease_id, outcome, err.detail)
@@ -191,8 +197,8 @@ class Worker:
         from tuner.task_tuning import tune_workload
 
         offer = current.offer
-        seeds = self.client.records(offer.workload_key, offer.target.key, SEED_RECORDS)
-        cost_model = self._transferred_cost_model(offer.target.key)
+        context = self.client.context(offer.lease_id, SEED_RECORDS)
+        cost_model = self._transferred_cost_model(offer)
         batch_no = 0
         verdict = {"reason": None}
 
@@ -218,25 +224,26 @@ class Worker:
             return verdict["reason"] is None
 
         try:
-            measured, stopped = tune_workload(
+            tuned = tune_workload(
                 tvm_module(offer.mod_json), self.target, task_name=offer.workload_name or "task",
-                trials=offer.trials, batch_size=offer.batch_size, on_batch=on_batch, seeds=seeds,
-                search=search_config(self.settings), rpc=self.rpc, seed=self.settings.search_seed,
-                cost_model=cost_model,
+                trials=offer.trials, batch_size=offer.batch_size, on_batch=on_batch,
+                context=context, search=search_config(self.settings), rpc=self.rpc,
+                seed=self.settings.search_seed, cost_model=cost_model,
             )
         except Exception as err:  # noqa: BLE001 - the lease fails with the reason; the loop goes on
             logger.exception("lease %s failed", offer.lease_id)
             return self._end(offer, "failed", f"{type(err).__name__}: {err}")
         reason = verdict["reason"]
         if reason == "cancelled":
-            return self._end(offer, "cancelled")
+            return self._end(offer, "cancelled", search=tuned.report)
         if reason == "lost":
             return "lost"
         if reason == "returned":
-            return self._end(offer, "returned")
-        logger.info("lease %s: %d of %d trials measured%s", offer.lease_id, measured, offer.trials,
-                    "" if measured >= offer.trials else " (the search ran out of candidates)")
-        return self._end(offer, "done")
+            return self._end(offer, "returned", search=tuned.report)
+        logger.info("lease %s: %d of %d trials measured%s", offer.lease_id, tuned.trials,
+                    offer.trials,
+                    "" if tuned.trials >= offer.trials else " (the search ran out of candidates)")
+        return self._end(offer, "done", search=tuned.report)
 
     def _retrain_when_idle(self) -> None:
         """At most every ``cost_model_retrain_secs``: retrain the target's transferred cost
@@ -251,16 +258,20 @@ class Worker:
         except Exception:  # noqa: BLE001 - retraining is an optimization; the worker goes on
             logger.exception("cost model retraining failed")
 
-    def _transferred_cost_model(self, target_key: str):
-        """A fresh transferred cost model for one lease (the target's newest stored model,
-        downloaded once per model id), or ``None`` for MetaSchedule's cold XGBModel."""
+    def _transferred_cost_model(self, offer: WorkOffer):
+        """The transferred cost model for a tune lease (the target's newest stored model,
+        downloaded once per model id), or ``None`` for MetaSchedule's cold XGBModel.
+
+        The model object, with its negative-transfer guard state, is kept for the task across
+        the leases of it that this worker gets (:attr:`TASK_MODELS` tasks at most), so a task
+        whose family the guard moved to the cold model stays there."""
         import tvm
 
         from cost_model.store import TrainedModel
         from tuner.cost_models import transfer_choice
 
         try:
-            found = self.client.cost_model(target_key, tvm.__version__)
+            found = self.client.cost_model(offer.target.key, tvm.__version__)
         except (ServerUnavailable, WorkerApiError) as err:
             logger.warning("no transferred cost model (using MetaSchedule's cold one): %s", err)
             return None
@@ -268,14 +279,20 @@ class Worker:
             return None
         if self._cost_model is None or self._cost_model[0] != found[0]:
             self._cost_model = (found[0], TrainedModel.from_bytes(found[1], model_id=found[0]))
+            self._task_models.clear()
             logger.info("transferred cost model %d (%d records)", found[0],
                         self._cost_model[1].n_samples)
-        return transfer_choice(self._cost_model[1]).model
+        key = (offer.job_id, offer.task_id)
+        model = self._task_models.pop(key, None) or transfer_choice(self._cost_model[1]).model
+        self._task_models[key] = model  # most recently used last
+        while len(self._task_models) > self.TASK_MODELS:
+            self._task_models.pop(next(iter(self._task_models)))
+        return model
 
     def _finalize(self, current: _Current) -> str:
         from compiler.errors import ModelError, VerificationError
         from compiler.prepare import prepare_model
-        from tuner.finalize import database_from_records, publish_tuned
+        from tuner.finalize import database_from_records, finalize_outcomes, publish_tuned
 
         offer = current.offer
         with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
@@ -295,31 +312,13 @@ class Worker:
                 for task in prepared.partition.tasks
             }
             database = database_from_records(prepared, best)
-            by_key = {t.workload_key: t for t in offer.tasks}
-            schedules = []
-            for task in prepared.partition.tasks:
-                known = by_key.get(task.key)
-                record = best.get(task.key) or []
-                best_secs = _mean(record[0][1]) if record else None
-                schedules.append({
-                    "key": task.key, "name": task.name, "weight": task.weight, "flops": task.flops,
-                    "action": ("tune" if known and known.trials_done
-                               else "reuse" if known else "skip"),
-                    "trials": known.trials_done if known else 0,
-                    "best_ms": None if best_secs is None else best_secs * 1e3,
-                })
-            bests = [s["best_ms"] for s in schedules]
-            estimated = (
-                sum(s["weight"] * s["best_ms"] for s in schedules) / 1e3
-                if bests and all(b is not None for b in bests) else None
-            )
+            outcomes = finalize_outcomes(prepared, offer.tasks, best)
             staged = self.client.staging_dir()
             out_dir = staged / "artifact"
             try:
                 publish_tuned(
                     prepared, database, out_dir, job_id=offer.job_id,
-                    trials_measured=offer.job_trials_done, schedules=schedules,
-                    estimated_secs=estimated,
+                    trials_measured=offer.job_trials_done, outcomes=outcomes,
                 )
             except VerificationError as err:
                 _rmtree(staged)
@@ -354,13 +353,6 @@ class Worker:
             self.client.heartbeat(self.name, "offline")
         _kill_children()
         os._exit(128 + signum)
-
-
-def _mean(run_secs) -> float | None:
-    values = [float(x) for x in run_secs or ()]
-    if not values or any(v >= 1e9 for v in values):
-        return None
-    return sum(values) / len(values)
 
 
 def _rmtree(path: Path) -> None:

@@ -17,13 +17,24 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 import httpx
 
 import db
 from tuner import coordinator
-from tuner.work import BatchAck, JobTaskInfo, LeaseEnd, RecordUpload, TargetInfo, WorkOffer
+from tuner.work import (
+    BatchAck,
+    BatchUpload,
+    LeaseContext,
+    LeaseEnd,
+    LeaseFinish,
+    LeaseOffer,
+    RecordUpload,
+    SearchReport,
+    TargetInfo,
+    WorkOffer,
+)
 
 logger = logging.getLogger("tunehub.worker")
 T = TypeVar("T")
@@ -56,6 +67,9 @@ class WorkClient(Protocol):
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]: ...
 
+    def context(self, lease_id: int, k: int) -> LeaseContext:
+        """What tune lease ``lease_id``'s search starts from (:class:`tuner.work.LeaseContext`)."""
+
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         """The target's newest transferred cost model for this TVM version, or ``None``."""
 
@@ -65,7 +79,8 @@ class WorkClient(Protocol):
 
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck: ...
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None) -> LeaseEnd: ...
+    def finish(self, lease_id: int, outcome: str, error: str | None = None,
+               search: SearchReport | None = None) -> LeaseEnd: ...
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
         """A local path of the finalize lease's model file (downloaded into ``folder``)."""
@@ -77,15 +92,6 @@ class WorkClient(Protocol):
         """Hand over a verified artifact (``model.so`` + ``manifest.json``); completes the job."""
 
     def close(self) -> None: ...
-
-
-def offer_from_json(data: dict[str, Any]) -> WorkOffer:
-    """The :class:`WorkOffer` of a lease response (``service.api.schemas.WorkOfferPublic``)."""
-    target = TargetInfo(**data["target"])
-    tasks = tuple(JobTaskInfo(**t) for t in data.get("tasks") or ())
-    fields = {k: v for k, v in data.items() if k in WorkOffer.__dataclass_fields__}
-    fields.update(target=target, tasks=tasks)
-    return WorkOffer(**fields)
 
 
 # -- HTTP --------------------------------------------------------------------------------------
@@ -153,14 +159,17 @@ class HttpClient:
         return set(reply.get("leases", []))
 
     def lease(self, name: str) -> tuple[WorkOffer | None, int]:
-        reply = self._call("POST", f"/workers/{name}/lease").json()
-        offer = reply.get("lease")
-        return (None if offer is None else offer_from_json(offer)), int(reply["pending_jobs"])
+        reply = LeaseOffer.model_validate(self._call("POST", f"/workers/{name}/lease").json())
+        return reply.lease, reply.pending_jobs
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]:
         reply = self._call("GET", "/workers/records",
                            params={"workload": workload_key, "target": target_key, "k": k}).json()
         return reply["data"]
+
+    def context(self, lease_id: int, k: int) -> LeaseContext:
+        reply = self._call("GET", f"/workers/leases/{lease_id}/context", params={"k": k})
+        return LeaseContext.model_validate(reply.json())
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         try:
@@ -176,15 +185,17 @@ class HttpClient:
         return False  # the database is the server's: its embedded workers retrain
 
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
-        reply = self._call("POST", f"/workers/leases/{lease_id}/records", json={
-            "batch": batch, "records": [r.to_json() for r in records],
-        }).json()
-        return BatchAck(**{k: reply[k] for k in BatchAck.__dataclass_fields__})
+        body = BatchUpload(batch=batch, records=tuple(records))
+        reply = self._call("POST", f"/workers/leases/{lease_id}/records",
+                           json=body.model_dump(mode="json"))
+        return BatchAck.model_validate(reply.json())
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None) -> LeaseEnd:
+    def finish(self, lease_id: int, outcome: str, error: str | None = None,
+               search: SearchReport | None = None) -> LeaseEnd:
+        body = LeaseFinish(outcome=outcome, error=error, search=search)  # type: ignore[arg-type]
         reply = self._call("POST", f"/workers/leases/{lease_id}/finish",
-                           json={"outcome": outcome, "error": error}).json()
-        return LeaseEnd(reply["lease_status"], reply["job_status"])
+                           json=body.model_dump(mode="json"))
+        return LeaseEnd.model_validate(reply.json())
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
         path = folder / f"model.{offer.model_format or 'bin'}"
@@ -201,10 +212,10 @@ class HttpClient:
             "manifest": ("manifest.json", (staged / "manifest.json").read_bytes(), "application/json"),
         }
         try:
-            reply = self._call("POST", f"/workers/leases/{lease_id}/artifact", files=files).json()
+            reply = self._call("POST", f"/workers/leases/{lease_id}/artifact", files=files)
         finally:
             shutil.rmtree(staged, ignore_errors=True)
-        return LeaseEnd(reply["lease_status"], reply["job_status"])
+        return LeaseEnd.model_validate(reply.json())
 
 
 # -- in process --------------------------------------------------------------------------------
@@ -255,6 +266,9 @@ class DirectClient:
             raise WorkerApiError(404, "not_found", f"target {target_key} not found")
         return self._call(lambda: coordinator.seed_records(self.storage, workload_key, target, k))
 
+    def context(self, lease_id: int, k: int) -> LeaseContext:
+        return self._call(lambda: coordinator.lease_context(self.storage, lease_id, k))
+
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         from cost_model.version import latest_model_blob
 
@@ -270,10 +284,10 @@ class DirectClient:
             lambda: coordinator.accept_batch(self.storage, lease_id, batch, records, self.policy)
         )
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None) -> LeaseEnd:
-        return self._call(
-            lambda: coordinator.end_lease(self.storage, lease_id, outcome, self.policy, error=error)
-        )
+    def finish(self, lease_id: int, outcome: str, error: str | None = None,
+               search: SearchReport | None = None) -> LeaseEnd:
+        return self._call(lambda: coordinator.end_lease(
+            self.storage, lease_id, outcome, self.policy, error=error, search=search))
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
         if offer.model_sha256 is None:
@@ -297,4 +311,5 @@ class DirectClient:
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         job = self.storage.get_job(lease.job_id)
-        return LeaseEnd(db.LeaseStatus.DONE, job.status if job else db.JobStatus.FAILED)
+        return LeaseEnd(lease_status=db.LeaseStatus.DONE,
+                        job_status=job.status if job else db.JobStatus.FAILED)

@@ -101,7 +101,7 @@ def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> Non
 def test_default_schedule_record_round_trips_through_the_database(tmp_path) -> None:
     """DLight's matmul trace holds index maps (TVM 0.27's TuningRecord.as_json fails on them):
     it is stored, read back as the best record, and the build replays it."""
-    from tuner.seed import default_schedule
+    from tuner.task_scheduler.default_schedules import default_schedule
 
     spec = cuda_target(H200)
     target = spec.tvm_target()

@@ -35,6 +35,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from db import (
     ConflictError,
     InvalidTransitionError,
@@ -49,12 +50,19 @@ from db import (
     TuningStorage,
     Worker,
 )
-from tuner.work import BatchAck, JobTaskInfo, LeaseEnd, RecordUpload, TargetInfo, WorkOffer
+from tuner.work import (
+    BatchAck,
+    JobTaskInfo,
+    LeaseContext,
+    LeaseEnd,
+    RecordUpload,
+    SearchReport,
+    TargetInfo,
+    WorkOffer,
+)
 
 logger = logging.getLogger("tunehub.coordinator")
 
-LIBRARY_NAME = "model.so"
-MANIFEST_NAME = "manifest.json"
 
 
 @dataclass(frozen=True)
@@ -67,7 +75,7 @@ class LeasePolicy:
 
 
 def target_info(row: TargetRecord) -> TargetInfo:
-    return TargetInfo(row.key, row.kind, row.target_json, row.fingerprint_json, row.tvm_version)
+    return TargetInfo.of(row)
 
 
 def find_worker(storage: TuningStorage, name: str) -> Worker:
@@ -104,10 +112,14 @@ def heartbeat(
 
 
 # -- planning ----------------------------------------------------------------------------------
-def plan_job(storage: TuningStorage, job: Job) -> Job | None:
+def plan_job(storage: TuningStorage, job: Job, *, continue_tuning: bool = False) -> Job | None:
     """Plan a queued job from its model's stored task list and start it (``running``, tasks
     created with their trial allotments). ``None`` when another process started it first, or
-    when the job cannot run (then it is failed with the reason)."""
+    when the job cannot run (then it is failed with the reason).
+
+    Every job starts here, whichever way it runs: a lease worker's request for work and
+    ``tunehub tune`` (:func:`tuner.job.tune_model`, which may pass ``continue_tuning``: tune
+    tasks other jobs already tuned, too) plan alike, so their job rows are the same."""
     from compiler.partition import TaskInfo  # noqa: PLC0415 - TVM only where planning happens
     from tuner.plan import allot_trials, plan_tuning  # noqa: PLC0415
 
@@ -138,7 +150,7 @@ def plan_job(storage: TuningStorage, job: Job) -> Job | None:
         )
     remaining = max(0, job.trial_budget - storage.count_records(job_id=job.id))
     tuned = storage.tuned_workload_keys(job.target_id, list(ids), exclude_job_id=job.id)
-    plan = plan_tuning(tasks, remaining, tuned_keys=tuned)
+    plan = plan_tuning(tasks, remaining, tuned_keys=tuned, continue_tuning=continue_tuning)
     allot = allot_trials(plan)
     new: list[NewJobTask] = []
     for decision in plan.decisions:
@@ -244,13 +256,15 @@ def offer_for(
         batch, _ = lease_trials(task.trial_budget, policy)
         return WorkOffer(
             **common, trials=lease.trials, batch_size=min(batch, lease.trials), task_id=task.id,
-            workload_key=workload.key, workload_name=task.name, mod_json=workload.mod_json,
+            workload_id=workload.id, workload_key=workload.key, workload_name=task.name,
+            mod_json=workload.mod_json,
         )
     model = storage.get_model(job.model_id) if job.model_id is not None else None
     keys = {w.id: w.key for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])}
     tasks = tuple(
-        JobTaskInfo(keys.get(t.workload_id, ""), t.name, t.weight, t.flops, t.status,
-                    t.trials_done, t.best_mean_secs)
+        JobTaskInfo(workload_key=keys.get(t.workload_id, ""), name=t.name, weight=t.weight,
+                    flops=t.flops, status=t.status, trials_done=t.trials_done,
+                    best_mean_secs=t.best_mean_secs)
         for t in storage.list_job_tasks(job.id)
     )
     return WorkOffer(
@@ -281,6 +295,51 @@ def seed_records(
         [json.loads(r.trace_json), list(r.run_secs or ()), target_obj, json.loads(r.args_info_json)]
         for r in storage.top_k(ids[workload_key], target.id, k)
     ]
+
+
+#: Sibling schedules a lease context carries at most (fastest first).
+LEASE_SIBLINGS = 8
+#: Schedule keys of a workload a lease context carries at most (the most recent records).
+LEASE_STORED_KEYS = 20_000
+
+
+def lease_context(storage: TuningStorage, lease_id: int, k: int) -> LeaseContext:
+    """What the search of tune lease ``lease_id`` starts from (see :class:`tuner.work.LeaseContext`):
+    the workload's ``k`` best records on the lease's target, the keys of the schedules stored
+    for it, and its faster siblings' best schedules (:func:`tuner.siblings.faster_siblings`, the
+    query ``tunehub tune`` runs too). Raises :class:`db.NotFoundError` (no lease) and
+    :class:`db.ConflictError` (a finalize lease)."""
+    from tuner.siblings import faster_siblings, family_members, own_rate, workload_family  # noqa: PLC0415
+
+    lease = storage.get_lease(lease_id)
+    if lease is None:
+        raise NotFoundError(f"task lease {lease_id} does not exist")
+    if lease.kind != "tune" or lease.task_id is None:
+        raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it has no search context")
+    job = storage.get_job(lease.job_id)
+    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
+    workload = None if task is None else storage.get_workload_by_id(task.workload_id)
+    if job is None or task is None or workload is None:  # pragma: no cover - foreign keys
+        raise NotFoundError(f"the job of lease {lease_id} is gone")
+    target = storage.get_target_by_id(job.target_id)
+    assert target is not None  # foreign key
+    members = family_members(storage)[workload_family(task.name)]
+    siblings = faster_siblings(
+        storage, target.id, workload_id=workload.id, members=members,
+        above_rate=own_rate(storage, target.id, workload.id, workload.flops),
+        limit=LEASE_SIBLINGS,
+    )
+    return LeaseContext(
+        workload_id=workload.id, flops=workload.flops,
+        seeds=tuple(seed_records(storage, workload.key, target, k)),
+        stored_keys=tuple(_schedule_keys(storage, workload.id, target.id)[-LEASE_STORED_KEYS:]),
+        siblings=tuple(siblings),
+    )
+
+
+def _schedule_keys(storage: TuningStorage, workload_id: int, target_id: int) -> list[str]:
+    """The schedule keys (trace hashes) of every record of a workload on a target, oldest first."""
+    return [r.trace_hash for r in storage.iter_records(target_id=target_id, workload_id=workload_id)]
 
 
 def accept_batch(
@@ -337,13 +396,44 @@ def end_lease(
     policy: LeasePolicy,
     *,
     error: str | None = None,
+    search: SearchReport | None = None,
 ) -> LeaseEnd:
     """End the worker's lease with ``outcome`` (``done``, ``returned``, ``failed``,
-    ``cancelled``; see :meth:`db.TuningStorage.finish_lease`). Raises
-    :class:`db.InvalidTransitionError` when the lease is no longer active."""
+    ``cancelled``; see :meth:`db.TuningStorage.finish_lease`), keeping what its search did
+    (``search``). Raises :class:`db.InvalidTransitionError` when the lease is no longer active."""
     lease = storage.finish_lease(lease_id, outcome, error=error, max_attempts=policy.max_attempts)
+    if search is not None:
+        record_search(storage, lease.job_id, search)
     job = storage.get_job(lease.job_id)
-    return LeaseEnd(lease.status, job.status if job is not None else JobStatus.FAILED)
+    return LeaseEnd(lease_status=lease.status,
+                    job_status=job.status if job is not None else JobStatus.FAILED)
+
+
+def record_search(storage: TuningStorage, job_id: int, report: SearchReport) -> SearchReport:
+    """Add one run's (a lease's, or a ``tunehub tune`` run's) search report to its job's;
+    return the job's sum. A stored report that does not parse is replaced."""
+    total: dict[str, SearchReport] = {}
+
+    def merge(current: str | None) -> str:
+        try:
+            before = SearchReport.model_validate_json(current) if current else SearchReport()
+        except ValueError:
+            before = SearchReport()
+        total["sum"] = before + report
+        return total["sum"].model_dump_json()
+
+    storage.merge_job_search(job_id, merge)
+    return total["sum"]
+
+
+def job_search(job: Job) -> SearchReport | None:
+    """The job's summed search report, or ``None`` before any run reported one."""
+    if not job.search_json:
+        return None
+    try:
+        return SearchReport.model_validate_json(job.search_json)
+    except ValueError:
+        return None
 
 
 def accept_artifact(

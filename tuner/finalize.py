@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
+from db.types import measurement
 
 
 def database_from_records(
@@ -54,6 +56,42 @@ def reference_timing(prepared: PreparedModel) -> dict[str, Any] | None:
     return {"framework": framework, "threads": threads, "median_ms": secs * 1e3}
 
 
+@dataclass(frozen=True)
+class TaskOutcome:
+    """One task of a job as its artifact's schedule table reports it: what the job did with it
+    (``tune``, ``reuse``, ``skip``, ``defer``) and why, its weight, FLOPs, the job's trials on it
+    and its best measured latency (``None``: no valid record; it builds with TVM's default)."""
+
+    key: str
+    name: str
+    action: str
+    reason: str
+    weight: int
+    flops: float
+    trials: int
+    best_secs: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "key": self.key,
+            "name": self.name,
+            "action": self.action,
+            "reason": self.reason,
+            "weight": self.weight,
+            "flops": self.flops,
+            "trials": self.trials,
+            "best_ms": None if self.best_secs is None else self.best_secs * 1e3,
+        }
+
+
+def estimated_secs(outcomes: Sequence[TaskOutcome]) -> float | None:
+    """The model's latency as its tasks' best records add up (weight x best), or ``None`` when
+    a task has no valid record (or there are no tasks)."""
+    if not outcomes or any(o.best_secs is None for o in outcomes):
+        return None
+    return sum(o.weight * o.best_secs for o in outcomes)  # type: ignore[operator]
+
+
 def publish_tuned(
     prepared: PreparedModel,
     database: Any,
@@ -61,13 +99,15 @@ def publish_tuned(
     *,
     job_id: int,
     trials_measured: int,
-    schedules: list[dict[str, Any]],
-    estimated_secs: float | None,
+    outcomes: Sequence[TaskOutcome],
     force: bool = False,
 ) -> tuple[dict[str, Any], Timing]:
     """Build ``prepared`` with ``database``'s best schedules, verify and time it, write
-    ``out_dir`` (``model.so`` + ``manifest.json``); return the manifest and the timing."""
+    ``out_dir`` (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes`` and
+    ``estimated_ms`` :func:`estimated_secs` of them); return the manifest and the timing."""
     timing: dict[str, Timing] = {}
+    schedules = [o.to_json() for o in outcomes]
+    estimate = estimated_secs(outcomes)
 
     def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
         timing["t"] = library.time(random_inputs(prepared.model.inputs))
@@ -76,7 +116,7 @@ def publish_tuned(
             "job_id": job_id,
             "trials_measured": trials_measured,
             "schedules": schedules,
-            "estimated_ms": None if estimated_secs is None else estimated_secs * 1e3,
+            "estimated_ms": None if estimate is None else estimate * 1e3,
             "measured": timing["t"].to_json(),
             "reference": reference_timing(prepared),
         }
@@ -92,3 +132,25 @@ def publish_tuned(
 def tvm_module(mod_json: str) -> tvm.IRModule:
     """The TIR module of a workload from its stored JSON (``tvm.ir.save_json``)."""
     return tvm.ir.load_json(mod_json)
+
+
+def finalize_outcomes(
+    prepared: PreparedModel, tasks: Sequence[Any], best: Mapping[str, Sequence[Sequence[Any]]]
+) -> list[TaskOutcome]:
+    """The schedule table of a finalize lease: each of the model's tasks with the job's task
+    row (``tasks``: :class:`tuner.work.JobTaskInfo`, by workload key) and its best record
+    (``best[key]``: ``TuningRecord.as_json()`` lists). A task the job tuned is ``tune``, one it
+    took from the database ``reuse``, one the job had no row for ``skip``."""
+    by_key = {t.workload_key: t for t in tasks}
+    outcomes = []
+    for task in prepared.partition.tasks:
+        known = by_key.get(task.key)
+        records = best.get(task.key) or ()
+        outcomes.append(TaskOutcome(
+            key=task.key, name=task.name, weight=task.weight, flops=task.flops,
+            action="tune" if known and known.trials_done else "reuse" if known else "skip",
+            reason="" if known else (task.skip_reason or "not tunable"),
+            trials=known.trials_done if known else 0,
+            best_secs=measurement(records[0][1])[1] if records else None,
+        ))
+    return outcomes

@@ -24,47 +24,25 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import tvm
-
-from compiler.artifact import LIBRARY_NAME, check_output_dir
+from compiler.artifact import check_output_dir
+from compiler.artifact_layout import LIBRARY_NAME, default_storage_dir, job_artifact_dir
 from compiler.prepare import PreparedModel
 from compiler.runner import Timing
-from cost_model.transfer import workload_family
-from db import Job, JobStatus, ModelWorkload, NewJobTask, TuningStorage
+from tuner.siblings import workload_family
+from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
+from tuner.coordinator import plan_job, record_search
+from tuner.work import SearchReport
+from tuner.workloads import register_prepared
 from tuner.cost_models import CostModelChoice, resolve_cost_model
-from tuner.finalize import publish_tuned
+from tuner.finalize import TaskOutcome, estimated_secs, publish_tuned
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.progress import ProgressCallback, ProgressListener, RunState
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
-from tuner.sibling_seeds import SeedTask, SiblingSeeds
+from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
-
-
-@dataclass(frozen=True)
-class TaskOutcome:
-    key: str
-    name: str
-    action: str
-    reason: str
-    weight: int
-    flops: float
-    trials: int
-    best_secs: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "key": self.key,
-            "name": self.name,
-            "action": self.action,
-            "reason": self.reason,
-            "weight": self.weight,
-            "flops": self.flops,
-            "trials": self.trials,
-            "best_ms": None if self.best_secs is None else self.best_secs * 1e3,
-        }
 
 
 @dataclass(frozen=True)
@@ -123,7 +101,7 @@ class JobRowWriter:
 
 
 def _sibling_seeds(database, to_tune, workload_ids, search) -> SiblingSeeds | None:
-    """The run's :class:`tuner.sibling_seeds.SiblingSeeds`, unless the search turns off both
+    """The run's :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds`, unless the search turns off both
     their uses (measured seeds, primed populations)."""
     config = search or SearchConfig()
     if not (config.sibling_seeds or config.sibling_population):
@@ -143,33 +121,12 @@ def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: s
     )
 
 
-def _register_workloads(storage: TuningStorage, prepared: PreparedModel, model_id: int | None):
-    """Store every task's workload (idempotent) and the model's task list; key → workload id."""
-    workload_ids: dict[str, int] = {}
-    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
-        shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
-        row = storage.ensure_workload(
-            task.key,
-            tvm.ir.save_json(extracted.dispatched[0]),
-            flops=task.flops,
-            summary=f"{task.name} {shapes}",
-        )
-        workload_ids[task.key] = row.id
-    if model_id is not None:
-        storage.set_model_workloads(
-            model_id,
-            [
-                ModelWorkload(
-                    model_id, workload_ids[t.key], t.name, t.weight,
-                    skip_reason=None if t.tunable else (t.skip_reason or "not tunable"),
-                )
-                for t in prepared.partition.tasks
-            ],
-        )
-    return workload_ids
-
-
-def _find_or_create_job(storage, *, model_id, target_id, trials, owner):
+def _find_or_create_job(storage, *, model_id, target_id, trials, owner, continue_tuning):
+    """The job this run resumes (same model, target, owner and budget, still open) or a new
+    one, started through the service's planner (:func:`tuner.coordinator.plan_job`), so its
+    tasks and their allotments are what a REST job of the same model gets. An open job of
+    another budget is cancelled (superseded). Raises ``RuntimeError`` when a worker on the same
+    database started the new job first."""
     for job in storage.list_jobs(limit=1000):
         if (
             job.model_id == model_id
@@ -179,13 +136,23 @@ def _find_or_create_job(storage, *, model_id, target_id, trials, owner):
         ):
             if job.trial_budget == trials:
                 if job.status == JobStatus.QUEUED:
-                    job = storage.transition_job(job.id, JobStatus.RUNNING, expected=JobStatus.QUEUED)
+                    job = _start(storage, job, continue_tuning)
                 return job, True
             storage.transition_job(
                 job.id, JobStatus.CANCELLED, error=f"superseded by a run with {trials} trials"
             )
     job = storage.create_job(target_id=target_id, trial_budget=trials, model_id=model_id, owner=owner)
-    return storage.transition_job(job.id, JobStatus.RUNNING, expected=JobStatus.QUEUED), False
+    return _start(storage, job, continue_tuning), False
+
+
+def _start(storage: TuningStorage, job: Job, continue_tuning: bool) -> Job:
+    started = plan_job(storage, job, continue_tuning=continue_tuning)
+    if started is None:
+        current = storage.get_job(job.id)
+        raise RuntimeError(f"job {job.id} could not be started here: it is "
+                           f"{current.status if current else 'gone'}"
+                           + (f" ({current.error})" if current and current.error else ""))
+    return started
 
 
 def _best_secs(storage: TuningStorage, workload_id: int, target_id: int) -> float | None:
@@ -223,9 +190,9 @@ def _ensure_job_tasks(storage, job, plan: TuningPlan, workload_ids, target_id) -
 
 
 def default_artifact_dir(job_id: int) -> Path:
-    from db import tunehub_home
-
-    return tunehub_home() / "artifacts" / f"job-{job_id}"
+    """Where a job's artifact goes without ``-o``: the service's folder for it, so ``tunehub
+    serve`` on the same home serves it (:func:`compiler.artifact_layout.job_artifact_dir`)."""
+    return job_artifact_dir(default_storage_dir(), job_id)
 
 
 def tune_model(
@@ -261,13 +228,15 @@ def tune_model(
     cost_model = resolve_cost_model(storage, prepared.target, cost_model)
     target_row = storage.ensure_target(prepared.target)
     model_row = _register_model(storage, prepared, filename, owner)
+    workload_ids = register_prepared(storage, prepared, model_row.id)  # the planner reads them
     job, resumed = _find_or_create_job(
-        storage, model_id=model_row.id, target_id=target_row.id, trials=trials, owner=owner
+        storage, model_id=model_row.id, target_id=target_row.id, trials=trials, owner=owner,
+        continue_tuning=continue_tuning,
     )
     return run_job(
         storage, prepared, job, resumed=resumed, output_dir=output_dir,
         continue_tuning=continue_tuning, measure=measure, search=search, listeners=listeners,
-        force=force, seed=seed, cost_model=cost_model,
+        force=force, seed=seed, cost_model=cost_model, workload_ids=workload_ids,
     )
 
 
@@ -285,6 +254,7 @@ def run_job(
     force: bool = False,
     seed: int | None = None,
     cost_model: str | CostModelChoice = "auto",
+    workload_ids: dict[str, int] | None = None,
 ) -> TuneSummary:
     """Run a job the caller has moved to ``running`` (a CLI run or a worker's claim).
 
@@ -298,7 +268,8 @@ def run_job(
     if target_row is None or target_row.key != prepared.target.key:
         raise ValueError(f"job {job.id} is for another target than the prepared model")
     try:
-        workload_ids = _register_workloads(storage, prepared, job.model_id)
+        if workload_ids is None:  # registered by the caller otherwise
+            workload_ids = register_prepared(storage, prepared, job.model_id)
         return _run_job(
             storage, prepared, job, resumed, target_row, workload_ids,
             output_dir=output_dir, continue_tuning=continue_tuning,
@@ -336,6 +307,7 @@ def _run_job(
     database = MetaScheduleDatabase(storage, target_row, job_id=job.id, worker=job.owner)
     to_tune = plan.to_tune
     seeds = None
+    report = SearchReport()
     if to_tune and remaining > 0:
         index = {t.key: i for i, t in enumerate(tasks)}
         extracted = [prepared.partition.extracted[index[t.key]] for t in to_tune]
@@ -345,7 +317,7 @@ def _run_job(
         seeds = _sibling_seeds(database, to_tune, workload_ids, search)
         reset_metaschedule_logging()
         with tempfile.TemporaryDirectory(prefix="tunehub-tune-") as work_dir:
-            run_search(
+            report = run_search(
                 extracted,
                 database=database,
                 target_kind=prepared.target.kind,
@@ -359,6 +331,9 @@ def _run_job(
                 seed=seed,
                 seeds=seeds,
             )
+    report = report.model_copy(update={"cost_model": cost_model.kind})
+    if to_tune and remaining > 0:
+        report = record_search(storage, job.id, report)
     statuses = {t.id: t.status for t in storage.list_job_tasks(job.id)}
     for key in (t.key for t in to_tune):
         best = _best_secs(storage, workload_ids[key], target_row.id)
@@ -379,16 +354,12 @@ def _run_job(
         )
         for d in plan.decisions
     )
-    estimated = (
-        sum(o.weight * o.best_secs for o in outcomes)
-        if all(o.best_secs is not None for o in outcomes)
-        else None
-    )
+    estimated = estimated_secs(outcomes)
     measured_total = storage.count_records(job_id=job.id)
     out_dir = output_dir or default_artifact_dir(job.id)
     manifest, timing = publish_tuned(
         prepared, database, out_dir, job_id=job.id, trials_measured=measured_total,
-        schedules=[o.to_json() for o in outcomes], estimated_secs=estimated, force=force,
+        outcomes=outcomes, force=force,
     )
     library = out_dir / LIBRARY_NAME
     storage.add_artifact(
@@ -412,5 +383,6 @@ def _run_job(
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
         extra={"cost_model": cost_model.summary(),
-               "sibling_seeds": seeds.summary() if seeds is not None else None},
+               "sibling_seeds": seeds.summary() if seeds is not None else None,
+               "search": report.model_dump()},
     )

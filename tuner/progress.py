@@ -20,11 +20,9 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.partition import TaskInfo
+from tuner.measurements import mean_run_secs
 
 logger = logging.getLogger(__name__)
-
-_FAILED = 1e9
-
 
 @dataclass(frozen=True)
 class BatchUpdate:
@@ -42,16 +40,6 @@ class BatchUpdate:
 
 class ProgressListener(Protocol):
     def on_batch(self, update: BatchUpdate) -> None: ...
-
-
-def mean_run_secs(result: ms.runner.RunnerResult | None) -> float | None:
-    """Mean measured seconds of one candidate, or None for a failed (or missing) measurement."""
-    if result is None or result.error_msg or not result.run_secs:
-        return None
-    values = [float(x) for x in result.run_secs]
-    if any(v >= _FAILED or not math.isfinite(v) for v in values):
-        return None
-    return sum(values) / len(values)
 
 
 class RunState:

@@ -1,10 +1,11 @@
-"""Run MetaSchedule's search over a set of extracted tasks, writing through a SQL database.
+"""The one tuning engine: MetaSchedule's search over a set of tasks, with TuneHub's roles plugged in.
 
-``run_search`` is a thin, explicit call of ``ms.tune_tasks``: evolutionary search (minus the
-schedules the database already holds: :mod:`tuner.skip_stored`), the gradient
-task scheduler (committing each batch before the next: :mod:`tuner.scheduler`), MetaSchedule's
-default measure callbacks (which commit every measured candidate
-to ``database``, failures included) plus TuneHub's own (error texts, progress).
+``run_search`` is an explicit call of ``ms.tune_tasks``, composed the way MetaSchedule composes
+``tune_tasks`` itself, from roles (see its docstring): the database the search reads, the
+search-strategy wrapper (:mod:`tuner.search_strategy`), the task scheduler and its seeds
+(:mod:`tuner.task_scheduler`), the cost model, the measure callbacks (:mod:`tuner.measure_callback`
+and :mod:`db`). Every way a job runs calls it: ``tunehub tune`` and the service's in-process runs
+(:mod:`tuner.job`) on the SQL database, lease workers (:mod:`tuner.task_tuning`) on a lease's.
 """
 from __future__ import annotations
 
@@ -13,19 +14,20 @@ import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
 from tuner.intrinsics import load_tensor_intrinsics
-from tuner.measure import MeasureConfig, make_builder, make_runner
-from tuner.primed_database import SiblingPrimedDatabase
-from tuner.scheduler import BatchCommittingGradient
-from tuner.seed import measure_default_schedules
-from tuner.sibling_seeds import SiblingSeeds
-from tuner.skip_stored import SkipStoredSchedules
+from tuner.database.primed import SiblingPrimedDatabase
+from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
+from tuner.search_strategy.skip_stored import SkipStoredSchedules
 from tuner.space import design_space
+from tuner.task_scheduler.default_schedules import DefaultScheduleSeeds
+from tuner.task_scheduler.gradient import BatchCommittingGradient
+from tuner.task_scheduler.seeds import SeedChain
+from tuner.task_scheduler.sibling_seeds import SiblingSeeds
+from tuner.work import SearchReport
 
 
 @dataclass(frozen=True)
@@ -34,9 +36,9 @@ class SearchConfig:
 
     Smaller populations trade search quality for speed (tests use them to tune in seconds).
     ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
-    rows measure siblings' best schedules first (:mod:`tuner.sibling_seeds`);
+    rows measure siblings' best schedules first (:mod:`tuner.task_scheduler.sibling_seeds`);
     ``sibling_population`` (TuneHub's too; off: no gain shown in an A/B pair) puts siblings'
-    refitted schedules in each batch's initial population (:mod:`tuner.primed_database`).
+    refitted schedules in each batch's initial population (:mod:`tuner.database.primed`).
     """
 
     population_size: int = 512
@@ -90,6 +92,42 @@ def default_cost_model() -> str:
     return "random"
 
 
+#: Records of each task the cost model is updated with before the first batch (the database's
+#: best: a resumed task's or a lease's first batch is then chosen by a model, not at random).
+WARM_START_RECORDS = 256
+
+
+def make_cost_model(model: Any = None) -> Any:
+    """``model`` itself, or a new default one (:func:`default_cost_model`) as an object."""
+    if model is not None:
+        return model
+    if default_cost_model() == "random":
+        return ms.cost_model.RandomModel()
+    return ms.cost_model.XGBModel(num_warmup_samples=100)
+
+
+def warm_start(model: Any, contexts: Sequence[Any], database: Any) -> int:
+    """Update ``model`` with each task's best records in ``database``, as MetaSchedule updates
+    it with a measured batch (STACK.md: measure candidates and runner results rebuilt from the
+    records). Returns the records used. A failed update is logged, never raised: the warm
+    start is an optimization."""
+    used = 0
+    for context in contexts:
+        records = database.get_top_k(database.commit_workload(context.mod), WARM_START_RECORDS)
+        if not records:
+            continue
+        try:
+            model.update(
+                context,
+                [r.as_measure_candidate() for r in records],
+                [ms.runner.RunnerResult([float(x) for x in r.run_secs], None) for r in records],
+            )
+            used += len(records)
+        except Exception as err:  # noqa: BLE001 - warm start is an optimization
+            logging.getLogger(__name__).warning("cost model warm start failed: %s", err)
+    return used
+
+
 def run_search(
     extracted_tasks: Sequence[Any],
     *,
@@ -106,26 +144,43 @@ def run_search(
     num_threads: int | None = None,
     seed: int | None = None,
     seeds: SiblingSeeds | None = None,
-) -> None:
-    """Tune ``extracted_tasks`` for at most ``trials`` (+ one batch, as MetaSchedule overshoots).
+    rpc: RpcConfig | None = None,
+) -> SearchReport:
+    """Tune ``extracted_tasks`` for at most ``trials`` (seeds included) with MetaSchedule.
 
-    ``callbacks`` run after MetaSchedule's default ones (database commit, artifact cleanup,
-    cost-model update). On CUDA the default (DLight) schedule of each task is measured and stored
-    first (:mod:`tuner.seed`). ``cost_model`` defaults to :func:`default_cost_model`, ``space`` to
-    :func:`tuner.space.design_space` of the target. ``seeds`` (in the order of
-    ``extracted_tasks``) offers each task its siblings' schedules: measured within ``trials``
-    (``search.sibling_seeds``) and in the search's populations (``search.sibling_population``).
-    Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks).
+    The one search of every tuning run: ``tunehub tune`` and the service's in-process runs call it
+    with the SQL adapter as ``database`` and its commit callbacks; a lease worker with a
+    :class:`tuner.database.lease.LeaseDatabase` and
+    :class:`tuner.measure_callback.upload_batches.UploadBatches`. Both get the same roles:
+
+    - search strategy: evolutionary search minus the schedules ``database`` holds
+      (:class:`tuner.search_strategy.skip_stored.SkipStoredSchedules`; any database with a
+      ``holds`` method), reading sibling-primed populations with ``search.sibling_population``;
+    - task scheduler: :class:`tuner.task_scheduler.gradient.BatchCommittingGradient`, which
+      measures seeds before a task's batch (:mod:`tuner.task_scheduler.seeds`): on CUDA the
+      default (DLight) schedule of each task without a valid record, and with
+      ``search.sibling_seeds`` the ``seeds``' sibling schedules (in the order of
+      ``extracted_tasks``);
+    - cost model: ``cost_model`` (default :func:`default_cost_model`), first updated with each
+      task's best records in ``database`` (:func:`warm_start`);
+    - measure callbacks: MetaSchedule's defaults (database commit, artifact removal but over
+      ``rpc``, cost-model update) plus ``callbacks``; runner: local, or ``rpc``'s tracker.
+
+    ``space`` defaults to :func:`tuner.space.design_space` of the target. Returns what the search
+    features did (``cost_model`` left ``cold``: the caller knows which model it passed). Raises
+    whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks), and whatever a callback
+    raises to stop tuning.
     """
     threads = num_threads or len(os.sched_getaffinity(0))
     load_tensor_intrinsics(target_kind)
     tasks = list(extracted_tasks)
     config = search or SearchConfig()
     strategy = config.strategy()
+    skip = None
     if hasattr(database, "holds"):
         primed = (SiblingPrimedDatabase(database, seeds)
                   if seeds is not None and config.sibling_population else None)
-        strategy = SkipStoredSchedules(strategy, database, primed)
+        strategy = skip = SkipStoredSchedules(strategy, database, primed)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         tasks,
         work_dir,
@@ -134,25 +189,49 @@ def run_search(
         num_threads=threads,
         seed=seed,
     )
-    measure_callbacks = [*ms.measure_callback.MeasureCallback.create("default"), *callbacks]
-    builder, runner = make_builder(measure), make_runner(measure)
-    if target_kind == "cuda":
-        measure_default_schedules(tasks, database, builder, runner)
+    defaults = list(ms.measure_callback.MeasureCallback.create("default"))
+    if rpc is not None:  # STACK.md: it removes whole directories; remote runs keep theirs
+        defaults = [c for c in defaults
+                    if not isinstance(c, ms.measure_callback.RemoveBuildArtifact)]
+    builder, runner = make_builder(measure), make_runner(measure, rpc)
+    seeders: list[Any] = []
+    defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
+    if defaults_seeder is not None:
+        seeders.append(defaults_seeder)
+    if seeds is not None and config.sibling_seeds:
+        seeders.append(seeds)
+    model = make_cost_model(cost_model)
+    warm_start(model, contexts, database)
+    device = "cuda" if target_kind == "cuda" else "cpu"
     ms.tune_tasks(
         tasks=contexts,
         task_weights=weights,
         work_dir=work_dir,
         max_trials_global=trials,
-        num_trials_per_iter=batch_size,
+        num_trials_per_iter=max(1, min(batch_size, trials)),
         builder=builder,
         runner=runner,
         database=database,
-        cost_model=cost_model or default_cost_model(),
-        measure_callbacks=measure_callbacks,
+        cost_model=model,
+        measure_callbacks=[*defaults, *callbacks],
         task_scheduler=BatchCommittingGradient(
             seed=seed,
             max_trials=trials,
-            seeding=(partial(seeds.seed, builder=builder, runner=runner)
-                     if seeds is not None and config.sibling_seeds else None),
+            seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
+            if seeders else None,
         ),
+    )
+    return search_report(seeds, skip, defaults_seeder)
+
+
+def search_report(seeds: SiblingSeeds | None, skip: SkipStoredSchedules | None,
+                  defaults: DefaultScheduleSeeds | None) -> SearchReport:
+    """The :class:`tuner.work.SearchReport` of a run's seeders and strategy wrapper."""
+    counts = seeds.summary() if seeds is not None else {}
+    return SearchReport(
+        seeds_measured=counts.get("measured", 0), seeds_valid=counts.get("valid", 0),
+        seeds_did_not_replay=counts.get("did_not_replay", 0),
+        seeds_already_stored=counts.get("already_stored", 0),
+        skipped_stored=skip.skipped if skip is not None else 0,
+        default_schedules=defaults.measured if defaults is not None else 0,
     )

@@ -113,6 +113,12 @@ class JobStorage(abc.ABC):
         """Add ``trials`` to ``trials_done`` atomically."""
 
     @abc.abstractmethod
+    def merge_job_search(self, job_id: int, merge: Callable[[str | None], str]) -> Job:
+        """Replace the job's ``search_json`` (what its runs' search features did, summed) with
+        ``merge(current text or None)``, in one transaction that holds the job's row, so two
+        runs reporting at once both count. Raises ``NotFoundError`` for a missing job."""
+
+    @abc.abstractmethod
     def add_job_tasks(self, job_id: int, tasks: Sequence[NewJobTask]) -> list[JobTask]:
         """Create the tasks of a job in ``queued``."""
 

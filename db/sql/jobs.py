@@ -1,7 +1,7 @@
 """Jobs, job tasks and artifacts on SQL, and the compare-and-set of every status change."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import case, func, or_, select, update
@@ -173,6 +173,16 @@ class JobSQL(SQLBase, JobStorage):
             )
             if result.rowcount != 1:
                 raise NotFoundError(f"job {job_id} does not exist")
+            return frozen(Job, session.get(JobRow, job_id, populate_existing=True))
+
+    def merge_job_search(self, job_id: int, merge: Callable[[str | None], str]) -> Job:
+        with self._session(write=True) as session:
+            row = session.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                raise NotFoundError(f"job {job_id} does not exist")
+            row.search_json = merge(row.search_json)
+            row.updated_at = func.now()
+            session.flush()
             return frozen(Job, session.get(JobRow, job_id, populate_existing=True))
 
     def add_job_tasks(self, job_id: int, tasks: Sequence[NewJobTask]) -> list[JobTask]:

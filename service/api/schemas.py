@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import db
+from tuner.coordinator import job_search
+from tuner.work import SearchReport
 
 MAX_ID = 2**63 - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
@@ -139,6 +141,10 @@ class JobPublic(BaseModel):
     started_at: datetime | None
     finished_at: datetime | None
     url: str
+    search: SearchReport | None = Field(
+        None, description="what the search features did in the job's runs, summed (sibling "
+        "seeds, stored schedules skipped, default schedules, cost model); null before any run "
+        "reported")
 
     @classmethod
     def from_job(cls, job: db.Job, *, target_key: str | None, prefix: str) -> JobPublic:
@@ -156,6 +162,7 @@ class JobPublic(BaseModel):
             started_at=job.started_at,
             finished_at=job.finished_at,
             url=f"{prefix}/jobs/{job.id}",
+            search=job_search(job),
         )
 
 
@@ -480,109 +487,8 @@ class WorkerHeartbeatReply(WorkerPublic):
     leases: list[int] = Field(description="the worker's active leases, renewed by this heartbeat")
 
 
-class TargetInfoPublic(BaseModel):
-    key: str
-    kind: str
-    target_json: str
-    fingerprint_json: str
-    tvm_version: str
-
-
-class JobTaskInfoPublic(BaseModel):
-    workload_key: str
-    name: str
-    weight: int
-    flops: float | None
-    status: str
-    trials_done: int
-    best_mean_secs: float | None
-
-
-class WorkOfferPublic(BaseModel):
-    """What a worker is to do. ``tune``: measure ``trials`` candidates of the workload
-    ``mod_json`` (``tvm.ir.save_json`` of its TIR module) in batches of ``batch_size``, starting
-    from ``GET /workers/records``; ``finalize``: compile the model (``model_url``) with the best
-    records, verify it, upload the artifact."""
-
-    lease_id: int
-    kind: Literal["tune", "finalize"]
-    job_id: int
-    target: TargetInfoPublic
-    expires_at: str | None
-    trials: int
-    batch_size: int
-    task_id: int | None
-    workload_key: str | None
-    workload_name: str | None
-    mod_json: str | None
-    model_id: int | None
-    model_sha256: str | None
-    model_format: str | None
-    model_filename: str | None
-    model_url: str | None
-    job_trial_budget: int
-    job_trials_done: int
-    tasks: list[JobTaskInfoPublic]
-
-    @classmethod
-    def from_offer(cls, offer, *, prefix: str) -> WorkOfferPublic:
-        import dataclasses
-
-        fields = dataclasses.asdict(offer)
-        fields["model_url"] = (
-            f"{prefix}/workers/jobs/{offer.job_id}/model" if offer.kind == "finalize" else None
-        )
-        return cls(**fields)
-
-
-class LeaseOffer(BaseModel):
-    lease: WorkOfferPublic | None = Field(description="null: no work for this worker right now")
-    pending_jobs: int = Field(description="jobs of the worker's target still queued or running")
-
-
-class SeedRecords(BaseModel):
-    data: list[list[Any]] = Field(
-        description="TuningRecord.as_json() lists [trace, run_secs, target, args_info], best first"
-    )
-    count: int
-
-
-class RecordUploadBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    trace: list[Any] = Field(max_length=100_000, description="TuningRecord.as_json()[0]")
-    run_secs: list[float] | None = Field(max_length=1000, description="null or [1e10]: failed")
-    args_info: list[Any] = Field(max_length=1000)
-    error_text: str | None = Field(None, max_length=20_000)
-
-
-class BatchUploadBody(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    batch: int = Field(ge=0, le=10_000_000, description="0, 1, ... per lease; a repeat counts once")
-    records: list[RecordUploadBody] = Field(max_length=4096)
-
-
-class BatchAckPublic(BaseModel):
-    accepted: int = Field(description="records stored (duplicates keep the better measurement)")
-    counted: bool = Field(description="the batch's trials were counted (false for a repeat or a "
-                          "lease no longer active)")
-    keep_going: bool = Field(description="false: stop tuning (lease lost or job no longer running)")
-    lease_status: str
-    job_status: str
-    trials_done: int
-
-
-class LeaseFinish(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    outcome: Literal["done", "returned", "failed", "cancelled"]
-    error: str | None = Field(None, max_length=20_000)
-
-
-class LeaseEndPublic(BaseModel):
-    lease_status: str
-    job_status: str
+# The worker protocol's messages (offers, lease contexts, batches, acks, lease ends) are defined
+# once, in :mod:`tuner.work`, and used by the routes as they are.
 
 
 # -- health ----------------------------------------------------------------------------------

@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0004_job_history_index"
+HEAD = "0005_job_search"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

@@ -1,4 +1,4 @@
-"""tuner.scheduler: every batch is committed to the database before the next one is sent, so a
+"""tuner.task_scheduler.gradient: every batch is committed to the database before the next one is sent, so a
 killed run loses at most the batch in flight (MetaSchedule's own gradient scheduler sends a batch
 of every task before it commits any)."""
 from __future__ import annotations
@@ -42,7 +42,7 @@ def test_each_batch_is_committed_before_the_next_is_sent(
     sent: list[int] = []
     make_runner = tuner.search.make_runner
     monkeypatch.setattr(tuner.search, "make_runner",
-                        lambda measure: _CountingRunner(make_runner(measure), sent))
+                        lambda measure, rpc=None: _CountingRunner(make_runner(measure, rpc), sent))
     seen: list[tuple[int, int, int]] = []
 
     class Watch:

@@ -1,4 +1,4 @@
-"""tuner.sibling_seeds: a task's search starts from its siblings' best schedules, refitted to its
+"""tuner.task_scheduler.sibling_seeds: a task's search starts from its siblings' best schedules, refitted to its
 shapes and measured within the trial budget."""
 from __future__ import annotations
 
@@ -16,12 +16,12 @@ from tvm.s_tir import meta_schedule as ms
 import db
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from cost_model.transfer import workload_family
+from tuner.siblings import workload_family
 from db.metaschedule_database import MetaScheduleDatabase, record_as_json
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
-from tuner.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
+from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -135,7 +135,7 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
 def test_population_gives_siblings_refitted_schedules_through_the_search_database(cnn_db) -> None:
     """The primed view answers ``get_top_k`` with the task's own records plus its siblings' best
     schedules replayed on the task's own module (tiles refitted), unmeasured and never stored."""
-    from tuner.primed_database import SiblingPrimedDatabase
+    from tuner.database.primed import SiblingPrimedDatabase
 
     storage, target, prepared, _ = cnn_db
     target_id = storage.get_target(target.key).id

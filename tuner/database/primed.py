@@ -5,12 +5,12 @@ MetaSchedule's evolutionary search starts every batch from ``population_size x
 init_measured_ratio`` (512 x 0.2 = 102) of the task's best stored records, read through the
 database's ``get_top_k``, and fills the rest with random samples of the design space. A task that
 has few records yet starts almost entirely from random schedules, although its siblings (the same
-fused operators on other shapes, :mod:`tuner.sibling_seeds`) may hold many fast ones.
+fused operators on other shapes, :mod:`tuner.task_scheduler.sibling_seeds`) may hold many fast ones.
 
 :class:`SiblingPrimedDatabase` is what the search strategy is given instead of the run's database
-(:class:`tuner.skip_stored.SkipStoredSchedules` passes it to the strategy's ``pre_tuning``): its
+(:class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` passes it to the strategy's ``pre_tuning``): its
 ``get_top_k`` returns the task's own best records plus, in up to ``share`` of the slots, sibling
-schedules refitted to the task (:meth:`tuner.sibling_seeds.SiblingSeeds.population`). They are
+schedules refitted to the task (:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.population`). They are
 not measured and never stored: the cost model scores them with the rest of the population,
 mutation explores around them, and only the candidates the search then picks are measured (and
 counted as trials). Everything else, commits included, goes to the run's database unchanged; the
@@ -31,7 +31,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from db.metaschedule_database import MetaScheduleDatabase
-from tuner.sibling_seeds import SiblingSeeds
+from tuner.task_scheduler.sibling_seeds import SiblingSeeds
 
 
 @derived_object

@@ -5,7 +5,7 @@ records and keeps from measurement only what it measured itself in this run (its
 ``measured_workloads_``; the source says "TODO: add records from the database to avoid
 re-measuring"). A cost model that ranks well scores those stored best schedules first, so they
 are measured again: in a ``--continue`` run of ResNet-18 with the transferred model, 25 of 40
-trials re-measured stored schedules, and a sibling seed (:mod:`tuner.sibling_seeds`) was measured
+trials re-measured stored schedules, and a sibling seed (:mod:`tuner.task_scheduler.sibling_seeds`) was measured
 a second time by the search in 27 of 31 cases.
 
 :class:`SkipStoredSchedules` wraps the strategy and drops, from each batch it generates, every
@@ -28,7 +28,7 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
 
     ``database`` is a :class:`db.metaschedule_database.MetaScheduleDatabase` (anything with its
     ``holds(mod, candidates)``). ``search_database``, when given, is the database ``inner`` reads
-    instead of the scheduler's (a :class:`tuner.primed_database.SiblingPrimedDatabase`).
+    instead of the scheduler's (a :class:`tuner.database.primed.SiblingPrimedDatabase`).
     :attr:`skipped` counts the candidates dropped.
     """
 

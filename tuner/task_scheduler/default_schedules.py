@@ -3,24 +3,24 @@
 A CUDA library is compiled with the best record of each task and DLight's default GPU schedule
 for tasks without records (``compile_relax``). Without a record of the default schedule, a short
 search whose candidates are all slower than DLight would still replace it: tuning would make the
-library slower. :func:`measure_default_schedules` builds and times the DLight schedule of each
-task with the same builder and runner as the search and commits it as an ordinary record, so the
-best record of a task is never slower than its untuned schedule, and the evolutionary search
+library slower. Each task's DLight schedule is built and timed with the same builder and
+runner as the search and committed as an ordinary record, so the best record of a task is never slower than its untuned schedule, and the evolutionary search
 starts from a known good measurement (it seeds its population from the database's best records).
-Tasks that already have a valid record for this target are left alone (no new measurement).
-
-The cost is one measurement per task, on top of the trial budget.
+:class:`DefaultScheduleSeeds` offers it as a seed (:mod:`tuner.task_scheduler.seeds`) the first
+time the scheduler picks the task, so it is measured, stored and reported (uploaded, by a lease
+worker) like any candidate and counts as one trial. Tasks that already have a valid record for
+this target are left alone (no new measurement).
 """
 from __future__ import annotations
 
 import logging
-import shutil
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
+
+from tuner.measurements import mean_run_secs
 
 logger = logging.getLogger(__name__)
 
@@ -49,46 +49,31 @@ def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Any | None
     return None
 
 
-def measure_default_schedules(
-    extracted_tasks: Sequence[Any], database: Any, builder: Any, runner: Any
-) -> int:
-    """Build, run and commit the default schedule of every task that has no valid record yet.
+class DefaultScheduleSeeds:
+    """Seeder (:class:`tuner.task_scheduler.seeds.Seeder`) of each GPU task's default (DLight)
+    schedule, offered once per task and only while ``database`` holds no valid record of the
+    task for this target. ``measured`` counts the default schedules measured."""
 
-    Failures are committed too (``run_secs = [1e10]``), like any failed candidate. Returns the
-    number of records committed. Never raises for a schedule that fails to build or run.
-    """
-    pending = []
-    for task in extracted_tasks:
-        mod = task.dispatched[0]
-        target = task.target
-        workload = database.commit_workload(mod)
-        if database.get_top_k(workload, 1):
-            continue
-        sch = default_schedule(mod, target)
+    def __init__(self, database: Any) -> None:
+        self.database = database
+        self.measured = 0
+        self._offered: set[int] = set()
+
+    def candidates(self, task_index: int, context: Any) -> list[ms.MeasureCandidate]:
+        if task_index in self._offered:
+            return []
+        self._offered.add(task_index)
+        mod = context.mod
+        if self.database.get_top_k(self.database.commit_workload(mod), 1):
+            return []
+        sch = default_schedule(mod, context.target)
         if sch is None:
-            continue
-        args_info = ms.arg_info.ArgInfo.from_entry_func(mod)
-        pending.append((workload, sch, target, args_info))
-    if not pending:
-        return 0
-    built = builder.build([ms.builder.BuilderInput(sch.mod, target) for _, sch, target, _ in pending])
-    runs: list[Any] = [None] * len(pending)
-    inputs, where = [], []
-    for index, ((_, _, target, args_info), result) in enumerate(zip(pending, built)):
-        if result.error_msg is None:
-            inputs.append(ms.runner.RunnerInput(result.artifact_path, target.kind.name, args_info))
-            where.append(index)
-    for index, future in zip(where, runner.run(inputs)):
-        runs[index] = future.result()
-    for (workload, sch, target, args_info), result, ran in zip(pending, built, runs):
-        ok = ran is not None and ran.error_msg is None and ran.run_secs
-        run_secs = list(ran.run_secs) if ok else [1e10]
-        if not ok:
-            logger.warning("default schedule failed: %s",
-                           (result.error_msg or (ran.error_msg if ran else "") or "")[-300:])
-        database.commit_tuning_record(
-            ms.database.TuningRecord(sch.trace, workload, run_secs, target, args_info)
-        )
-        if result.artifact_path:
-            shutil.rmtree(Path(result.artifact_path).parent, ignore_errors=True)
-    return len(pending)
+            return []
+        return [ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(mod))]
+
+    def observe(self, task_index: int, results: Sequence[Any]) -> None:
+        self.measured += len(results)
+        for result in results:
+            if mean_run_secs(result) is None:
+                logger.warning("default schedule of task %d failed: %s", task_index,
+                               str(result.error_msg or "")[-300:])

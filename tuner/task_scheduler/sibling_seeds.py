@@ -6,9 +6,12 @@ schedules, although the database may hold a fast schedule of the same fused oper
 shape: ResNet-18 has eight ``conv2d + add + relu`` tasks, MobileNetV2 eighteen
 ``conv2d + add + clip``, and every model a user tunes adds more.
 
-Siblings are tasks of one *workload family* (:func:`cost_model.transfer.workload_family`: the
+Siblings are tasks of one *workload family* (:func:`tuner.siblings.workload_family`: the
 fused operators without their numbers), found in every model the database knows and in the run
-itself. When the scheduler picks a task, :class:`SiblingSeeds` offers the best schedule of the
+itself. Where the sibling schedules come from is a :class:`SiblingSource`: the SQL database in a
+run that holds it (:class:`StorageSiblings`), or the server's answer to a lease
+(:class:`LeaseSiblings`, from :class:`tuner.work.LeaseContext`); both go through
+:func:`tuner.siblings.faster_siblings`. When the scheduler picks a task, :class:`SiblingSeeds` offers the best schedule of the
 sibling that runs at the highest throughput (FLOP/s) above the task's own, once per sibling
 record: its trace is replayed on the task's module with every tile-size decision
 (``SamplePerfectTile``) refitted to the task's loop extents (:func:`refit_tiles`), and the design
@@ -19,25 +22,25 @@ names, a decision the new shape cannot take) is skipped.
 
 The same refitting also feeds the search without measuring: :meth:`SiblingSeeds.population` gives
 the top few records of every sibling, refitted, for the initial population of each batch
-(:mod:`tuner.primed_database`), where the cost model scores them and mutation refines them.
+(:mod:`tuner.database.primed`), where the cost model scores them and mutation refines them.
 """
 from __future__ import annotations
 
 import json
 import logging
 import math
-from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
-from cost_model.transfer import workload_family
-from db import TuningStorage
-from db.metaschedule_database import MetaScheduleDatabase
-from tuner.progress import mean_run_secs
+from db.types import measurement
+from tuner.measurements import mean_run_secs
+from tuner.siblings import faster_siblings, family_members
+from tuner.work import LeaseContext, SiblingSchedule
 
 logger = logging.getLogger(__name__)
 
@@ -92,36 +95,87 @@ class SeedTask:
     flops: float | None
 
 
-class SiblingSeeds:
-    """Sibling schedules to measure for a run's tasks (see the module docstring).
+class SiblingSource(Protocol):
+    """Where a run finds its tasks' sibling schedules (see the module docstring)."""
 
-    ``database`` is the run's :class:`db.metaschedule_database.MetaScheduleDatabase`; ``tasks``
-    are in MetaSchedule's task order. Families span every model registered in its storage plus
-    the run's own tasks; records are its target's.
+    def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
+        """The best schedule of each sibling of ``task`` faster than ``own_rate`` FLOP/s whose
+        record id is not in ``tried``, fastest first."""
+
+    def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
+        """Up to ``per_sibling`` top schedules of each sibling of ``task``, siblings in order of
+        their best FLOP/s (for primed populations)."""
+
+
+class StorageSiblings:
+    """Siblings from the SQL database: every registered model's tasks plus the run's own."""
+
+    def __init__(self, storage: Any, target_id: int, tasks: Sequence[SeedTask]) -> None:
+        self.storage = storage
+        self.target_id = target_id
+        self._members = family_members(storage)
+        for task in tasks:
+            self._members[task.family].add(task.workload_id)
+
+    def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
+        return faster_siblings(self.storage, self.target_id, workload_id=task.workload_id,
+                               members=self._members[task.family], above_rate=own_rate,
+                               exclude_records=tried)
+
+    def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
+        out: list[SiblingSchedule] = []
+        for best in faster_siblings(self.storage, self.target_id, workload_id=task.workload_id,
+                                    members=self._members[task.family], above_rate=-1.0):
+            ids = [i for i, _ in self.storage.top_k_ids(best.workload_id, self.target_id,
+                                                        per_sibling)]
+            for row in sorted(self.storage.get_records(ids), key=lambda r: r.mean_secs or 0.0):
+                out.append(best.model_copy(update={
+                    "record_id": row.id, "mean_secs": row.mean_secs,
+                    "trace": json.loads(row.trace_json)}))
+        return out
+
+
+class LeaseSiblings:
+    """Siblings the server handed a tune lease (:attr:`tuner.work.LeaseContext.siblings`): the
+    best schedule of each sibling faster than the task when the lease began."""
+
+    def __init__(self, context: LeaseContext) -> None:
+        self.context = context
+
+    def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
+        return [s for s in self.context.siblings
+                if s.record_id not in tried and s.flops / s.mean_secs > own_rate]
+
+    def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
+        return list(self.context.siblings)
+
+
+class SiblingSeeds:
+    """Sibling schedules to measure for a run's tasks (see the module docstring); a
+    :class:`tuner.task_scheduler.seeds.Seeder`.
+
+    ``database`` is the run's MetaSchedule database: the SQL adapter
+    (:class:`db.metaschedule_database.MetaScheduleDatabase`) or a lease's
+    (:class:`tuner.database.lease.LeaseDatabase`); it answers the task's own best record and
+    which schedules are stored. ``tasks`` are in MetaSchedule's task order. ``source`` defaults
+    to :class:`StorageSiblings` of the SQL adapter's storage and target.
     """
 
     per_sibling = 4  # records of each sibling that :meth:`population` refits
 
-    def __init__(self, database: MetaScheduleDatabase, tasks: list[SeedTask]) -> None:
+    def __init__(self, database: Any, tasks: list[SeedTask],
+                 source: SiblingSource | None = None) -> None:
         self.database = database
-        self.storage: TuningStorage = database.storage
-        self.target_id = database.target_record.id
         self.tasks = tasks
+        self.source = source or StorageSiblings(database.storage, database.target_record.id, tasks)
         self.offered = 0  # seeds handed out
         self.failed = 0  # sibling records that did not replay on the task
         self.known = 0  # replayed schedules the database already held for the task
         self.measured: list[tuple[int, float | None]] = []  # (task index, mean secs or None)
         self.populated = 0  # refitted sibling schedules handed to the search's populations
-        self._family: dict[str, set[int]] = defaultdict(set)
-        for model in self.storage.list_models():
-            for task in self.storage.model_workloads(model.id):
-                self._family[workload_family(task.task_name)].add(task.workload_id)
-        for task in tasks:
-            self._family[task.family].add(task.workload_id)
-        self._tried: set[tuple[int, int]] = set()  # (task index, sibling record id)
+        self._tried: dict[int, set[int]] = {}  # task index -> sibling record ids offered
         self._by_workload = {task.workload_id: task for task in tasks}
         self._refits: dict[tuple[int, int], Trace | None] = {}  # (workload, sibling record)
-        self._workloads: dict[int, Any] = {}
         self._mods: dict[int, tvm.IRModule] = {}
 
     def candidates(self, task_index: int, context: Any) -> list[ms.MeasureCandidate]:
@@ -137,11 +191,10 @@ class SiblingSeeds:
         task = self.tasks[task_index]
         if not task.flops:
             return []
-        own = self.storage.best_record(task.workload_id, self.target_id)
-        own_rate = task.flops / own.mean_secs if own is not None else 0.0
-        for rate, record in self._faster_siblings(task_index, own_rate):
-            self._tried.add((task_index, record.id))
-            candidate = self._adapt(record, context)
+        tried = self._tried.setdefault(task_index, set())
+        for sibling in self.source.faster(task, self._own_rate(task, context.mod), tried):
+            tried.add(sibling.record_id)
+            candidate = self._adapt(sibling, context)
             if candidate is None:
                 self.failed += 1
             elif self.database.holds(context.mod, [candidate])[0]:
@@ -149,9 +202,12 @@ class SiblingSeeds:
             else:
                 self.offered += 1
                 logger.debug("seeding task %d from workload %d (%.1f GFLOP/s)", task_index,
-                             record.workload_id, rate / 1e9)
+                             sibling.workload_id, sibling.flops / sibling.mean_secs / 1e9)
                 return [candidate]
         return []
+
+    def observe(self, task_index: int, results: Sequence[Any]) -> None:
+        self.measured.extend((task_index, mean_run_secs(r)) for r in results)
 
     def summary(self) -> dict[str, int]:
         """Counts for a run summary: seeds measured (and how many of them ran), sibling
@@ -163,52 +219,10 @@ class SiblingSeeds:
                 "already_stored": self.known,
                 "in_populations": self.populated}
 
-    def seed(self, scheduler: Any, task_id: int, builder: Any, runner: Any) -> list[Any]:
-        """Measure :meth:`candidates` of ``task_id`` as MetaSchedule measures a batch.
-
-        ``scheduler`` is the running ``TaskScheduler``: its measure callbacks (database commit,
-        artifact removal, progress) see the seed as a batch of ``task_id``, and its cost model
-        is updated with it (MetaSchedule's ``UpdateCostModel`` callback only accepts the batch
-        in flight, so the update is called directly). Returns the ``RunnerResult`` of each seed
-        measured (empty: nothing to seed); a seed that fails to build counts as a failed result.
-        """
-        record = scheduler.tasks_[task_id]
-        candidates = self.candidates(task_id, record.ctx)
-        if not candidates:
-            return []
-        target = record.ctx.target
-        device = self.database.target_spec.device  # the runner's device name
-        built = builder.build([ms.builder.BuilderInput(c.sch.mod, target) for c in candidates])
-        results = []
-        for candidate, result in zip(candidates, built, strict=True):
-            if result.error_msg is not None:
-                results.append(ms.runner.RunnerResult(run_secs=None, error_msg=result.error_msg))
-                continue
-            (future,) = runner.run([ms.runner.RunnerInput(result.artifact_path, device,
-                                                          candidate.args_info)])
-            results.append(future.result())
-        self.measured.extend((task_id, mean_run_secs(r)) for r in results)
-        for callback in scheduler.measure_callbacks_:
-            if not isinstance(callback, ms.measure_callback.UpdateCostModel):
-                callback.apply(scheduler, task_id, candidates, built, results)
-        if scheduler.cost_model_ is not None:
-            kept = [(c, r) for c, b, r in zip(candidates, built, results, strict=True)
-                    if b.error_msg is None]
-            scheduler.cost_model_.update(record.ctx, [c for c, _ in kept], [r for _, r in kept])
-        return results
-
-    def _faster_siblings(self, task_index: int, own_rate: float) -> list[tuple[float, Any]]:
-        task = self.tasks[task_index]
-        offers = []
-        for workload_id in self._family[task.family] - {task.workload_id}:
-            flops = self._workload(workload_id).flops
-            record = self.storage.best_record(workload_id, self.target_id)
-            if not flops or record is None or (task_index, record.id) in self._tried:
-                continue
-            rate = flops / record.mean_secs
-            if rate > own_rate:
-                offers.append((rate, record))
-        return sorted(offers, key=lambda offer: -offer[0])
+    def _own_rate(self, task: SeedTask, mod: tvm.IRModule) -> float:
+        best = self.database.get_top_k(self.database.commit_workload(mod), 1)
+        secs = measurement([float(x) for x in best[0].run_secs])[1] if best else None
+        return task.flops / secs if task.flops and secs else 0.0
 
     def population(self, workload_id: int, mod: tvm.IRModule, limit: int) -> list[Trace]:
         """Up to ``limit`` sibling schedules refitted to the task of ``workload_id`` (whose
@@ -219,40 +233,34 @@ class SiblingSeeds:
         task = self._by_workload.get(workload_id)
         if task is None or limit <= 0:
             return []
-        siblings = []
-        for sibling in self._family[task.family] - {workload_id}:
-            flops = self._workload(sibling).flops
-            best = self.storage.best_record(sibling, self.target_id)
-            if flops and best is not None:
-                siblings.append((flops / best.mean_secs, sibling))
         traces: list[Trace] = []
-        for _, sibling in sorted(siblings, reverse=True):
-            ids = [i for i, _ in self.storage.top_k_ids(sibling, self.target_id, self.per_sibling)]
-            missing = [i for i in ids if (workload_id, i) not in self._refits]
-            for record in self.storage.get_records(missing) if missing else []:
-                self._refits[(workload_id, record.id)] = self._refit(record, mod)
-            traces.extend(t for i in ids if (t := self._refits[(workload_id, i)]) is not None)
+        for sibling in self.source.population(task, self.per_sibling):
+            key = (workload_id, sibling.record_id)
+            if key not in self._refits:
+                self._refits[key] = self._refit(sibling, mod)
+            if self._refits[key] is not None:
+                traces.append(self._refits[key])
             if len(traces) >= limit:
                 break
         self.populated += min(len(traces), limit)
         return traces[:limit]
 
-    def _refit(self, record: Any, mod: tvm.IRModule) -> Trace | None:
-        """The trace of sibling ``record`` replayed on ``mod`` with refitted tiles (no
-        postprocessing), or ``None`` when it does not replay."""
+    def _refit(self, sibling: SiblingSchedule, mod: tvm.IRModule) -> Trace | None:
+        """The sibling's trace replayed on ``mod`` with refitted tiles (no postprocessing), or
+        ``None`` when it does not replay."""
         try:
-            return self._replay(record, mod).trace
+            return self._replay(sibling, mod).trace
         except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
             return None
 
-    def _replay(self, record: Any, mod: tvm.IRModule) -> tvm.s_tir.Schedule:
-        source = tvm.s_tir.Schedule(self._mod(record.workload_id))
-        Trace.apply_json_to_schedule(json.loads(record.trace_json), source)
+    def _replay(self, sibling: SiblingSchedule, mod: tvm.IRModule) -> tvm.s_tir.Schedule:
+        source = tvm.s_tir.Schedule(self._mod(sibling))
+        Trace.apply_json_to_schedule(sibling.trace, source)
         return replay_on(source.trace, mod)
 
-    def _adapt(self, record: Any, context: Any) -> ms.MeasureCandidate | None:
+    def _adapt(self, sibling: SiblingSchedule, context: Any) -> ms.MeasureCandidate | None:
         try:
-            sch = self._replay(record, context.mod)
+            sch = self._replay(sibling, context.mod)
             sch.enter_postproc()
             if not all(postproc.apply(sch) for postproc in context.space_generator.postprocs):
                 return None
@@ -260,12 +268,7 @@ class SiblingSeeds:
         except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
             return None
 
-    def _workload(self, workload_id: int) -> Any:
-        if workload_id not in self._workloads:
-            self._workloads[workload_id] = self.storage.get_workload_by_id(workload_id)
-        return self._workloads[workload_id]
-
-    def _mod(self, workload_id: int) -> tvm.IRModule:
-        if workload_id not in self._mods:
-            self._mods[workload_id] = tvm.ir.load_json(self._workload(workload_id).mod_json)
-        return self._mods[workload_id]
+    def _mod(self, sibling: SiblingSchedule) -> tvm.IRModule:
+        if sibling.workload_id not in self._mods:
+            self._mods[sibling.workload_id] = tvm.ir.load_json(sibling.mod_json)
+        return self._mods[sibling.workload_id]

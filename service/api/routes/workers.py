@@ -18,6 +18,7 @@ from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import FileResponse, Response
 
 import db
+from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from cost_model.version import latest_model_blob
 from service.api.deps import API_PREFIX, CurrentUser, FilesDep, SettingsDep, StorageDep, WorkerAuth
 from service.api.errors import ApiError, not_found
@@ -25,24 +26,26 @@ from service.api.schemas import (
     KEY_PATTERN,
     MAX_ID,
     NAME_PATTERN,
-    BatchAckPublic,
-    BatchUploadBody,
     ErrorBody,
-    LeaseEndPublic,
-    LeaseFinish,
-    LeaseOffer,
     LeasePublic,
     LeasesPublic,
-    SeedRecords,
     WorkerHeartbeat,
     WorkerHeartbeatReply,
     WorkerPublic,
     WorkerRegister,
     WorkersPublic,
-    WorkOfferPublic,
 )
 from tuner import coordinator
-from tuner.work import RecordUpload, TargetInfo
+from tuner.work import (
+    BatchAck,
+    BatchUpload,
+    LeaseContext,
+    LeaseEnd,
+    LeaseFinish,
+    LeaseOffer,
+    SeedRecords,
+    TargetInfo,
+)
 
 router = APIRouter(prefix="/workers", tags=["workers"])
 
@@ -107,7 +110,7 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
 
         spec = TargetSpec(body.target.kind, body.target.target_json, body.target.fingerprint_json,
                           body.target.tvm_version)
-        target = TargetInfo(spec.key, spec.kind, spec.target_json, spec.fingerprint_json, spec.tvm_version)
+        target = TargetInfo.of(spec)
     elif body.target_key is not None:
         row = storage.get_target(body.target_key)
         if row is None:
@@ -143,8 +146,10 @@ def lease(name: WorkerName, storage: StorageDep, settings: SettingsDep, _worker:
         offer, pending = coordinator.lease_work(storage, name, settings.lease_policy())
     except db.NotFoundError:
         raise not_found("worker", name) from None
-    public = None if offer is None else WorkOfferPublic.from_offer(offer, prefix=API_PREFIX)
-    return LeaseOffer(lease=public, pending_jobs=pending)
+    if offer is not None and offer.kind == "finalize":
+        offer = offer.model_copy(
+            update={"model_url": f"{API_PREFIX}/workers/jobs/{offer.job_id}/model"})
+    return LeaseOffer(lease=offer, pending_jobs=pending)
 
 
 @router.get(
@@ -186,38 +191,44 @@ def cost_model_blob(
 
 
 @router.post(
-    "/leases/{lease_id}/records", response_model=BatchAckPublic, responses=_CONFLICT,
-    summary="Upload one measured batch of a tune lease (idempotent by batch number)",
+    "/leases/{lease_id}/context", response_model=LeaseContext, responses=_CONFLICT,
+    summary="What a tune lease's search starts from: best records, stored schedules, siblings",
 )
-def upload_batch(
-    lease_id: LeaseId, body: BatchUploadBody, storage: StorageDep, settings: SettingsDep,
-    _worker: WorkerAuth,
-) -> BatchAckPublic:
-    records = [
-        RecordUpload(r.trace, None if r.run_secs is None else tuple(r.run_secs), r.args_info, r.error_text)
-        for r in body.records
-    ]
-    try:
-        ack = coordinator.accept_batch(storage, lease_id, body.batch, records, settings.lease_policy())
-    except (TypeError, ValueError) as err:
-        raise ApiError(422, "invalid_request", f"invalid record: {err}") from None
-    return BatchAckPublic(**ack.__dict__)
+def lease_context(
+    lease_id: LeaseId, storage: StorageDep, _worker: WorkerAuth,
+    k: Annotated[int, Query(ge=1, le=4096)] = 256,
+) -> LeaseContext:
+    return coordinator.lease_context(storage, lease_id, k)
 
 
 @router.post(
-    "/leases/{lease_id}/finish", response_model=LeaseEndPublic, responses=_CONFLICT,
+    "/leases/{lease_id}/records", response_model=BatchAck, responses=_CONFLICT,
+    summary="Upload one measured batch of a tune lease (idempotent by batch number)",
+)
+def upload_batch(
+    lease_id: LeaseId, body: BatchUpload, storage: StorageDep, settings: SettingsDep,
+    _worker: WorkerAuth,
+) -> BatchAck:
+    try:
+        return coordinator.accept_batch(storage, lease_id, body.batch, list(body.records),
+                                        settings.lease_policy())
+    except (TypeError, ValueError) as err:
+        raise ApiError(422, "invalid_request", f"invalid record: {err}") from None
+
+
+@router.post(
+    "/leases/{lease_id}/finish", response_model=LeaseEnd, responses=_CONFLICT,
     summary="End a lease: done, returned (given back), failed (with the error) or cancelled",
 )
 def finish_lease(
     lease_id: LeaseId, body: LeaseFinish, storage: StorageDep, settings: SettingsDep,
     _worker: WorkerAuth,
-) -> LeaseEndPublic:
+) -> LeaseEnd:
     try:
-        end = coordinator.end_lease(storage, lease_id, body.outcome, settings.lease_policy(),
-                                    error=body.error)
+        return coordinator.end_lease(storage, lease_id, body.outcome, settings.lease_policy(),
+                                     error=body.error, search=body.search)
     except db.InvalidTransitionError as err:
         raise _lease_lost(err) from None
-    return LeaseEndPublic(lease_status=end.lease_status, job_status=end.job_status)
 
 
 @router.get(
@@ -239,7 +250,7 @@ def job_model(
 
 
 @router.post(
-    "/leases/{lease_id}/artifact", response_model=LeaseEndPublic,
+    "/leases/{lease_id}/artifact", response_model=LeaseEnd,
     responses={**_CONFLICT, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
     summary="Upload the verified artifact of a finalize lease (completes the job)",
 )
@@ -251,14 +262,14 @@ def upload_artifact(
     _worker: WorkerAuth,
     library: Annotated[UploadFile, File(description="model.so")],
     manifest: Annotated[UploadFile, File(description="manifest.json (verification passed)")],
-) -> LeaseEndPublic:
+) -> LeaseEnd:
     lease_row = storage.get_lease(lease_id)
     if lease_row is None:
         raise not_found("task lease", lease_id)
     staged = FsPath(tempfile.mkdtemp(prefix="artifact-", dir=files.tmp))
     try:
-        _save(library, staged / coordinator.LIBRARY_NAME, settings.upload_limit)
-        _save(manifest, staged / coordinator.MANIFEST_NAME, MANIFEST_LIMIT)
+        _save(library, staged / LIBRARY_NAME, settings.upload_limit)
+        _save(manifest, staged / MANIFEST_NAME, MANIFEST_LIMIT)
         try:
             coordinator.accept_artifact(storage, lease_id, staged, files.artifact_dir(lease_row.job_id))
         except db.InvalidTransitionError as err:
@@ -268,7 +279,7 @@ def upload_artifact(
     finally:
         shutil.rmtree(staged, ignore_errors=True)
     job = storage.get_job(lease_row.job_id)
-    return LeaseEndPublic(lease_status="done", job_status=job.status if job else "failed")
+    return LeaseEnd(lease_status="done", job_status=job.status if job else "failed")
 
 
 def _save(upload: UploadFile, path: FsPath, limit: int) -> None:

@@ -1,0 +1,105 @@
+"""One tuning engine: a job submitted over REST (run by the service's lease worker) and a
+``tunehub tune`` run of the same model on the same database state get the same search features
+and leave the same job rows.
+
+The database holds the small CNN tuned without seeds; the MLP's last layer (``matmul + add``) is
+a sibling of the CNN's classifier, so both runs must measure sibling seeds taken from the
+database (the lease worker gets them from the server with its lease context).
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from tests.service.conftest import start_server, stop_server, upload, wait_for_job
+from tuner.job import tune_model
+from tuner.search import FAST_SEARCH
+
+REPO = Path(__file__).resolve().parents[2]
+TRIALS = 16
+POPULATION = 16
+
+
+@pytest.fixture(scope="module")
+def seeded_db(tmp_path_factory, example_model) -> Path:
+    """An SQLite file holding the small CNN tuned once, sibling seeds off."""
+    work = tmp_path_factory.mktemp("one-engine")
+    path = work / "seeded.db"
+    storage = db.open_storage(f"sqlite:///{path}", upgrade=True)
+    try:
+        prepared = prepare_model(example_model("small_cnn", "onnx"), cpu_target())
+        tune_model(storage, prepared, trials=24, output_dir=work / "cnn", seed=0,
+                   cost_model="cold",
+                   search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False))
+    finally:
+        storage.close()
+    return path
+
+
+def _job_rows(url: str, job_id: int) -> tuple[dict, list[tuple]]:
+    storage = db.open_storage(url)
+    try:
+        job = storage.get_job(job_id)
+        tasks = sorted((t.name, t.weight, t.status, t.trial_budget)
+                       for t in storage.list_job_tasks(job_id))
+        fields = {"status": job.status, "trial_budget": job.trial_budget,
+                  "model_tasks": len(tasks)}
+        return fields, tasks
+    finally:
+        storage.close()
+
+
+@pytest.mark.slow
+def test_rest_job_and_cli_run_share_the_engine(seeded_db, example_model, tmp_path) -> None:
+    mlp = example_model("mlp", "onnx")
+
+    # `tunehub tune` on one copy of the database.
+    cli_db = tmp_path / "cli.db"
+    shutil.copy(seeded_db, cli_db)
+    run = subprocess.run(
+        [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", str(TRIALS),
+         "--population", str(POPULATION), "--cost-model", "cold",
+         "--db", f"sqlite:///{cli_db}", "-o", str(tmp_path / "cli-out"), "--json"],
+        cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
+    assert run.returncode == 0, run.stderr[-3000:]
+    cli = json.loads(run.stdout)
+
+    # A REST job, run by the service's embedded lease worker, on another copy.
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(seeded_db, home / "tunehub.db")
+    server = start_server(home, workers=1,
+                          env={"TUNEHUB_SEARCH_POPULATION": str(POPULATION),
+                               "TUNEHUB_COST_MODEL_RETRAIN_SECS": "100000"})
+    try:
+        with server.client(server.local_token()) as client:
+            model = upload(client, mlp).json()
+            job = client.post("/jobs", json={"model_id": model["id"],
+                                             "trial_budget": TRIALS}).json()
+            rest = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"},
+                                timeout=900)
+    finally:
+        stop_server(server)
+    assert rest["status"] == "succeeded", rest
+
+    # The same search features in both summaries.
+    for search in (cli["search"], rest["search"]):
+        assert search["seeds_measured"] >= 1 and search["seeds_valid"] >= 1
+        assert search["cost_model"] == "cold"
+        assert search["skipped_stored"] >= 0 and search["default_schedules"] == 0
+    assert set(cli["search"]) == set(rest["search"])
+
+    # The same job rows: status, budget and the planner's tasks with their allotments.
+    cli_job, cli_tasks = _job_rows(f"sqlite:///{cli_db}", cli["job_id"])
+    rest_job, rest_tasks = _job_rows(f"sqlite:///{home / 'tunehub.db'}", rest["id"])
+    assert cli_job == rest_job
+    assert cli_tasks == rest_tasks

@@ -1,0 +1,1 @@
+"""MetaSchedule databases a search reads (the SQL adapter itself lives in :mod:`db`)."""

@@ -1,0 +1,1 @@
+"""MetaSchedule measure callbacks: where each measured batch is reported."""

@@ -1,0 +1,1 @@
+"""MetaSchedule search-strategy wrappers."""

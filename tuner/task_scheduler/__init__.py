@@ -1,0 +1,1 @@
+"""MetaSchedule task schedulers and the seeds they measure before a task's batch."""
