@@ -135,6 +135,7 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget, both
     starting from empty databases (a fresh folder under ``work`` each call)."""
     import db
+    from compiler.build import build
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples.export import export_onnx
@@ -163,7 +164,7 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
         builder=make_builder(measure), runner=make_runner(measure),
         strategy=SearchConfig().strategy(), seed=0,
     )
-    ms.relax_integration.compile_relax(database, prepared.mod, target.tvm_target(), params=None)
+    build(prepared.mod, target, database)
     plain_secs = time.perf_counter() - start
     plain_trials = len(database.get_all_tuning_records())
     return {

@@ -4,7 +4,9 @@
 schedule the database holds for each workload (for this target only: the database object is
 scoped to one target) and falls back to TVM's default lowering for workloads without records;
 without one it is the untuned fallback (naive loops on CPU: a fallback, never the product).
-Failures raise :class:`CompileError`.
+Both lower ``mod`` as tuning did (:mod:`compiler.lowering`: the target's convolution layout and,
+with a database, prepacked weights folded into the constants), so the library's ``main`` takes
+the model's inputs in their own layout. Failures raise :class:`CompileError`.
 """
 from __future__ import annotations
 
@@ -14,20 +16,19 @@ from pathlib import Path
 from typing import Any
 
 import tvm
-from tvm.s_tir import meta_schedule as ms
 
 from compiler.errors import CompileError
+from compiler.lowering import build_untuned, build_with_database
 from compiler.target import TargetSpec
 
 
 def build(mod: tvm.IRModule, target: TargetSpec, database: Any | None = None) -> Any:
     """Compile the normalized (unfused) Relax ``mod``; see the module docstring."""
-    tvm_target = target.tvm_target()
     try:
         if database is None:
-            return tvm.compile(mod, target=tvm_target)
-        return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
-    except tvm.error.TVMError as err:
+            return build_untuned(mod, target)
+        return build_with_database(mod, target, database)
+    except (RuntimeError, ValueError, TypeError) as err:  # TVM's errors (0.27 has no TVMError)
         raise CompileError(f"TVM failed to build the model for {target.describe()}: {err}") from err
 
 

@@ -61,8 +61,9 @@ def unsupported_torch_ops(program) -> list[str]:
     )
 
 
-def _normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Inference-only, batch-norm-folded form shared by both frontends, fast math applied."""
+def normalize(mod: tvm.IRModule) -> tvm.IRModule:
+    """Inference-only, batch-norm-folded form shared by both frontends, fast math applied (what
+    :func:`import_model` returns for a frontend's module; benchmarks call it on their own)."""
     mod = relax.transform.FoldConstant()(mod)
     mod = canonicalize(mod)
     mod = tvm.ir.transform.Sequential(
@@ -111,4 +112,4 @@ def import_model(model: LoadedModel) -> tvm.IRModule:
         raise ModelError(
             "import_failed", f"TVM could not import the {model.format} model: {err}"
         ) from None
-    return _normalize(mod)
+    return normalize(mod)

@@ -1,8 +1,9 @@
 """Partition a Relax module into tuning tasks.
 
-``partition`` runs the pass sequence MetaSchedule task extraction needs (STACK.md: the frontend's
-module yields 0 tasks without it) and promises a :class:`Partition`: the fused module that tuning
-and compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
+``partition`` runs the target's lowering (:func:`compiler.lowering.fused_for_target`: layout,
+the pass sequence MetaSchedule task extraction needs, layout-free weights; the final build runs
+the same sequence) and promises a :class:`Partition`: the fused module that tuning and
+compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
 :func:`compiler.keys.workload_key` so tasks are shared across every model.
 """
 from __future__ import annotations
@@ -11,12 +12,14 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import tvm
-from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from compiler.keys import workload_key
+from compiler.lowering import fuse, fused_for_target
 from compiler.target import TargetSpec
+
+__all__ = ["Partition", "TaskInfo", "fuse", "partition"]
 
 # Tasks whose random measurement inputs make the measuring process read out of bounds
 # (STACK.md: tuning ``take``/``gather`` crashes the runner). They are excluded from tuning.
@@ -67,21 +70,6 @@ class Partition:
         return sum(task.flops * task.weight for task in self.tasks)
 
 
-def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
-    """Legalize and fuse a normalized Relax module into primitive TIR functions for ``target``."""
-    with target:
-        return tvm.ir.transform.Sequential(
-            [
-                *relax.pipeline.library_dispatch_passes(target),
-                relax.transform.LegalizeOps(),
-                relax.transform.AnnotateTIROpPattern(),
-                relax.transform.FoldConstant(),
-                relax.transform.FuseOps(),
-                relax.transform.FuseTIR(),
-            ]
-        )(mod)
-
-
 def _buffer_shapes(func: Any) -> tuple[tuple[str, tuple[int, ...], str], ...]:
     """``(name, shape, dtype)`` of each buffer parameter (TVM 0.27 params carry buffer types)."""
     shapes = []
@@ -121,9 +109,8 @@ def _task_info(task: Any) -> TaskInfo:
 
 def partition(mod: tvm.IRModule, target: TargetSpec) -> Partition:
     """Fuse ``mod`` for ``target`` and extract its tuning tasks (heaviest first)."""
-    tvm_target = target.tvm_target()
-    fused = fuse(mod, tvm_target)
-    extracted = list(ms.relax_integration.extract_tasks(fused, tvm_target))
+    fused = fused_for_target(mod, target)
+    extracted = list(ms.relax_integration.extract_tasks(fused, target.tvm_target()))
     infos = [_task_info(task) for task in extracted]
     order = sorted(range(len(infos)), key=lambda i: (-infos[i].flops * infos[i].weight, infos[i].name))
     return Partition(

@@ -9,6 +9,10 @@ CUDA: ``resolve_target("cuda")`` reads the GPU of this machine (:func:`detect_gp
 compute capability to TVM's target tag for that generation (:data:`CUDA_TAGS`: an H100 or H200,
 compute 9.0, gets ``nvidia/nvidia-h100`` with ``sm_90a``); its fingerprint names the GPU, compute
 capability, multiprocessor count and memory, so records of an H100 and an H200 never mix.
+
+CPU: the fingerprint also holds the target's :class:`~compiler.compile_options.CompileOptions`
+(``"compile"``: convolution layout, prepacked weights), so records tuned under other options
+live under another target key; tuning and the final build read them off the same spec.
 """
 from __future__ import annotations
 
@@ -22,6 +26,7 @@ from typing import Any
 
 import tvm
 
+from compiler.compile_options import CPU_DEFAULT, CompileOptions
 from compiler.errors import ModelError
 
 
@@ -137,6 +142,14 @@ class TargetSpec:
         return tvm.target.Target(json.loads(self.target_json))
 
     @property
+    def compile_options(self) -> CompileOptions:
+        """How this target lowers convolutions and weights (:mod:`compiler.compile_options`);
+        CUDA targets and CPU targets stored before the options existed get the legacy path."""
+        if self.kind != "cpu":
+            return CompileOptions()
+        return CompileOptions.from_json(self.fingerprint.get("compile"))
+
+    @property
     def device(self) -> str:
         """The TVM runtime device string for this target (``"cpu"`` or ``"cuda"``)."""
         return "cuda" if self.kind == "cuda" else "cpu"
@@ -146,13 +159,17 @@ class TargetSpec:
         if self.kind == "cuda":
             arch = json.loads(self.target_json).get("arch", "?")
             return f"cuda {fp.get('gpu', '?')} ({arch}, compute {fp.get('compute_capability')})"
-        return f"cpu {fp.get('mcpu')} x{fp.get('cores')} ({fp.get('cpu_model')})"
+        return (
+            f"cpu {fp.get('mcpu')} x{fp.get('cores')} ({fp.get('cpu_model')}, "
+            f"{self.compile_options.describe()})"
+        )
 
 
-def cpu_target(num_cores: int | None = None) -> TargetSpec:
+def cpu_target(num_cores: int | None = None, options: CompileOptions | None = None) -> TargetSpec:
     """The CPU target for this machine: LLVM with the host's ``mcpu`` (never plain SSE code).
 
-    ``num_cores`` defaults to the cores this process may use.
+    ``num_cores`` defaults to the cores this process may use; ``options`` to
+    :data:`compiler.compile_options.CPU_DEFAULT` (benchmarks pass others to compare them).
     """
     cores = num_cores or _usable_cores()
     if cores < 1:
@@ -164,6 +181,7 @@ def cpu_target(num_cores: int | None = None) -> TargetSpec:
         "cores": cores,
         "cpu_model": _cpu_model_name(),
         "mcpu": mcpu,
+        "compile": (options or CPU_DEFAULT).to_json(),
     }
     return TargetSpec(
         kind="cpu",

@@ -1,0 +1,65 @@
+"""How a CPU target lowers convolutions and weights: the target-level compile options.
+
+A :class:`CompileOptions` says which layout convolutions are tuned and built in and whether
+weights are prepacked (see :mod:`compiler.conv_layout` and :mod:`compiler.prepack`). It is part
+of the CPU target's fingerprint (``"compile"``), hence of :attr:`TargetSpec.key`: records tuned
+under one set of options are never evidence for another (their workload keys differ anyway),
+and tuning and the final build read the same options off the same :class:`TargetSpec`, so they
+always produce the same task keys.
+
+:data:`CPU_DEFAULT` is the choice for every CPU target, decided by measurement
+(``bench/bench_levers.py``, ``bench/results/levers_<date>.md``: single ResNet-18, MobileNetV2 and
+BERT tasks at equal trials, side by side against ONNX Runtime). A stored target without the
+``"compile"`` field (made before these options existed) means :data:`LEGACY`: NCHW, no
+prepacking, the path its records were tuned with. CUDA targets carry no options and keep their
+own path (DLight fallbacks, tensor-core spaces).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+ConvLayout = Literal["NCHW", "NHWC"]
+_LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
+
+
+@dataclass(frozen=True)
+class CompileOptions:
+    """``conv_layout``: the data layout of every 2-D convolution (``"NCHW"`` as imported, or
+    ``"NHWC"`` with ``HWIO`` weights). ``prepack``: weights are marked layout-free before task
+    extraction (MetaSchedule's ``RewriteLayout`` may tile them) and the tiling is folded into the
+    constants at build time."""
+
+    conv_layout: ConvLayout = "NCHW"
+    prepack: bool = False
+
+    def __post_init__(self) -> None:
+        if self.conv_layout not in _LAYOUTS:
+            raise ValueError(f"conv_layout must be one of {_LAYOUTS}, got {self.conv_layout!r}")
+
+    @property
+    def is_legacy(self) -> bool:
+        """True for the path TuneHub took before these options (plain ``compile_relax``)."""
+        return self == LEGACY
+
+    def to_json(self) -> dict[str, Any]:
+        return {"conv_layout": self.conv_layout, "prepack": self.prepack}
+
+    @staticmethod
+    def from_json(data: dict[str, Any] | None) -> "CompileOptions":
+        """Options from a fingerprint's ``"compile"`` field; ``None`` (absent) is :data:`LEGACY`."""
+        if not data:
+            return LEGACY
+        return CompileOptions(
+            conv_layout=str(data.get("conv_layout", "NCHW")),  # type: ignore[arg-type]
+            prepack=bool(data.get("prepack", False)),
+        )
+
+    def describe(self) -> str:
+        return f"{self.conv_layout}{' prepacked' if self.prepack else ''}"
+
+
+LEGACY = CompileOptions("NCHW", False)
+
+#: The options of every CPU target (:func:`compiler.target.cpu_target`); see the module docstring.
+CPU_DEFAULT = CompileOptions("NHWC", True)

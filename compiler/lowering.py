@@ -1,0 +1,106 @@
+"""The target-dependent lowering that tuning and the final build share.
+
+Tuning tasks are keyed by the structural hash of the fused PrimFuncs, so the module tuning
+extracts tasks from and the module the final build applies the database to must come from one
+pass sequence; this module is that sequence. For a :class:`TargetSpec` and a normalized Relax
+module (:func:`compiler.importer.import_model`):
+
+1. :func:`for_target` — before legalization, the target's
+   :class:`~compiler.compile_options.CompileOptions` layout (:func:`compiler.conv_layout.to_nhwc`);
+2. :func:`fuse` — library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
+   FuseTIR (STACK.md: the frontend's module yields 0 tasks without them);
+3. with prepacking, :func:`compiler.prepack.mark_layout_free`.
+
+:func:`fused_for_target` is 1–3 (what :func:`compiler.partition.partition` extracts tasks from).
+:func:`lower_with_database` applies 1–3, then ``MetaScheduleApplyDatabase``, then (prepacking)
+:func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers that with
+TVM's own dataflow-lowering and finalize passes: ``ms.relax_integration.compile_relax`` with
+steps 1, 3 and the fold added.
+Targets on the legacy options (CUDA, and CPU targets stored before the options existed) are
+built by ``compile_relax`` itself, unchanged.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import tvm
+from tvm import relax
+from tvm.relax import pipeline as relax_pipeline
+from tvm.relax.transform import MetaScheduleApplyDatabase
+
+from compiler.compile_options import CompileOptions
+from compiler.conv_layout import to_nhwc
+from compiler.prepack import fold_prepacked_weights, mark_layout_free
+from compiler.target import TargetSpec
+
+
+def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
+    """Step 1: ``mod`` in the convolution layout of ``options`` (``mod`` is not modified)."""
+    return to_nhwc(mod) if options.conv_layout == "NHWC" else mod
+
+
+def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
+    """Step 2: legalize and fuse a Relax module into primitive TIR functions for ``target``."""
+    with target:
+        return tvm.ir.transform.Sequential(
+            [
+                *relax_pipeline.library_dispatch_passes(target),
+                relax.transform.LegalizeOps(),
+                relax.transform.AnnotateTIROpPattern(),
+                relax.transform.FoldConstant(),
+                relax.transform.FuseOps(),
+                relax.transform.FuseTIR(),
+            ]
+        )(mod)
+
+
+def _fuse_and_mark(mod: tvm.IRModule, target: tvm.target.Target, options: CompileOptions) -> tvm.IRModule:
+    fused = fuse(mod, target)
+    return mark_layout_free(fused) if options.prepack else fused
+
+
+def fused_for_target(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
+    """Steps 1–3: the fused module whose PrimFuncs are ``target``'s tuning tasks."""
+    options = target.compile_options
+    return _fuse_and_mark(for_target(mod, options), target.tvm_target(), options)
+
+
+def lower_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) -> tvm.IRModule:
+    """Steps 1–3, ``MetaScheduleApplyDatabase`` and (prepacking) the weight fold: the scheduled
+    Relax module a non-legacy build lowers to the VM (tests read its constants)."""
+    options = target.compile_options
+    tvm_target = target.tvm_target()
+    with tvm_target, database, tvm.transform.PassContext(opt_level=3):
+        module = _fuse_and_mark(for_target(mod, options), tvm_target, options)
+        module = MetaScheduleApplyDatabase()(module)
+        return fold_prepacked_weights(module) if options.prepack else module
+
+
+def build_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) -> Any:
+    """Compile the normalized ``mod`` for ``target`` with the best schedules of ``database``.
+
+    Returns TVM's ``Executable``; TVM errors propagate (the caller maps them).
+    """
+    from tvm.s_tir import meta_schedule as ms
+
+    tvm_target = target.tvm_target()
+    if target.compile_options.is_legacy:
+        return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
+    # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
+    # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
+
+    scheduled = lower_with_database(mod, target, database)
+    late = tvm.ir.transform.Sequential(
+        [
+            *cpu_pipeline.dataflow_lower_passes(tvm_target),
+            *cpu_pipeline.finalize_passes(tvm_target),
+        ]
+    )
+    with tvm_target, tvm.transform.PassContext(opt_level=3):
+        return relax.build(scheduled, target=tvm_target, relax_pipeline=late)
+
+
+def build_untuned(mod: tvm.IRModule, target: TargetSpec) -> Any:
+    """TVM's default build of ``mod`` in ``target``'s layout (no database: naive loops on CPU)."""
+    return tvm.compile(for_target(mod, target.compile_options), target=target.tvm_target())
