@@ -1,6 +1,7 @@
-"""Measurement throughput of remote tuning workers: 1, 2 and 4 workers on the same queue.
+"""Measurement throughput of remote tuning workers: 1, 2, 4 (8, ...) workers on the same queue.
 
     .venv/bin/python bench/bench_workers.py [--workers 1 2 4] [--tasks 4] [--trials 8] [--rpc 0]
+                                            [--cores-per-worker K]
 
 For each worker count, a fresh ``tunehub serve --no-worker`` (SQLite, temporary home; PostgreSQL
 with ``--db URL``, a fresh database per run) gets ``--tasks`` one-task models (matmuls of different shapes, so no task is
@@ -9,6 +10,11 @@ processes lease the tasks over HTTP until the queue is empty. Measurement throug
 trials uploaded (counted by the coordinator) divided by the window from the first lease to the
 last tune lease's end (finalize steps and process start-up are outside the window). With
 ``--rpc K`` the workers measure through a TVM RPC tracker and K RPC servers on loopback.
+
+With ``--cores-per-worker K`` each worker process (and the builder and runner processes it
+starts) is pinned to K cores of its own (worker i: cores i*K .. i*K+K-1), so that N workers
+use N*K cores and a single worker is not measured with every core of the machine; the jobs are
+submitted for that K-core target (registered first). Without it every worker sees all cores.
 
 The CPU seconds of all worker processes (and their builder/runner children) are reported too:
 trials per CPU second staying flat while N grows means the coordination costs nothing per
@@ -77,6 +83,25 @@ def _fresh_postgres(admin_url: str, name: str) -> str:
     return url
 
 
+def _register_target(server, token: str, cores: int) -> str:
+    """Register the ``cores``-core CPU target of this machine (what a worker pinned to that many
+    cores resolves) and return its key, so jobs can name it before any worker has started."""
+    import json
+
+    from compiler.target import cpu_target
+
+    spec = cpu_target(num_cores=cores)
+    with server.client(token) as client:
+        reply = client.post("/workers/register", json={
+            "name": "bench-target", "fingerprint": json.loads(spec.fingerprint_json),
+            "target": {"kind": spec.kind, "target_json": spec.target_json,
+                       "fingerprint_json": spec.fingerprint_json, "tvm_version": spec.tvm_version},
+        })
+        assert reply.status_code == 200, reply.text
+        client.post("/workers/bench-target/heartbeat", json={"status": "offline"})
+    return spec.key
+
+
 def run_once(n_workers: int, args, folder: Path) -> dict:
     import onnx
 
@@ -86,26 +111,38 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
     env = {"TUNEHUB_LEASE_SECS": "120", "TUNEHUB_SEARCH_POPULATION": str(args.population)}
     db_url = _fresh_postgres(args.db, f"tunehub_bench_workers_{n_workers}") if args.db else None
     server = start_server(home, workers=0, env=env, db_url=db_url)
+    cores = args.cores_per_worker
     rpc = start_rpc(folder, servers=args.rpc, key=f"bench-{n_workers}") if args.rpc else None
     procs = []
     try:
-        token = server.token("bench", kind="worker")
+        # One worker token per worker (a worker token may be bound to one worker's name).
+        target_key = (_register_target(server, server.token("bench-target", kind="worker"), cores)
+                      if cores else None)
         with server.client(server.token("bench-user")) as user:
             jobs = []
             for i, (rows, inner, cols) in enumerate(SHAPES[: args.tasks]):
                 path = folder / f"mm-{n_workers}-{i}.onnx"
                 onnx.save(matmul_model(rows=rows, inner=inner, cols=cols), path)
                 model = upload(user, path).json()
-                jobs.append(user.post("/jobs", json={"model_id": model["id"],
-                                                     "trial_budget": args.trials}).json()["id"])
+                body = {"model_id": model["id"], "trial_budget": args.trials}
+                if target_key is not None:
+                    body["target"] = target_key
+                reply = user.post("/jobs", json=body)
+                assert reply.status_code == 201, reply.text
+                jobs.append(reply.json()["id"])
             load_before = os.getloadavg()
             cpu_before = _children_cpu()
             extra = ["--once"]
             if rpc is not None:
                 extra += ["--rpc-tracker", rpc.tracker, "--rpc-key", rpc.key]
             started = time.monotonic()
-            procs = [start_worker(server, token, f"bench-{n_workers}-{i}", folder, *extra)
-                     for i in range(n_workers)]
+            procs = []
+            for i in range(n_workers):
+                name = f"bench-{n_workers}-{i}"
+                token = server.token(name, kind="worker")
+                procs.append(start_worker(server, token, name, folder, *extra))
+                if cores:  # before the worker reads its affinity (its imports take seconds)
+                    os.sched_setaffinity(procs[-1].popen.pid, range(i * cores, (i + 1) * cores))
             codes = [wait_exit(p, args.timeout) for p in procs]
             wall = time.monotonic() - started
             cpu = _children_cpu() - cpu_before
@@ -144,11 +181,16 @@ def main() -> int:
     parser.add_argument("--db", default=None, metavar="POSTGRES_URL",
                         help="PostgreSQL server URL: a fresh database is made on it for each run "
                         "(default: SQLite in a temporary home)")
+    parser.add_argument("--cores-per-worker", type=int, default=0, metavar="K",
+                        help="pin each worker to K cores of its own (0: no pinning)")
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     if not 1 <= args.tasks <= len(SHAPES):
         parser.error(f"--tasks must be 1..{len(SHAPES)}")
+    usable = len(os.sched_getaffinity(0))
+    if args.cores_per_worker < 0 or args.cores_per_worker * max(args.workers) > usable:
+        parser.error(f"--cores-per-worker x workers must fit the {usable} usable cores")
     results = []
     with tempfile.TemporaryDirectory(prefix="tunehub-bench-workers-") as tmp:
         for n in args.workers:
@@ -176,6 +218,8 @@ def write_results(results: list[dict], args) -> None:
         f"- work: {args.tasks} one-task jobs (matmuls of different shapes) x {args.trials} trials, "
         f"search population {args.population}; `tunehub serve --no-worker` on "
         f"{'PostgreSQL' if args.db else 'SQLite'}; workers `tunehub worker --server ... --once` over HTTP"
+        + (f", each pinned to {args.cores_per_worker} core(s) of its own" if args.cores_per_worker
+           else "")
         + (f", measuring through a TVM RPC tracker with {args.rpc} RPC servers on loopback" if args.rpc else
            ", measuring locally"),
         "- throughput: trials counted by the coordinator / window from the first lease to the last "
