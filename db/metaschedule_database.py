@@ -47,6 +47,20 @@ from db.types import (
 )
 
 logger = logging.getLogger(__name__)
+#: Best records a query tries, best first, until one replays on the workload.
+QUERY_CANDIDATES = 8
+
+
+def replay_error(mod: tvm.IRModule, trace: Any) -> str | None:
+    """Why the trace (``TuningRecord.as_json()[0]``) does not replay on ``mod``, or ``None``
+    when it does: parsed and applied to a fresh schedule, nothing built or measured."""
+    try:
+        sch = tvm.s_tir.Schedule(mod)
+        tvm.s_tir.schedule.Trace.apply_json_to_schedule(trace, sch)
+    except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
+        text = str(err).strip()
+        return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
+    return None
 
 Workload = ms.database.Workload
 TuningRecord = ms.database.TuningRecord
@@ -425,8 +439,18 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
                 return None
             workload_id = ids[key]
             workload = self._remember(key, workload_id, Workload(mod))
-        row = self._storage.best_record(workload_id, self._target_row.id)
-        return None if row is None else self._to_tuning_record(row, workload)
+        # The best record that replays: one bad record never fails a build (it is skipped
+        # with a message and the next best is used).
+        for row in self._storage.top_k(workload_id, self._target_row.id, QUERY_CANDIDATES):
+            problem = replay_error(mod, json.loads(row.trace_json))
+            if problem is None:
+                try:
+                    return self._to_tuning_record(row, workload)
+                except Exception as err:  # noqa: BLE001 - TVM raises many kinds
+                    problem = f"{type(err).__name__}: {err}"
+            logger.warning("record %s of workload %s skipped: it does not replay (%s)",
+                           row.id, key, problem[:300])
+        return None
 
 
 @derived_object

@@ -22,6 +22,7 @@ from sqlalchemy import (
     String,
     Text,
     UniqueConstraint,
+    false,
     func,
     text,
 )
@@ -110,6 +111,18 @@ class TuningRecordModel(Base):
     )
     worker: Mapped[str | None] = mapped_column(String(128))
     job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    #: Held as implausible, or quarantined by an operator: stored with ``is_valid`` false.
+    quarantined: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+
+
+class IdFloorRow(Base):
+    """The highest id ever handed out of a table whose rows are deleted (SQLite reuses the
+    highest rowid after a delete; see migration 0006)."""
+
+    __tablename__ = "id_floors"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    last_id: Mapped[int] = mapped_column(BigInteger, nullable=False)
 
 
 class ModelRow(Base):
@@ -248,6 +261,10 @@ class WorkerRow(Base):
     status: Mapped[str] = mapped_column(String(16), nullable=False, server_default="idle")
     last_heartbeat: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     created_at: Mapped[datetime] = _created()
+    #: The worker token that registered the name (``None``: an in-process worker).
+    token_id: Mapped[int | None] = mapped_column(BigId)
+    #: The current registration: one process at a time holds the name.
+    instance: Mapped[str | None] = mapped_column(String(64))
 
 
 class ArtifactRow(Base):

@@ -161,6 +161,8 @@ class NewTuningRecord:
     worker: str | None = None
     job_id: int | None = None
     trace_hash: str = field(default="", compare=False)
+    #: Held (implausible): stored with ``is_valid`` false and the claimed run times.
+    quarantined: bool = False
 
     @classmethod
     def from_metaschedule_json(
@@ -210,6 +212,7 @@ class TuningRecordRow:
     measured_at: datetime | None = None
     worker: str | None = None
     job_id: int | None = None
+    quarantined: bool = False
 
 
 @dataclass(frozen=True)
@@ -398,6 +401,8 @@ class Worker:
     status: str
     last_heartbeat: datetime | None = None
     created_at: datetime | None = None
+    token_id: int | None = None
+    instance: str | None = None
 
 
 @dataclass(frozen=True)

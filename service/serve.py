@@ -71,6 +71,8 @@ class EmbeddedWorkers:
         env["TUNEHUB_WORKER_POLL_SECS"] = str(self.settings.worker_poll_secs)
         env["TUNEHUB_LEASE_SECS"] = str(self.settings.lease_secs)
         env["TUNEHUB_LEASE_BATCHES"] = str(self.settings.lease_batches)
+        # The worker watches this process and stops when it is gone (service.worker).
+        env["TUNEHUB_PARENT_PID"] = str(os.getpid())
         return env
 
     def _spawn(self, proc: _Proc) -> None:
@@ -84,6 +86,7 @@ class EmbeddedWorkers:
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
+                preexec_fn=die_with_parent,
             )
 
     def start(self) -> None:
@@ -229,3 +232,17 @@ class Service:
             self._thread.join(timeout=15)
         self.workers.stop()
         self.storage.close()
+
+
+def die_with_parent() -> None:
+    """In a child before ``exec`` (Linux): SIGTERM when the parent dies, even by ``kill -9``
+    (``prctl(PR_SET_PDEATHSIG)``, kept across ``exec``). Elsewhere it does nothing; the worker's
+    parent-pid watchdog (:func:`service.worker.watch_parent`) covers both."""
+    import ctypes  # noqa: PLC0415
+    import signal  # noqa: PLC0415
+
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG = 1
+    except (OSError, AttributeError):
+        pass

@@ -145,6 +145,13 @@ class Worker:
                 active = self.client.heartbeat(self.name, "busy" if current else "idle")
             except (ServerUnavailable, WorkerApiError) as err:
                 logger.warning("heartbeat failed: %s", err)
+                if isinstance(err, WorkerApiError) and err.status in (403, 409):
+                    # Another process registered this name since: it holds the name now.
+                    logger.error("worker %s stops: %s", self.name, err.detail)
+                    self.stop.set()
+                    if current is not None:
+                        current.lost = True
+                    return
                 continue
             lease_gone = current is not None and current.offer.lease_id not in active
             if lease_gone and current is self.current:
@@ -401,6 +408,32 @@ def run_in_thread(worker: Worker) -> int:
     return int(outcome.get("done", 0))  # type: ignore[arg-type]
 
 
+def watch_parent(interval: float = 1.0) -> threading.Thread | None:
+    """When ``TUNEHUB_PARENT_PID`` is set (an embedded worker of ``tunehub serve``): a daemon
+    thread that sends this process SIGTERM as soon as its parent is gone (it was re-parented),
+    so a killed server never leaves its workers running. Also sets ``PR_SET_PDEATHSIG``."""
+    parent = os.environ.get("TUNEHUB_PARENT_PID")
+    if not parent or not parent.isdigit():
+        return None
+    from service.serve import die_with_parent  # noqa: PLC0415
+
+    die_with_parent()
+    parent_pid = int(parent)
+
+    def watch() -> None:
+        while True:
+            if os.getppid() != parent_pid:
+                logger.warning("the server (pid %s) is gone: this worker stops", parent_pid)
+                os.kill(os.getpid(), signal.SIGTERM)
+                time.sleep(30)
+                os._exit(1)  # the loop did not stop in time
+            time.sleep(interval)
+
+    thread = threading.Thread(target=watch, name="parent-watchdog", daemon=True)
+    thread.start()
+    return thread
+
+
 def run_worker(
     settings: Settings,
     *,
@@ -416,6 +449,7 @@ def run_worker(
     target, and run the loop; return the number of leases worked on."""
     from service.worker_client import DirectClient, HttpClient
 
+    watch_parent()
     target = resolve_worker_target(target_name, rpc)
     name = name or default_worker_name()
     if server is not None:

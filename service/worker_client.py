@@ -111,6 +111,8 @@ class HttpClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout,
         )
+        #: The current registration (from /register): sent with heartbeats and lease requests.
+        self.instance: str | None = None
 
     def close(self) -> None:
         self.http.close()
@@ -144,7 +146,7 @@ class HttpClient:
             delay = min(delay * 2, 30.0)
 
     def register(self, name: str, target: TargetInfo, fingerprint_json: str) -> None:
-        self._call("POST", "/workers/register", json={
+        reply = self._call("POST", "/workers/register", json={
             "name": name,
             "fingerprint": json.loads(fingerprint_json),
             "target": {
@@ -152,14 +154,18 @@ class HttpClient:
                 "fingerprint_json": target.fingerprint_json, "tvm_version": target.tvm_version,
             },
         })
+        self.instance = reply.json().get("instance")
 
     def heartbeat(self, name: str, status: str) -> set[int]:
-        reply = self._call("POST", f"/workers/{name}/heartbeat", json={"status": status},
+        reply = self._call("POST", f"/workers/{name}/heartbeat",
+                           json={"status": status, "instance": self.instance},
                            retry_secs=min(self.retry_secs, 10.0)).json()
         return set(reply.get("leases", []))
 
     def lease(self, name: str) -> tuple[WorkOffer | None, int]:
-        reply = LeaseOffer.model_validate(self._call("POST", f"/workers/{name}/lease").json())
+        params = {} if self.instance is None else {"instance": self.instance}
+        reply = LeaseOffer.model_validate(
+            self._call("POST", f"/workers/{name}/lease", params=params).json())
         return reply.lease, reply.pending_jobs
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]:
@@ -227,6 +233,7 @@ class DirectClient:
         self.policy = settings.lease_policy()
         self.files = files
         self.retry_secs = retry_secs
+        self.instance: str | None = None
 
     def close(self) -> None:
         pass
@@ -239,6 +246,8 @@ class DirectClient:
                 return fn()
             except db.NotFoundError as err:
                 raise WorkerApiError(404, "not_found", str(err)) from None
+            except coordinator.RecordRefused as err:
+                raise WorkerApiError(422, "invalid_request", str(err)) from None
             except (db.ConflictError, db.InvalidTransitionError) as err:
                 raise WorkerApiError(409, "conflict", str(err)) from None
             except db.StorageUnavailableError as err:
@@ -249,16 +258,17 @@ class DirectClient:
                 delay = min(delay * 2, 30.0)
 
     def register(self, name: str, target: TargetInfo, fingerprint_json: str) -> None:
-        self._call(lambda: coordinator.register(self.storage, name, target, fingerprint_json))
+        row = self._call(lambda: coordinator.register(self.storage, name, target, fingerprint_json))
+        self.instance = row.instance
 
     def heartbeat(self, name: str, status: str) -> set[int]:
-        _, leases = self._call(
-            lambda: coordinator.heartbeat(self.storage, name, self.policy, status=status)
-        )
+        _, leases = self._call(lambda: coordinator.heartbeat(
+            self.storage, name, self.policy, status=status, instance=self.instance))
         return {lease.id for lease in leases}
 
     def lease(self, name: str) -> tuple[WorkOffer | None, int]:
-        return self._call(lambda: coordinator.lease_work(self.storage, name, self.policy))
+        return self._call(lambda: coordinator.lease_work(
+            self.storage, name, self.policy, instance=self.instance))
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]:
         target = self.storage.get_target(target_key)

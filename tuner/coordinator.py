@@ -27,6 +27,7 @@ back to the queue with the batches already uploaded kept.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import logging
@@ -86,27 +87,92 @@ def find_worker(storage: TuningStorage, name: str) -> Worker:
     return row
 
 
+class Forbidden(Exception):
+    """A worker token reached for a worker name or a lease that is not its own (HTTP 403)."""
+
+
 def register(
-    storage: TuningStorage, name: str, target: TargetInfo | None, fingerprint_json: str
+    storage: TuningStorage, name: str, target: TargetInfo | None, fingerprint_json: str,
+    *, token_id: int | None = None,
 ) -> Worker:
     """Register ``name`` for ``target`` (created if new) and expire what an earlier process of the
-    same name still held: it is gone, and its work goes back to the queue."""
+    same name still held: it is gone, and its work goes back to the queue.
+
+    Each registration gets a new ``instance``: the process that registered last holds the name,
+    and an earlier one's heartbeats and lease requests are refused (:func:`check_instance`), so
+    two processes never share a name. ``token_id``: the worker token registering over HTTP. A
+    name belongs to the token that registered it first: another token (while that one is not
+    revoked) or a name of an in-process worker is :class:`Forbidden`."""
+    if token_id is not None:
+        current = next((w for w in storage.list_workers() if w.name == name), None)
+        if current is not None and current.token_id != token_id:
+            live = {t.id for t in storage.list_api_tokens() if not t.revoked}
+            if current.token_id is None or current.token_id in live:
+                raise Forbidden(f"worker name {name} belongs to another worker token")
     target_id = None
     if target is not None:
         target_id = storage.ensure_target(target.spec()).id
-    row = storage.register_worker(name, fingerprint_json=fingerprint_json, target_id=target_id)
+    row = storage.register_worker(name, fingerprint_json=fingerprint_json, target_id=target_id,
+                                  token_id=token_id)
     released = storage.release_worker_leases(name)
     if released:
         logger.info("leases %s of an earlier run of worker %s were released", released, name)
     return row
 
 
+def check_instance(worker: Worker, instance: str | None) -> None:
+    """Refuse (:class:`db.ConflictError`) a call of a process whose registration was replaced:
+    another process registered the same name since. ``None``: the caller does not say."""
+    if instance is not None and worker.instance != instance:
+        raise ConflictError(f"worker {worker.name} was registered again by another process: "
+                            "this one no longer holds the name")
+
+
+def owned_worker(storage: TuningStorage, name: str, token_id: int | None) -> Worker:
+    """The registered worker ``name``, if the worker token ``token_id`` registered it (``None``:
+    an in-process caller, which may act for any worker). Raises :class:`db.NotFoundError` or
+    :class:`Forbidden`."""
+    row = find_worker(storage, name)
+    if token_id is not None and row.token_id != token_id:
+        raise Forbidden(f"worker {name} is not registered with this token")
+    return row
+
+
+def owned_lease(storage: TuningStorage, lease_id: int, token_id: int | None) -> TaskLease:
+    """Lease ``lease_id``, if its worker belongs to the worker token ``token_id`` (``None``: an
+    in-process caller). Raises :class:`db.NotFoundError` or :class:`Forbidden`."""
+    lease = storage.get_lease(lease_id)
+    if lease is None:
+        raise NotFoundError(f"task lease {lease_id} does not exist")
+    if token_id is not None:
+        worker = next((w for w in storage.list_workers() if w.name == lease.worker), None)
+        if worker is None or worker.token_id != token_id:
+            raise Forbidden(f"task lease {lease_id} is held by another worker")
+    return lease
+
+
+def finalizing_job(storage: TuningStorage, job_id: int, token_id: int | None) -> TaskLease:
+    """The active finalize lease of ``job_id`` held by a worker of ``token_id`` (what a model
+    download needs). Raises :class:`Forbidden` when there is none."""
+    for lease in storage.list_leases(job_id=job_id, status=LeaseStatus.ACTIVE, limit=1000):
+        if lease.kind == "finalize":
+            try:
+                return owned_lease(storage, lease.id, token_id)
+            except Forbidden:
+                break
+    raise Forbidden(f"no active finalize lease of job {job_id} is held by this worker")
+
+
 def heartbeat(
-    storage: TuningStorage, name: str, policy: LeasePolicy, *, status: str | None = None
+    storage: TuningStorage, name: str, policy: LeasePolicy, *, status: str | None = None,
+    instance: str | None = None,
 ) -> tuple[Worker, list[TaskLease]]:
     """Stamp the worker's heartbeat and renew its active leases; return them (a lease missing
-    from the list was lost: expired, or ended by someone else)."""
+    from the list was lost: expired, or ended by someone else). A heartbeat of a replaced
+    registration (``instance``) is refused and renews nothing: a lease lives only while the
+    process holding it heartbeats, whatever other processes of that name do."""
     row = find_worker(storage, name)
+    check_instance(row, instance)
     row = storage.heartbeat(row.id, status=status)
     return row, storage.renew_leases(name, lease_secs=policy.lease_secs)
 
@@ -184,7 +250,7 @@ def _fail_queued(storage: TuningStorage, job: Job, reason: str) -> None:
 
 # -- leasing -----------------------------------------------------------------------------------
 def lease_work(
-    storage: TuningStorage, name: str, policy: LeasePolicy
+    storage: TuningStorage, name: str, policy: LeasePolicy, *, instance: str | None = None
 ) -> tuple[WorkOffer | None, int]:
     """The next piece of work for worker ``name`` (on its registered target), and how many jobs
     of that target are still open (queued or running; 0 means a ``--once`` worker may stop).
@@ -194,6 +260,7 @@ def lease_work(
     and lease its first task.
     """
     worker = find_worker(storage, name)
+    check_instance(worker, instance)
     if worker.target_id is None:
         raise ConflictError(f"worker {name} registered without a target: it cannot take work")
     target = storage.get_target_by_id(worker.target_id)
@@ -303,7 +370,9 @@ LEASE_SIBLINGS = 8
 LEASE_STORED_KEYS = 20_000
 
 
-def lease_context(storage: TuningStorage, lease_id: int, k: int) -> LeaseContext:
+def lease_context(
+    storage: TuningStorage, lease_id: int, k: int, *, token_id: int | None = None
+) -> LeaseContext:
     """What the search of tune lease ``lease_id`` starts from (see :class:`tuner.work.LeaseContext`):
     the workload's ``k`` best records on the lease's target, the keys of the schedules stored
     for it, and its faster siblings' best schedules (:func:`tuner.siblings.faster_siblings`, the
@@ -311,9 +380,7 @@ def lease_context(storage: TuningStorage, lease_id: int, k: int) -> LeaseContext
     :class:`db.ConflictError` (a finalize lease)."""
     from tuner.siblings import faster_siblings, family_members, own_rate, workload_family  # noqa: PLC0415
 
-    lease = storage.get_lease(lease_id)
-    if lease is None:
-        raise NotFoundError(f"task lease {lease_id} does not exist")
+    lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
         raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it has no search context")
     job = storage.get_job(lease.job_id)
@@ -342,39 +409,136 @@ def _schedule_keys(storage: TuningStorage, workload_id: int, target_id: int) -> 
     return [r.trace_hash for r in storage.iter_records(target_id=target_id, workload_id=workload_id)]
 
 
+#: Generous FLOP/s ceilings by target kind: a record claiming more is held, not trusted.
+PEAK_FLOPS = {"cpu": 50e12, "cuda": 2e15}
+#: A record this many times faster than the best of the workload's other workers is held.
+IMPLAUSIBLE_SPEEDUP = 20.0
+
+
+class RecordRefused(ValueError):
+    """An uploaded record is not evidence (HTTP 422; nothing of its batch is stored)."""
+
+
+def check_records(
+    storage: TuningStorage, workload, target: TargetRecord, records: list[RecordUpload],
+    *, worker: str | None, job_id: int | None,
+) -> list[NewTuningRecord]:
+    """Check a whole batch before any of it counts; return the records to store.
+
+    Each record's run times must be finite and positive (or ``None``/``[1e10]`` for a failure)
+    and its argument info must be the workload's; a valid record's trace must replay on the
+    workload (:func:`tuner.finalize.replay_error`: parsing and applying it, no measuring), a
+    failed one's must at least have a trace's shape. Any refusal raises :class:`RecordRefused`.
+    A valid record faster than :data:`PEAK_FLOPS` allows or :data:`IMPLAUSIBLE_SPEEDUP` times
+    faster than the workload's best record of another worker is stored **held**
+    (``quarantined``: no best-record query uses it). Records are attributed to ``worker``."""
+    import math  # noqa: PLC0415
+
+    from tuner.finalize import expected_args_info, replay_error, tvm_module  # noqa: PLC0415
+
+    if not records:
+        raise RecordRefused("an empty batch: upload at least one record")
+    mod = _workload_module(workload, tvm_module)
+    expected = expected_args_info(mod)
+    peak = PEAK_FLOPS.get(target.kind, PEAK_FLOPS["cuda"])
+    others = [r for r in storage.top_k(workload.id, target.id, 64) if r.worker != worker]
+    best_other = others[0].mean_secs if others else None
+    out = []
+    for i, r in enumerate(records):
+        where = f"record {i}"
+        run_secs = None if r.run_secs is None else list(r.run_secs)
+        if run_secs is not None:
+            if not run_secs:
+                raise RecordRefused(f"{where}: run_secs is empty (null marks a failure)")
+            if any(not math.isfinite(x) or x <= 0 for x in run_secs):
+                raise RecordRefused(f"{where}: run times must be finite and positive, got "
+                                    f"{run_secs[:4]}")
+        if expected is not None and not _args_match(r.args_info, expected):
+            raise RecordRefused(f"{where}: args_info {str(r.args_info)[:200]} is not the "
+                                f"workload's {expected}")
+        if not (len(r.trace) == 2 and all(isinstance(x, list) for x in r.trace)):
+            raise RecordRefused(f"{where}: a trace is [instructions, decisions]")
+        try:
+            new = NewTuningRecord.from_metaschedule_json(
+                workload.id, target.id, [r.trace, run_secs, None, r.args_info],
+                error_text=r.error_text, worker=worker, job_id=job_id,
+            )
+        except (TypeError, ValueError) as err:
+            raise RecordRefused(f"{where}: {err}") from None
+        if new.is_valid:
+            problem = replay_error(mod, r.trace)
+            if problem is not None:
+                raise RecordRefused(f"{where}: the trace does not replay on the workload: "
+                                    f"{problem[:300]}")
+            mean = new.mean_secs
+            held = None
+            if workload.flops and workload.flops / mean > peak:
+                held = (f"{workload.flops / mean:.3g} FLOP/s is above the {target.kind} limit "
+                        f"{peak:.3g}")
+            elif best_other is not None and mean * IMPLAUSIBLE_SPEEDUP < best_other:
+                held = (f"{best_other / mean:.0f}x faster than the best record of other workers "
+                        f"({best_other:.3g} s)")
+            if held is not None:
+                logger.warning("record of worker %s on workload %s held: %s", worker,
+                               workload.id, held)
+                new = dataclasses.replace(new, quarantined=True, error_text=f"held: {held}")
+        out.append(new)
+    return out
+
+
+_MODULES: dict[tuple[int, int], object] = {}
+
+
+def _workload_module(workload, load):
+    key = (workload.id, hash(workload.mod_json))
+    mod = _MODULES.get(key)
+    if mod is None:
+        if len(_MODULES) > 64:
+            _MODULES.clear()
+        mod = _MODULES[key] = load(workload.mod_json)
+    return mod
+
+
+def _args_match(args_info: list, expected: list) -> bool:
+    try:
+        return json.loads(json.dumps(args_info)) == expected
+    except (TypeError, ValueError):
+        return False
+
+
 def accept_batch(
     storage: TuningStorage,
     lease_id: int,
     batch: int,
     records: list[RecordUpload],
     policy: LeasePolicy,
+    *,
+    token_id: int | None = None,
 ) -> BatchAck:
-    """Store one uploaded batch of a tune lease and count it (once per batch number).
+    """Check, store and count one uploaded batch of a tune lease (once per batch number).
 
-    The records are stored whatever the lease's state (a late upload from an expired lease is
-    still evidence; duplicates keep the better measurement), tagged with the lease's job and
-    worker. Raises :class:`db.NotFoundError` (no lease), :class:`db.ConflictError` (a finalize
-    lease, or a batch number ahead of the next expected one).
+    The whole batch is checked first (:func:`check_records`); a refused record refuses it all
+    (:class:`RecordRefused`, nothing stored). The records are stored whatever the lease's state
+    (a late upload from an expired lease is still evidence; duplicates keep the better
+    measurement), attributed to the lease's worker (the caller: ``token_id`` must own it) and
+    job; they count only while the lease is active and its job running. Raises
+    :class:`db.NotFoundError` (no lease), :class:`Forbidden` (another worker's lease),
+    :class:`db.ConflictError` (a finalize lease, or a batch number ahead of the next expected).
     """
-    lease = storage.get_lease(lease_id)
-    if lease is None:
-        raise NotFoundError(f"task lease {lease_id} does not exist")
+    lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
         raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it takes no records")
     job = storage.get_job(lease.job_id)
     task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
     if job is None or task is None:  # pragma: no cover - foreign keys
         raise NotFoundError(f"the job of lease {lease_id} is gone")
-    new = [
-        NewTuningRecord.from_metaschedule_json(
-            task.workload_id, job.target_id,
-            [r.trace, None if r.run_secs is None else list(r.run_secs), None, r.args_info],
-            error_text=r.error_text, worker=lease.worker, job_id=lease.job_id,
-        )
-        for r in records
-    ]
+    workload = storage.get_workload_by_id(task.workload_id)
+    target = storage.get_target_by_id(job.target_id)
+    assert workload is not None and target is not None  # foreign keys
+    new = check_records(storage, workload, target, records, worker=lease.worker,
+                        job_id=lease.job_id)
     storage.commit_records(new)
-    valid = [r.mean_secs for r in new if r.mean_secs is not None]
+    valid = [r.mean_secs for r in new if r.mean_secs is not None and not r.quarantined]
     result = storage.record_lease_batch(
         lease_id, batch=batch, trials=len(new), best_mean_secs=min(valid) if valid else None,
         lease_secs=policy.lease_secs,
@@ -397,10 +561,12 @@ def end_lease(
     *,
     error: str | None = None,
     search: SearchReport | None = None,
+    token_id: int | None = None,
 ) -> LeaseEnd:
     """End the worker's lease with ``outcome`` (``done``, ``returned``, ``failed``,
     ``cancelled``; see :meth:`db.TuningStorage.finish_lease`), keeping what its search did
     (``search``). Raises :class:`db.InvalidTransitionError` when the lease is no longer active."""
+    owned_lease(storage, lease_id, token_id)
     lease = storage.finish_lease(lease_id, outcome, error=error, max_attempts=policy.max_attempts)
     if search is not None:
         record_search(storage, lease.job_id, search)
@@ -437,19 +603,21 @@ def job_search(job: Job) -> SearchReport | None:
 
 
 def accept_artifact(
-    storage: TuningStorage, lease_id: int, staged: Path, destination: Path
+    storage: TuningStorage, lease_id: int, staged: Path, destination: Path,
+    *, token_id: int | None = None, check=None,
 ) -> Path:
     """Publish a finalize lease's verified artifact and complete its job.
 
     ``staged`` holds ``model.so`` and ``manifest.json`` (written by the worker, verified against
     the reference framework); it is moved to ``destination`` (on the same file system) and the
     job becomes ``succeeded``. Refused (:class:`db.ConflictError`, nothing published) when the
-    manifest does not say the verification passed or the library is missing.
-    Raises :class:`db.InvalidTransitionError` when the lease or the job is no longer active.
+    manifest does not say the verification passed, the library is missing or ``check`` refuses
+    it (:func:`tuner.finalize.check_artifact_in_child`, what the REST route passes: the server
+    re-verifies what a remote worker publishes). ``token_id``: the worker token, which must own
+    the lease (:class:`Forbidden`). Raises :class:`db.InvalidTransitionError` when the lease or
+    the job is no longer active.
     """
-    lease = storage.get_lease(lease_id)
-    if lease is None:
-        raise NotFoundError(f"task lease {lease_id} does not exist")
+    lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "finalize" or lease.status != LeaseStatus.ACTIVE:
         raise InvalidTransitionError("task lease", lease_id, lease.status, "done")
     library = staged / LIBRARY_NAME
@@ -461,6 +629,17 @@ def accept_artifact(
         raise ConflictError("the artifact's manifest does not record a passed verification")
     if not library.is_file():
         raise ConflictError(f"the artifact has no {LIBRARY_NAME}")
+    verified = True
+    if check is not None:
+        # The worker's word is not enough: ``check(library, job)`` loads the library in a fresh
+        # process and compares it with the reference (raises ConflictError when it does not);
+        # it returns false where it could only check that the library loads (a CUDA library
+        # on a server without a GPU): published, but not marked verified.
+        job = storage.get_job(lease.job_id)
+        verified = bool(check(library, job))
+        manifest["server_verification"] = {"passed": verified,
+                                           "kind": "reference" if verified else "load_only"}
+        (staged / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     digest = hashlib.sha256(library.read_bytes()).hexdigest()
     size = library.stat().st_size
     destination = destination.absolute()
@@ -473,7 +652,7 @@ def accept_artifact(
     try:
         storage.complete_finalize(
             lease_id, path=str(destination), sha256=digest, size=size,
-            manifest_json=json.dumps(manifest), verified=True,
+            manifest_json=json.dumps(manifest), verified=verified,
         )
     except BaseException:
         shutil.rmtree(destination, ignore_errors=True)

@@ -9,6 +9,7 @@ verified against the reference framework from disk before anything is published;
 """
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -23,7 +24,10 @@ from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
+from db.metaschedule_database import replay_error
 from db.types import measurement
+
+logger = logging.getLogger("tunehub.finalize")
 
 
 def database_from_records(
@@ -37,10 +41,45 @@ def database_from_records(
         entries = records.get(task.key) or ()
         if not entries:
             continue
-        workload = database.commit_workload(extracted.dispatched[0])
+        mod = extracted.dispatched[0]
+        workload = database.commit_workload(mod)
         for entry in entries:
-            database.commit_tuning_record(ms.database.TuningRecord.from_json(list(entry), workload))
+            # One bad record never fails the build: it is skipped, the next best is used.
+            problem = replay_error(mod, entry[0]) if entry else "an empty record"
+            if problem is None:
+                try:
+                    record = ms.database.TuningRecord.from_json(list(entry), workload)
+                except Exception as err:  # noqa: BLE001 - TVM raises many kinds
+                    problem = f"{type(err).__name__}: {err}"
+            if problem is not None:
+                logger.warning("task %s: a record was skipped (it does not replay: %s)",
+                               task.name, problem[:300])
+                continue
+            database.commit_tuning_record(record)
     return database
+
+
+def expected_args_info(mod: tvm.IRModule) -> list | None:
+    """The argument info (``TuningRecord.as_json()[3]``) of a workload's records, as plain JSON;
+    ``None`` when it cannot be derived (then it is not checked)."""
+    import json  # noqa: PLC0415
+
+    try:
+        infos = ms.arg_info.ArgInfo.from_entry_func(mod, remove_preproc=True)
+        return json.loads(json.dumps([_plain(a.as_json()) for a in infos]))
+    except Exception:  # noqa: BLE001
+        return None
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, (str, int, float, bool)) or value is None:
+        return value
+    if isinstance(value, Mapping):
+        return {str(k): _plain(v) for k, v in value.items()}
+    try:
+        return [_plain(v) for v in value]
+    except TypeError:
+        return str(value)
 
 
 def reference_timing(prepared: PreparedModel) -> dict[str, Any] | None:
@@ -154,3 +193,68 @@ def finalize_outcomes(
             best_secs=measurement(records[0][1])[1] if records else None,
         ))
     return outcomes
+
+
+#: How long the server's check of an uploaded artifact may run (seconds).
+ARTIFACT_CHECK_SECS = 300.0
+#: Address-space limit of the checking process (bytes).
+ARTIFACT_CHECK_MEMORY = 8 << 30
+
+
+def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *,
+                            timeout: float = ARTIFACT_CHECK_SECS) -> bool:
+    """Check an uploaded library on the server, in a fresh process under a time and memory
+    limit (the API process never loads a worker's library): it must load, and its outputs must
+    match the reference framework's on the job's seeded inputs (:func:`compiler.verify.verify`).
+    Returns true when verified; false when only loading could be checked (a CUDA library on a
+    server without a GPU). Raises :class:`db.ConflictError` with the reason otherwise."""
+    import subprocess  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from db import ConflictError  # noqa: PLC0415
+
+    code = "from tuner.finalize import _check_artifact_main; _check_artifact_main()"
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", code, str(model_path), str(library), target_json],
+            capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_memory,
+            cwd=str(Path(__file__).resolve().parents[1]),
+        )
+    except subprocess.TimeoutExpired:
+        raise ConflictError(f"the artifact's check ran past {timeout:.0f} s") from None
+    last = (done.stdout.strip().splitlines() or [""])[-1]
+    if done.returncode == 0 and last in ("verified", "load_only"):
+        return last == "verified"
+    detail = (done.stdout + done.stderr).strip().splitlines()
+    raise ConflictError("the artifact failed the server's check: "
+                        + (detail[-1][:500] if detail else f"exit {done.returncode}"))
+
+
+def _limit_memory() -> None:  # pragma: no cover - runs in the child
+    import resource  # noqa: PLC0415
+
+    resource.setrlimit(resource.RLIMIT_AS, (ARTIFACT_CHECK_MEMORY, ARTIFACT_CHECK_MEMORY))
+
+
+def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
+    import json  # noqa: PLC0415
+    import sys  # noqa: PLC0415
+
+    from compiler.loader import load_model  # noqa: PLC0415
+    from compiler.runner import LoadedLibrary  # noqa: PLC0415
+    from compiler.verify import verify  # noqa: PLC0415
+
+    model_path, library, target_json = sys.argv[1], sys.argv[2], sys.argv[3]
+    kind = json.loads(target_json).get("kind", "llvm")
+    device = "cuda" if kind == "cuda" else "cpu"
+    if device == "cuda" and not tvm.cuda(0).exist:
+        tvm.runtime.load_module(library)
+        print("load_only")
+        return
+    model = load_model(Path(model_path), allow_external_data=False)
+    loaded = LoadedLibrary(Path(library), device)
+    result = verify(model, loaded.run, device=device)
+    if not result.passed:
+        print(f"the library {result.message}")
+        sys.exit(1)
+    print("verified")

@@ -212,7 +212,8 @@ class JobStorage(abc.ABC):
     ) -> LeaseBatchResult:
         """Count batch number ``batch`` (0, 1, ...) of a tune lease: ``trials`` on the lease, its
         task and its job, the task's best latency, and renew the lease. Counted at most once: a
-        repeated batch number, or a lease no longer active, counts nothing (``counted`` false).
+        repeated batch number, a lease no longer active or a job no longer running counts
+        nothing (``counted`` false).
         The records themselves are committed separately (:meth:`commit_records`).
 
         Raises:

@@ -208,5 +208,32 @@ class RecordStorage(abc.ABC):
         """
 
     @abc.abstractmethod
+    def quarantine_records(
+        self,
+        *,
+        worker: str | None = None,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+        reason: str = "quarantined",
+    ) -> int:
+        """Hold the records measured by ``worker``, for ``job_id`` or with these ids (the
+        criteria given all apply): they stay stored, marked ``quarantined`` with ``is_valid``
+        false, so no best-record query (:meth:`top_k`, builds, seeds) uses them and each
+        workload's best is the next valid record. Returns how many were newly quarantined.
+        A quarantined record is replaced by a later plausible measurement of the same schedule
+        (keep-the-better). Raises ``ValueError`` when no criterion is given."""
+
+    @abc.abstractmethod
+    def delete_records(
+        self,
+        *,
+        worker: str | None = None,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+    ) -> int:
+        """Delete the matching records (criteria as :meth:`quarantine_records`); return the
+        count."""
+
+    @abc.abstractmethod
     def stats(self) -> DatabaseStats:
         """Counts for ``tunehub db stats``."""

@@ -11,9 +11,12 @@ class WorkerStorage(abc.ABC):
 
     @abc.abstractmethod
     def register_worker(
-        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None
+        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None,
+        token_id: int | None = None,
     ) -> Worker:
-        """Insert or update the worker called ``name`` and stamp a heartbeat."""
+        """Insert or update the worker called ``name`` and stamp a heartbeat. Each call is a new
+        registration: the row gets a new random ``instance`` (the process now holding the name)
+        and ``token_id`` (the worker token that registered it; ``None`` in process)."""
 
     @abc.abstractmethod
     def heartbeat(self, worker_id: int, *, status: str | None = None) -> Worker:

@@ -234,7 +234,13 @@ class LeaseSQL(SQLBase, JobStorage):
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
             counted = False
-            if lease.status == LeaseStatus.ACTIVE and lease.kind == "tune":
+            job_status = session.execute(
+                select(JobRow.status).where(JobRow.id == lease.job_id)
+            ).scalar_one()
+            # A batch counts only while its lease is active and its job running (not after a
+            # cancellation that has not reached the lease yet).
+            if (lease.status == LeaseStatus.ACTIVE and lease.kind == "tune"
+                    and job_status == JobStatus.RUNNING):
                 if batch > lease.batches_done:
                     raise ConflictError(
                         f"batch {batch} of lease {lease_id} arrived before batch "

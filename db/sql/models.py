@@ -3,11 +3,11 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import select, update
+from sqlalchemy import func, select, update
 
 from db.contracts.models import ModelStorage
 from db.errors import ConflictError, NotFoundError
-from db.models import JobRow, ModelRow, ModelWorkloadRow
+from db.models import IdFloorRow, JobRow, ModelRow, ModelWorkloadRow
 from db.sql.base import SQLBase, frozen
 from db.types import JobStatus, ModelRecord, ModelWorkload
 
@@ -19,10 +19,16 @@ class ModelSQL(SQLBase, ModelStorage):
     def add_model(
         self, *, content_hash: str, format: str, filename: str, size: int, owner: str
     ) -> ModelRecord:
-        stmt = self._insert(ModelRow.__table__).values(
-            content_hash=content_hash, format=format, filename=filename, size=size, owner=owner
-        )
+        values = dict(content_hash=content_hash, format=format, filename=filename, size=size,
+                      owner=owner)
         with self._session(write=True) as session:
+            if self.dialect == "sqlite":
+                # SQLite hands out max(rowid) + 1: above a deleted model's id, never its id.
+                floor = session.get(IdFloorRow, "models")
+                top = session.execute(select(func.max(ModelRow.id))).scalar_one() or 0
+                if floor is not None and floor.last_id > top:
+                    values["id"] = floor.last_id + 1
+            stmt = self._insert(ModelRow.__table__).values(**values)
             session.execute(stmt.on_conflict_do_nothing(index_elements=["owner", "content_hash"]))
             row = session.scalars(
                 select(ModelRow).where(
@@ -74,6 +80,11 @@ class ModelSQL(SQLBase, ModelStorage):
                 .execution_options(synchronize_session=False)
             )
             session.execute(ModelRow.__table__.delete().where(ModelRow.id == model_id))
+            floor = session.get(IdFloorRow, "models")
+            if floor is None:
+                session.add(IdFloorRow(name="models", last_id=model_id))
+            elif floor.last_id < model_id:
+                floor.last_id = model_id
             return record
 
     def model_content_in_use(self, content_hash: str) -> bool:

@@ -37,6 +37,7 @@ RECORD_COLUMNS = (
     REC.c.measured_at,
     REC.c.worker,
     REC.c.job_id,
+    REC.c.quarantined,
 )
 
 
@@ -56,6 +57,7 @@ def record_row(row: Any) -> TuningRecordRow:
         measured_at=utc(row.measured_at),
         worker=row.worker,
         job_id=row.job_id,
+        quarantined=bool(row.quarantined),
     )
 
 
@@ -121,6 +123,7 @@ class RecordSQL(SQLBase, RecordStorage):
                 "measured_at": func.now(),
                 "worker": new.worker,
                 "job_id": new.job_id,
+                "quarantined": new.quarantined,
             },
             where=improves,
         )
@@ -132,6 +135,8 @@ class RecordSQL(SQLBase, RecordStorage):
         best: dict[tuple, dict] = {}
         for rec in records:
             is_valid, mean = measurement(rec.run_secs)
+            if rec.quarantined:  # held: never a best record; the claimed times are kept
+                is_valid, mean = False, None
             row = {
                 "workload_id": rec.workload_id,
                 "target_id": rec.target_id,
@@ -144,6 +149,7 @@ class RecordSQL(SQLBase, RecordStorage):
                 "args_info_json": rec.args_info_json,
                 "worker": rec.worker,
                 "job_id": rec.job_id,
+                "quarantined": bool(rec.quarantined),
             }
             key = (rec.workload_id, rec.target_id, rec.trace_hash)
             old = best.get(key)
@@ -266,3 +272,45 @@ class RecordSQL(SQLBase, RecordStorage):
         )
         with self._connection() as conn:
             return [record_row(r) for r in conn.execute(stmt)]
+
+    # -- quarantine --------------------------------------------------------------------------
+    def _selection(self, worker, job_id, record_ids) -> list:
+        where = []
+        if worker is not None:
+            where.append(REC.c.worker == worker)
+        if job_id is not None:
+            where.append(REC.c.job_id == job_id)
+        if record_ids is not None:
+            where.append(REC.c.id.in_([int(i) for i in record_ids]))
+        if not where:
+            raise ValueError("name a worker, a job or record ids")
+        return where
+
+    def quarantine_records(
+        self,
+        *,
+        worker: str | None = None,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+        reason: str = "quarantined",
+    ) -> int:
+        where = self._selection(worker, job_id, record_ids)
+        stmt = (
+            REC.update()
+            .where(*where, REC.c.quarantined == False)  # noqa: E712
+            .values(quarantined=True, is_valid=False, mean_secs=None,
+                    error_text=f"quarantined: {reason}"[:20_000])
+        )
+        with self._connection(write=True) as conn:
+            return int(conn.execute(stmt).rowcount)
+
+    def delete_records(
+        self,
+        *,
+        worker: str | None = None,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+    ) -> int:
+        stmt = REC.delete().where(*self._selection(worker, job_id, record_ids))
+        with self._connection(write=True) as conn:
+            return int(conn.execute(stmt).rowcount)

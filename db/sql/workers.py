@@ -1,6 +1,7 @@
 """Workers on SQL: registration (an upsert by name) and heartbeats on the database clock."""
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from sqlalchemy import func, select, update
@@ -16,14 +17,18 @@ class WorkerSQL(SQLBase, WorkerStorage):
     """:class:`WorkerStorage` on SQL."""
 
     def register_worker(
-        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None
+        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None,
+        token_id: int | None = None,
     ) -> Worker:
+        instance = uuid.uuid4().hex
         stmt = self._insert(WorkerRow.__table__).values(
             name=name,
             fingerprint_json=fingerprint_json,
             target_id=target_id,
             status="idle",
             last_heartbeat=func.now(),
+            token_id=token_id,
+            instance=instance,
         )
         stmt = stmt.on_conflict_do_update(
             index_elements=["name"],
@@ -32,6 +37,8 @@ class WorkerSQL(SQLBase, WorkerStorage):
                 "target_id": stmt.excluded.target_id,
                 "status": "idle",
                 "last_heartbeat": func.now(),
+                "token_id": stmt.excluded.token_id,
+                "instance": stmt.excluded.instance,
             },
         )
         with self._session(write=True) as session:

@@ -356,6 +356,8 @@ class RecordPublic(BaseModel):
     measured_at: datetime | None
     worker: str | None
     job_id: int | None
+    quarantined: bool = Field(False, description="held as implausible or quarantined: not "
+                              "used by any best record or build (its claimed times in run_ms)")
     trace: Any | None = Field(None, description="the schedule trace (with include_trace=true)")
 
     @classmethod
@@ -367,12 +369,13 @@ class RecordPublic(BaseModel):
             trace_hash=row.trace_hash,
             is_valid=row.is_valid,
             mean_ms=_ms(row.mean_secs),
-            run_ms=None if row.run_secs is None or not row.is_valid
+            run_ms=None if row.run_secs is None or not (row.is_valid or row.quarantined)
             else [s * 1e3 for s in row.run_secs],
             error_text=row.error_text,
             measured_at=row.measured_at,
             worker=row.worker,
             job_id=row.job_id,
+            quarantined=row.quarantined,
             trace=json.loads(row.trace_json) if include_trace else None,
         )
 
@@ -421,6 +424,11 @@ class WorkerHeartbeat(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     status: Literal["idle", "busy", "offline"] | None = None
+    instance: str | None = Field(
+        None, max_length=64,
+        description="the registration's instance (from /register): a heartbeat of a replaced "
+        "registration is refused (409) and renews nothing",
+    )
 
 
 class LeasePublic(BaseModel):
@@ -465,6 +473,9 @@ class WorkerPublic(BaseModel):
     target_key: str | None = None
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     current_lease: LeasePublic | None = Field(None, description="the worker's active lease, if any")
+    instance: str | None = Field(
+        None, description="this registration (only in /register's answer): send it with "
+        "heartbeats and lease requests")
 
     @classmethod
     def from_worker(

@@ -54,6 +54,22 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     export.add_argument("--json", action="store_true", help="print the report as JSON")
     export.set_defaults(handler=run_export)
 
+    quarantine = commands.add_parser(
+        "quarantine",
+        help="hold (or --delete) tuning records by worker, job or id; best records follow",
+    )
+    which = quarantine.add_mutually_exclusive_group(required=True)
+    which.add_argument("--worker", metavar="W", help="every record measured by worker W")
+    which.add_argument("--job", type=int, metavar="J", help="every record measured for job J")
+    which.add_argument("--record", type=int, action="append", metavar="ID",
+                       help="the record with this id (repeatable)")
+    quarantine.add_argument("--delete", action="store_true",
+                            help="delete the records instead of holding them")
+    quarantine.add_argument("--reason", default="quarantined by an operator")
+    add_db_option(quarantine)
+    quarantine.add_argument("--json", action="store_true", help="print the count as JSON")
+    quarantine.set_defaults(handler=run_quarantine)
+
 
 def run_upgrade(args: argparse.Namespace) -> int:
     import db
@@ -180,4 +196,24 @@ def run_export(args: argparse.Namespace) -> int:
             f"exported {report.workloads} workloads and {report.records} records of "
             f"{target.describe()} to {report.directory}"
         )
+    return 0
+
+
+def run_quarantine(args: argparse.Namespace) -> int:
+    """Held records stay stored (``quarantined``, never a best record); ``--delete`` removes
+    them. Each workload's best is a query over valid records, so it is the next one at once."""
+    selection = {"worker": args.worker, "job_id": args.job, "record_ids": args.record}
+    storage = open_storage_from_args(args)
+    try:
+        if args.delete:
+            count = storage.delete_records(**selection)
+        else:
+            count = storage.quarantine_records(**selection, reason=args.reason)
+    finally:
+        storage.close()
+    action = "deleted" if args.delete else "quarantined"
+    if args.json:
+        print_json({action: count})
+    else:
+        print(f"{count} record(s) {action}")
     return 0

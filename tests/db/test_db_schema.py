@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0005_job_search"
+HEAD = "0006_trust"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

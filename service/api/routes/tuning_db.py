@@ -107,6 +107,10 @@ def list_records(
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     include_trace: bool = False,
 ) -> RecordsPublic:
+    if job_id is not None:  # another user's job has no records for this caller
+        job = storage.get_job(job_id)
+        if job is None or job.owner != _user.name:
+            raise not_found("job", job_id)
     workload_id = None
     if workload is not None:
         found = storage.get_workload(workload)

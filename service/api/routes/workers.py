@@ -60,6 +60,13 @@ def _lease_lost(err: Exception) -> ApiError:
     return ApiError(409, "lease_lost", str(err))
 
 
+def _forbidden(err: Exception) -> ApiError:
+    return ApiError(403, "forbidden", str(err))
+
+
+_OWNED = {403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
+
+
 @router.get("", response_model=WorkersPublic, summary="Workers, their heartbeats and current leases")
 def list_workers(storage: StorageDep, _user: CurrentUser) -> WorkersPublic:
     rows = storage.list_workers()
@@ -84,6 +91,10 @@ def list_leases(
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LeasesPublic:
+    if job_id is not None:  # another user's job has no leases for this caller
+        job = storage.get_job(job_id)
+        if job is None or job.owner != _user.name:
+            raise not_found("job", job_id)
     rows = storage.list_leases(job_id=job_id, worker=worker, status=status, after_id=after, limit=limit)
     return LeasesPublic(
         data=[LeasePublic.from_lease(r) for r in rows],
@@ -92,10 +103,12 @@ def list_leases(
 
 
 @router.post(
-    "/register", response_model=WorkerPublic, responses=_NOT_FOUND,
+    "/register", response_model=WorkerPublic, responses=_OWNED,
     summary="Register (or re-register) a worker; its earlier leases are released",
 )
 def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAuth) -> WorkerPublic:
+    """A name belongs to the worker token that registered it first (403 for another token);
+    the answer's ``instance`` is this registration: an earlier process of the name is out."""
     fingerprint = json.dumps(body.fingerprint, sort_keys=True, separators=(",", ":"))
     target = None
     if body.target is not None:
@@ -116,13 +129,18 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
         if row is None:
             raise not_found("target", body.target_key)
         target = coordinator.target_info(row)
-    worker = coordinator.register(storage, body.name, target, fingerprint)
+    try:
+        worker = coordinator.register(storage, body.name, target, fingerprint,
+                                      token_id=_worker.token_id)
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     key = None if target is None else target.key
-    return WorkerPublic.from_worker(worker, target_key=key)
+    public = WorkerPublic.from_worker(worker, target_key=key)
+    return public.model_copy(update={"instance": worker.instance})
 
 
 @router.post(
-    "/{name}/heartbeat", response_model=WorkerHeartbeatReply, responses=_NOT_FOUND,
+    "/{name}/heartbeat", response_model=WorkerHeartbeatReply, responses=_OWNED,
     summary="Stamp a worker's heartbeat (database clock) and renew its leases",
 )
 def heartbeat(
@@ -130,22 +148,33 @@ def heartbeat(
     _worker: WorkerAuth,
 ) -> WorkerHeartbeatReply:
     try:
-        row, leases = coordinator.heartbeat(storage, name, settings.lease_policy(), status=body.status)
+        coordinator.owned_worker(storage, name, _worker.token_id)
+        row, leases = coordinator.heartbeat(storage, name, settings.lease_policy(),
+                                            status=body.status, instance=body.instance)
     except db.NotFoundError:
         raise not_found("worker", name) from None
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     public = WorkerPublic.from_worker(row, lease=leases[0] if leases else None)
     return WorkerHeartbeatReply(**public.model_dump(), leases=[lease.id for lease in leases])
 
 
 @router.post(
-    "/{name}/lease", response_model=LeaseOffer, responses=_CONFLICT,
+    "/{name}/lease", response_model=LeaseOffer, responses=_OWNED,
     summary="Lease the next piece of work for this worker's target (null when there is none)",
 )
-def lease(name: WorkerName, storage: StorageDep, settings: SettingsDep, _worker: WorkerAuth) -> LeaseOffer:
+def lease(
+    name: WorkerName, storage: StorageDep, settings: SettingsDep, _worker: WorkerAuth,
+    instance: Annotated[str | None, Query(max_length=64)] = None,
+) -> LeaseOffer:
     try:
-        offer, pending = coordinator.lease_work(storage, name, settings.lease_policy())
+        coordinator.owned_worker(storage, name, _worker.token_id)
+        offer, pending = coordinator.lease_work(storage, name, settings.lease_policy(),
+                                                instance=instance)
     except db.NotFoundError:
         raise not_found("worker", name) from None
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     if offer is not None and offer.kind == "finalize":
         offer = offer.model_copy(
             update={"model_url": f"{API_PREFIX}/workers/jobs/{offer.job_id}/model"})
@@ -191,18 +220,21 @@ def cost_model_blob(
 
 
 @router.post(
-    "/leases/{lease_id}/context", response_model=LeaseContext, responses=_CONFLICT,
+    "/leases/{lease_id}/context", response_model=LeaseContext, responses=_OWNED,
     summary="What a tune lease's search starts from: best records, stored schedules, siblings",
 )
 def lease_context(
     lease_id: LeaseId, storage: StorageDep, _worker: WorkerAuth,
     k: Annotated[int, Query(ge=1, le=4096)] = 256,
 ) -> LeaseContext:
-    return coordinator.lease_context(storage, lease_id, k)
+    try:
+        return coordinator.lease_context(storage, lease_id, k, token_id=_worker.token_id)
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
 
 
 @router.post(
-    "/leases/{lease_id}/records", response_model=BatchAck, responses=_CONFLICT,
+    "/leases/{lease_id}/records", response_model=BatchAck, responses={**_OWNED, 422: {"model": ErrorBody}},
     summary="Upload one measured batch of a tune lease (idempotent by batch number)",
 )
 def upload_batch(
@@ -211,13 +243,15 @@ def upload_batch(
 ) -> BatchAck:
     try:
         return coordinator.accept_batch(storage, lease_id, body.batch, list(body.records),
-                                        settings.lease_policy())
+                                        settings.lease_policy(), token_id=_worker.token_id)
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     except (TypeError, ValueError) as err:
         raise ApiError(422, "invalid_request", f"invalid record: {err}") from None
 
 
 @router.post(
-    "/leases/{lease_id}/finish", response_model=LeaseEnd, responses=_CONFLICT,
+    "/leases/{lease_id}/finish", response_model=LeaseEnd, responses=_OWNED,
     summary="End a lease: done, returned (given back), failed (with the error) or cancelled",
 )
 def finish_lease(
@@ -226,13 +260,16 @@ def finish_lease(
 ) -> LeaseEnd:
     try:
         return coordinator.end_lease(storage, lease_id, body.outcome, settings.lease_policy(),
-                                     error=body.error, search=body.search)
+                                     error=body.error, search=body.search,
+                                     token_id=_worker.token_id)
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     except db.InvalidTransitionError as err:
         raise _lease_lost(err) from None
 
 
 @router.get(
-    "/jobs/{job_id}/model", responses=_NOT_FOUND, response_class=FileResponse,
+    "/jobs/{job_id}/model", responses=_OWNED, response_class=FileResponse,
     summary="The model file of a job (for its finalize lease)",
 )
 def job_model(
@@ -240,6 +277,11 @@ def job_model(
     _worker: WorkerAuth,
 ) -> FileResponse:
     job = storage.get_job(job_id)
+    if job is not None:
+        try:  # only for the worker holding the job's finalize lease
+            coordinator.finalizing_job(storage, job_id, _worker.token_id)
+        except coordinator.Forbidden as err:
+            raise _forbidden(err) from None
     model = None if job is None or job.model_id is None else storage.get_model(job.model_id)
     if model is None:
         raise not_found("model of job", job_id)
@@ -263,15 +305,20 @@ def upload_artifact(
     library: Annotated[UploadFile, File(description="model.so")],
     manifest: Annotated[UploadFile, File(description="manifest.json (verification passed)")],
 ) -> LeaseEnd:
-    lease_row = storage.get_lease(lease_id)
-    if lease_row is None:
-        raise not_found("task lease", lease_id)
+    try:
+        lease_row = coordinator.owned_lease(storage, lease_id, _worker.token_id)
+    except db.NotFoundError:
+        raise not_found("task lease", lease_id) from None
+    except coordinator.Forbidden as err:
+        raise _forbidden(err) from None
     staged = FsPath(tempfile.mkdtemp(prefix="artifact-", dir=files.tmp))
     try:
         _save(library, staged / LIBRARY_NAME, settings.upload_limit)
         _save(manifest, staged / MANIFEST_NAME, MANIFEST_LIMIT)
         try:
-            coordinator.accept_artifact(storage, lease_id, staged, files.artifact_dir(lease_row.job_id))
+            coordinator.accept_artifact(
+                storage, lease_id, staged, files.artifact_dir(lease_row.job_id),
+                token_id=_worker.token_id, check=_server_check(storage, files))
         except db.InvalidTransitionError as err:
             raise _lease_lost(err) from None
         except db.ConflictError as err:
@@ -280,6 +327,23 @@ def upload_artifact(
         shutil.rmtree(staged, ignore_errors=True)
     job = storage.get_job(lease_row.job_id)
     return LeaseEnd(lease_status="done", job_status=job.status if job else "failed")
+
+
+def _server_check(storage, files):
+    """The server's own check of an uploaded library (:func:`tuner.finalize.check_artifact_in_child`):
+    a fresh process loads it and compares it with the reference on the job's model and inputs."""
+
+    def check(library: FsPath, job) -> bool:
+        from tuner.finalize import check_artifact_in_child  # noqa: PLC0415
+
+        model = None if job is None or job.model_id is None else storage.get_model(job.model_id)
+        target = None if job is None else storage.get_target_by_id(job.target_id)
+        if model is None or target is None:
+            raise db.ConflictError("the job's model is gone: nothing to verify the artifact with")
+        return check_artifact_in_child(files.model_path(model.content_hash), library,
+                                       target.target_json)
+
+    return check
 
 
 def _save(upload: UploadFile, path: FsPath, limit: int) -> None:
