@@ -28,19 +28,19 @@ from compiler.artifact import check_output_dir
 from compiler.artifact_layout import LIBRARY_NAME, default_storage_dir, job_artifact_dir
 from compiler.prepare import PreparedModel
 from compiler.runner import Timing
-from tuner.siblings import workload_family
 from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
-from tuner.coordinator import plan_job, record_search
-from tuner.work import SearchReport
-from tuner.workloads import register_prepared
 from tuner.cost_models import CostModelChoice, resolve_cost_model
 from tuner.finalize import TaskOutcome, estimated_secs, publish_tuned
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
+from tuner.planning import plan_job, record_search
 from tuner.progress import ProgressCallback, ProgressListener, RunState
+from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
+from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds
+from tuner.workloads import register_prepared
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
@@ -101,8 +101,8 @@ class JobRowWriter:
 
 
 def _sibling_seeds(database, to_tune, workload_ids, search) -> SiblingSeeds | None:
-    """The run's :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds`, unless the search turns off both
-    their uses (measured seeds, primed populations)."""
+    """The run's :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds`, unless the search turns
+    off both their uses (measured seeds, primed populations)."""
     config = search or SearchConfig()
     if not (config.sibling_seeds or config.sibling_population):
         return None
@@ -141,7 +141,9 @@ def _find_or_create_job(storage, *, model_id, target_id, trials, owner, continue
             storage.transition_job(
                 job.id, JobStatus.CANCELLED, error=f"superseded by a run with {trials} trials"
             )
-    job = storage.create_job(target_id=target_id, trial_budget=trials, model_id=model_id, owner=owner)
+    job = storage.create_job(
+        target_id=target_id, trial_budget=trials, model_id=model_id, owner=owner
+    )
     return _start(storage, job, continue_tuning), False
 
 
@@ -181,7 +183,9 @@ def _ensure_job_tasks(storage, job, plan: TuningPlan, workload_ids, target_id) -
         task = existing[workload_ids[decision.task.key]]
         ids[decision.task.key] = task.id
         if task.status == JobStatus.QUEUED:
-            task = storage.transition_job_task(task.id, JobStatus.RUNNING, expected=JobStatus.QUEUED)
+            task = storage.transition_job_task(
+                task.id, JobStatus.RUNNING, expected=JobStatus.QUEUED
+            )
         if decision.action == "reuse" and task.status == JobStatus.RUNNING:
             best = _best_secs(storage, workload_ids[decision.task.key], target_id)
             storage.update_job_task_progress(task.id, best_mean_secs=best)
@@ -217,9 +221,9 @@ def tune_model(
     chosen with it. It is resolved before any row is written, so
     :class:`tuner.cost_models.CostModelUnavailable` leaves no job behind.
 
-    Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned library does
-    not match the reference; other exceptions also fail the job. ``KeyboardInterrupt`` leaves the
-    job resumable.
+    Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned
+    library does not match the reference; other exceptions also fail the job. ``KeyboardInterrupt``
+    leaves the job resumable.
     """
     if trials < 0:
         raise ValueError(f"--trials must be >= 0, got {trials}")
@@ -331,7 +335,7 @@ def _run_job(
                 seed=seed,
                 seeds=seeds,
             )
-    report = report.model_copy(update={"cost_model": cost_model.kind})
+    report = report.with_cost_model(cost_model.kind)
     if to_tune and remaining > 0:
         report = record_search(storage, job.id, report)
     statuses = {t.id: t.status for t in storage.list_job_tasks(job.id)}
@@ -339,7 +343,9 @@ def _run_job(
         best = _best_secs(storage, workload_ids[key], target_row.id)
         storage.update_job_task_progress(task_ids[key], best_mean_secs=best)
         if statuses[task_ids[key]] == JobStatus.RUNNING:
-            storage.transition_job_task(task_ids[key], JobStatus.SUCCEEDED, expected=JobStatus.RUNNING)
+            storage.transition_job_task(
+                task_ids[key], JobStatus.SUCCEEDED, expected=JobStatus.RUNNING
+            )
 
     outcomes = tuple(
         TaskOutcome(
@@ -384,5 +390,5 @@ def _run_job(
         artifact_dir=str(out_dir),
         extra={"cost_model": cost_model.summary(),
                "sibling_seeds": seeds.summary() if seeds is not None else None,
-               "search": report.model_dump()},
+               "search": report.to_json()},
     )

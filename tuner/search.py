@@ -1,4 +1,5 @@
-"""The one tuning engine: MetaSchedule's search over a set of tasks, with TuneHub's roles plugged in.
+"""The one tuning engine: MetaSchedule's search over a set of tasks, with TuneHub's roles plugged
+in.
 
 ``run_search`` is an explicit call of ``ms.tune_tasks``, composed the way MetaSchedule composes
 ``tune_tasks`` itself, from roles (see its docstring): the database the search reads, the
@@ -18,16 +19,16 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
-from tuner.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
+from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
+from tuner.reports import SearchReport
 from tuner.search_strategy.skip_stored import SkipStoredSchedules
 from tuner.space import design_space
 from tuner.task_scheduler.default_schedules import DefaultScheduleSeeds
 from tuner.task_scheduler.gradient import BatchCommittingGradient
 from tuner.task_scheduler.seeds import SeedChain
 from tuner.task_scheduler.sibling_seeds import SiblingSeeds
-from tuner.work import SearchReport
 
 
 @dataclass(frozen=True)
@@ -226,7 +227,7 @@ def run_search(
 
 def search_report(seeds: SiblingSeeds | None, skip: SkipStoredSchedules | None,
                   defaults: DefaultScheduleSeeds | None) -> SearchReport:
-    """The :class:`tuner.work.SearchReport` of a run's seeders and strategy wrapper."""
+    """The :class:`tuner.reports.SearchReport` of a run's seeders and strategy wrapper."""
     counts = seeds.summary() if seeds is not None else {}
     return SearchReport(
         seeds_measured=counts.get("measured", 0), seeds_valid=counts.get("valid", 0),

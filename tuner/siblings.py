@@ -15,7 +15,7 @@ from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from tuner.work import SiblingSchedule
+from tuner.reports import SiblingSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from db import TuningStorage
@@ -40,7 +40,9 @@ def family_members(storage: TuningStorage) -> dict[str, set[int]]:
     return members
 
 
-def own_rate(storage: TuningStorage, target_id: int, workload_id: int, flops: float | None) -> float:
+def own_rate(
+    storage: TuningStorage, target_id: int, workload_id: int, flops: float | None
+) -> float:
     """The FLOP/s of the workload's best valid record on the target (0 without one or FLOPs)."""
     best = storage.best_record(workload_id, target_id)
     return flops / best.mean_secs if flops and best is not None and best.mean_secs else 0.0
@@ -72,5 +74,5 @@ def faster_siblings(
             record_id=record.id, workload_id=sibling, mod_json=row.mod_json, flops=row.flops,
             mean_secs=record.mean_secs, trace=json.loads(record.trace_json),
         ))
-    found.sort(key=lambda s: -s.flops / s.mean_secs)
+    found.sort(key=lambda s: -s.rate)
     return found if limit is None else found[:limit]

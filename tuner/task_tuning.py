@@ -1,4 +1,5 @@
-"""Tune one workload for a lease: the one search (:func:`tuner.search.run_search`) on a lease's view.
+"""Tune one workload for a lease: the one search (:func:`tuner.search.run_search`) on a lease's
+view.
 
 A distributed worker does not hold the tuning database. :func:`tune_workload` runs the same
 search as ``tunehub tune``, with the lease's roles: a :class:`tuner.database.lease.LeaseDatabase`
@@ -25,10 +26,11 @@ from compiler.target import TargetSpec
 from tuner.database.lease import LeaseDatabase
 from tuner.measure import MeasureConfig, RpcConfig
 from tuner.measure_callback.upload_batches import MeasuredBatch, UploadBatches
+from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search, search_report
 from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import LeaseSiblings, SeedTask, SiblingSeeds
-from tuner.work import LeaseContext, SearchReport
+from tuner.work import LeaseContext
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +99,7 @@ def tune_workload(
             report = search_report(seeds, None, None)  # what a stopped run counted of its seeds
         kind = "transfer" if cost_model is not None else "cold"
         return LeaseTuning(callback.trials, callback.stopped,
-                           report.model_copy(update={"cost_model": kind}))
+                           report.with_cost_model(kind))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
         for artifact in callback.artifacts:  # what RemoveBuildArtifact would have removed

@@ -16,6 +16,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tuner.reports import SearchReport, SiblingSchedule
+
 
 class _Message(BaseModel):
     """A protocol message the server sends: immutable; fields a newer server adds are ignored."""
@@ -101,19 +103,6 @@ class LeaseOffer(_Message):
     pending_jobs: int = Field(description="jobs of the worker's target still queued or running")
 
 
-class SiblingSchedule(_Message):
-    """The best record of one sibling of a leased task (same fused operators, another shape):
-    the worker replays ``trace`` (``TuningRecord.as_json()[0]``) on its task with tile sizes
-    refitted (:mod:`tuner.search_strategy.sibling_seeds`)."""
-
-    record_id: int
-    workload_id: int
-    mod_json: str = Field(description="tvm.ir.save_json of the sibling's TIR module")
-    flops: float
-    mean_secs: float
-    trace: list[Any]
-
-
 class LeaseContext(_Message):
     """What a tune lease's search starts from, as the server knows it when the lease begins.
 
@@ -175,28 +164,6 @@ class BatchAck(_Message):
     lease_status: str
     job_status: str
     trials_done: int
-
-
-class SearchReport(_Request):
-    """What the search features did in one tuning run (a lease, or a ``tunehub tune`` run):
-    sibling seeds measured and how many of them ran, sibling records that did not replay, seeds
-    left out as already stored, candidates dropped because the database held them, default
-    schedules measured (GPU), and the cost model used (``kind``: ``transfer`` or ``cold``)."""
-
-    seeds_measured: int = Field(0, ge=0, le=10_000_000)
-    seeds_valid: int = Field(0, ge=0, le=10_000_000)
-    seeds_did_not_replay: int = Field(0, ge=0, le=10_000_000)
-    seeds_already_stored: int = Field(0, ge=0, le=10_000_000)
-    skipped_stored: int = Field(0, ge=0, le=10_000_000)
-    default_schedules: int = Field(0, ge=0, le=10_000_000)
-    cost_model: Literal["transfer", "cold"] = "cold"
-
-    def __add__(self, other: SearchReport) -> SearchReport:
-        """The two runs' counts summed; the cost model is ``transfer`` if either used it."""
-        counts = {name: getattr(self, name) + getattr(other, name)
-                  for name in SearchReport.model_fields if name != "cost_model"}
-        kind = "transfer" if "transfer" in (self.cost_model, other.cost_model) else "cold"
-        return SearchReport(**counts, cost_model=kind)
 
 
 class LeaseFinish(_Request):

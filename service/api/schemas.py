@@ -12,7 +12,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import db
-from tuner.coordinator import job_search
+from tuner.planning import job_search
 from tuner.work import SearchReport
 
 MAX_ID = 2**63 - 1
@@ -413,7 +413,10 @@ class WorkerRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    fingerprint: dict[str, str | int | float | bool | None] = Field(default_factory=dict)
+    fingerprint: dict[str, str | int | float | bool | None
+                      | dict[str, str | int | float | bool | None]] = Field(
+        default_factory=dict,
+        description="the machine's fingerprint (a CPU target's carries its compile options)")
     target_key: str | None = Field(None, pattern=KEY_PATTERN)
     target: TargetSpecBody | None = Field(
         None, description="the worker's own target (registered if new); overrides target_key"

@@ -11,11 +11,11 @@ fused operators without their numbers), found in every model the database knows 
 itself. Where the sibling schedules come from is a :class:`SiblingSource`: the SQL database in a
 run that holds it (:class:`StorageSiblings`), or the server's answer to a lease
 (:class:`LeaseSiblings`, from :class:`tuner.work.LeaseContext`); both go through
-:func:`tuner.siblings.faster_siblings`. When the scheduler picks a task, :class:`SiblingSeeds` offers the best schedule of the
-sibling that runs at the highest throughput (FLOP/s) above the task's own, once per sibling
-record: its trace is replayed on the task's module with every tile-size decision
-(``SamplePerfectTile``) refitted to the task's loop extents (:func:`refit_tiles`), and the design
-space's postprocessors are applied. The scheduler measures it like any candidate (it counts
+:func:`tuner.siblings.faster_siblings`. When the scheduler picks a task, :class:`SiblingSeeds`
+offers the best schedule of the sibling that runs at the highest throughput (FLOP/s) above the
+task's own, once per sibling record: its trace is replayed on the task's module with every tile-size
+decision (``SamplePerfectTile``) refitted to the task's loop extents (:func:`refit_tiles`), and the
+design space's postprocessors are applied. The scheduler measures it like any candidate (it counts
 against the trial budget, is stored as an ordinary record, and the cost model learns from it), so
 the task's next batch starts from it when it is fast. A trace that does not replay (other block
 names, a decision the new shape cannot take) is skipped.
@@ -26,12 +26,13 @@ the top few records of every sibling, refitted, for the initial population of ea
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import tvm
 from tvm.s_tir import meta_schedule as ms
@@ -39,8 +40,11 @@ from tvm.s_tir.schedule import Trace
 
 from db.types import measurement
 from tuner.measurements import mean_run_secs
-from tuner.siblings import faster_siblings, family_members
-from tuner.work import LeaseContext, SiblingSchedule
+from tuner.reports import SiblingSchedule
+from tuner.siblings import family_members, faster_siblings
+
+if TYPE_CHECKING:  # pragma: no cover - the protocol's messages need pydantic
+    from tuner.work import LeaseContext
 
 logger = logging.getLogger(__name__)
 
@@ -129,9 +133,8 @@ class StorageSiblings:
             ids = [i for i, _ in self.storage.top_k_ids(best.workload_id, self.target_id,
                                                         per_sibling)]
             for row in sorted(self.storage.get_records(ids), key=lambda r: r.mean_secs or 0.0):
-                out.append(best.model_copy(update={
-                    "record_id": row.id, "mean_secs": row.mean_secs,
-                    "trace": json.loads(row.trace_json)}))
+                out.append(dataclasses.replace(best, record_id=row.id, mean_secs=row.mean_secs,
+                                               trace=json.loads(row.trace_json)))
         return out
 
 
@@ -144,7 +147,7 @@ class LeaseSiblings:
 
     def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
         return [s for s in self.context.siblings
-                if s.record_id not in tried and s.flops / s.mean_secs > own_rate]
+                if s.record_id not in tried and s.rate > own_rate]
 
     def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
         return list(self.context.siblings)
@@ -202,7 +205,7 @@ class SiblingSeeds:
             else:
                 self.offered += 1
                 logger.debug("seeding task %d from workload %d (%.1f GFLOP/s)", task_index,
-                             sibling.workload_id, sibling.flops / sibling.mean_secs / 1e9)
+                             sibling.workload_id, sibling.rate / 1e9)
                 return [candidate]
         return []
 
