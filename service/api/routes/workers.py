@@ -219,7 +219,7 @@ def cost_model_blob(
                     headers={"X-Cost-Model-Id": str(model_id)})
 
 
-@router.post(
+@router.get(
     "/leases/{lease_id}/context", response_model=LeaseContext, responses=_OWNED,
     summary="What a tune lease's search starts from: best records, stored schedules, siblings",
 )
