@@ -7,11 +7,11 @@ port, uploads the example small CNN, queues a tuning job and waits until the wor
 its first batch. Then ``--clients`` clients, each with its own connection, poll
 ``GET /api/v1/jobs/{id}`` (status, per-task progress, latency estimate) every ``--interval``
 seconds (a dashboard's poll; clients start at random points of the interval and have their
-connection open before the window) for ``--duration`` seconds. Reports p50/p90/p99/max latency, throughput and errors
-(non-200 answers and transport errors) and checks that the job kept tuning during the window.
-Goal: p99 <= 50 ms and 0 errors. The same load is then repeated with the worker idle (the job
-cancelled), to show what tuning on the same machine costs the API. The clients share the machine with the API and the tuning
-worker, so their own CPU time is part of what is measured.
+connection open before the window) for ``--duration`` seconds. Reports p50/p90/p99/max latency,
+throughput and errors (non-200 answers and transport errors) and checks that the job kept tuning
+during the window. Goal: p99 <= 50 ms and 0 errors. The same load is then repeated with the worker
+idle (the job cancelled), to show what tuning on the same machine costs the API. The clients share
+the machine with the API and the tuning worker, so their own CPU time is part of what is measured.
 
 Writes ``bench/results/api_load_<date>.md`` (machine, date, settings, numbers).
 """
@@ -126,7 +126,10 @@ def main() -> int:
                                                  "trial_budget": args.trials}).json()
                 deadline = time.monotonic() + 600
                 while (current := client.get(f"/jobs/{job['id']}").json())["trials_done"] == 0:
-                    if time.monotonic() > deadline or current["status"] not in ("queued", "running"):
+                    if time.monotonic() > deadline or current["status"] not in (
+                        "queued",
+                        "running",
+                    ):
                         raise SystemExit(f"the job did not start tuning: {current}")
                     time.sleep(0.5)
                 trials_before = current["trials_done"]
@@ -171,7 +174,7 @@ def main() -> int:
         "",
         f"- machine: {_cpu_model()}, {len(os.sched_getaffinity(0))} usable cores, "
         f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
-        f"- date: {dt.datetime.now(dt.timezone.utc).isoformat(timespec='seconds')}; load average "
+        f"- date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}; load average "
         f"after the run (1/5/15 min): {load} (other processes on this shared machine included)",
         f"- command: `.venv/bin/python bench/bench_api_load.py --clients {args.clients} "
         f"--duration {args.duration:g} --interval {args.interval:g}`",

@@ -17,8 +17,8 @@
    cold run's final estimate.
    Reported: trials each run needed to get within 5 % of the cold run's final estimate.
    ``--no-base``: the same warm run with no base booster (the ablation of the transfer).
-   Warm runs measure sibling seeds (:mod:`tuner.task_scheduler.sibling_seeds`; they count as trials; with
-   ``--population`` siblings' schedules also go into their search populations,
+   Warm runs measure sibling seeds (:mod:`tuner.task_scheduler.sibling_seeds`; they count as trials;
+   with ``--population`` siblings' schedules also go into their search populations,
    :mod:`tuner.database.primed`); the models of the copied workloads are registered so that
    families are known; ``--no-seeds`` turns seeds off.
 3. ``--unseen MODEL ...``: rank accuracy on each workload of a model of a booster trained on the
@@ -144,8 +144,9 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
 
 @contextlib.contextmanager
 def sibling_seeders():
-    """Every :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` created inside the block, to read its
-    counters after the run (a run stopped by :class:`StopWhenWithin` returns no summary)."""
+    """Every :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` created inside the block, to
+    read its counters after the run (a run stopped by :class:`StopWhenWithin` returns no
+    summary)."""
     from tuner.task_scheduler.sibling_seeds import SiblingSeeds
 
     created: list = []
@@ -171,8 +172,8 @@ def search_efficiency(
     run's cost model starts with no booster and learns from the run's measurements alone (the
     same :class:`cost_model.transfer.TransferCostModel`), separating in-run learning from what
     the other models' records add. ``seeds=False``: no sibling seeds
-    (:mod:`tuner.task_scheduler.sibling_seeds`; the cold runs of ``bench_models`` before they existed had
-    none); ``population=True``: sibling schedules also put in the search's populations
+    (:mod:`tuner.task_scheduler.sibling_seeds`; the cold runs of ``bench_models`` before they
+    existed had none); ``population=True``: sibling schedules also put in the search's populations
     (:mod:`tuner.database.primed`, off by default). ``seed``: the search's random seed.
     ``leave_out``: task names left out of both estimates (their trials still count; the run's
     stop listener still sees every task, so such a run goes on to its cap). ``full_budget``: no

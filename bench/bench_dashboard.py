@@ -166,7 +166,7 @@ def main() -> int:
         return f"{statistics.median(values):.0f} | {min(values):.0f} | {max(values):.0f}"
 
     info = machine()
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     load1, load5, load15 = os.getloadavg()
     plot = med("plot")
     lines = [
@@ -175,7 +175,8 @@ def main() -> int:
         f"- machine: {info['cpu']}, {info['cores']} usable cores, {info['memory']}, "
         f"Python {info['python']}; {_chromium_version()}",
         f"- date: {now.isoformat(timespec='seconds')}; load average after the run (1/5/15 min): "
-        f"{load1:.1f} / {load5:.1f} / {load15:.1f} (other processes on this shared machine included)",
+        f"{load1:.1f} / {load5:.1f} / {load15:.1f} (other processes on this shared machine "
+        "included)",
         f"- command: `.venv/bin/python bench/bench_dashboard.py --records {args.records} "
         f"--loads {args.loads} --model {args.model}`",
         f"- server: `tunehub serve --workers 0`, SQLite; model {args.model} ({len(model['tasks'])} "
@@ -191,7 +192,8 @@ def main() -> int:
         f"| DOM content loaded | {spread('dom_content_loaded')} |",
         f"| task table filled | {spread('task_table')} |",
         f"| best-latency charts filled (whole history) | {spread('plot')} |",
-        f"| history request (`GET /jobs/{{id}}/history`, in the page) | {spread('history_request')} |",
+        "| history request (`GET /jobs/{id}/history`, in the page) | "
+        f"{spread('history_request')} |",
         "",
         "The first load after the server started (the server scans the whole history, then keeps "
         f"it): first contentful paint {first['first_contentful_paint']:.0f} ms, task table "

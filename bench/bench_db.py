@@ -76,9 +76,10 @@ def real_traces():
             f"tvm.s_tir.tensor_intrin.{name}", types.ModuleType(f"tvm.s_tir.tensor_intrin.{name}")
         )
     sys.path.insert(0, str(REPO / "tests" / "db"))
+    from db_test_helpers import matmul_mod, tune_matmul
+
     import db
     from compiler.target import cpu_target
-    from db_test_helpers import matmul_mod, tune_matmul
 
     target = cpu_target(2)
     with tempfile.TemporaryDirectory() as tmp:
@@ -214,10 +215,11 @@ def database_size(storage, url: str) -> int:
 
 
 def run_backend(backend, sizes, traces, args_info, matmul_mod, pg_admin, log) -> list[dict]:
+    from tvm.s_tir import meta_schedule as ms
+
     import db
     from compiler.target import cpu_target
     from db import NewTuningRecord
-    from tvm.s_tir import meta_schedule as ms
 
     results = []
     target = cpu_target(2)
@@ -373,8 +375,8 @@ def write_report(path: Path, rows: list[dict], info: dict, versions: dict, wall:
         "on SQLite.",
         "- Goal (issue #3): >= 2,000 commits/s, p99 top-k <= 10 ms.",
         "",
-        "| backend | records | bulk commits/s | single commits/s (adapter) | top_k k=1 p50 / p99 ms "
-        "| top_k k=100 p50 / p99 ms | adapter get_top_k k=100 warm p50 / p99 ms | size on disk "
+        "| backend | records | bulk commits/s | single commits/s (adapter) | top_k k=1 p50 / p99 "
+        "ms | top_k k=100 p50 / p99 ms | adapter get_top_k k=100 warm p50 / p99 ms | size on disk "
         "| adapter get_top_k k=100 cold ms |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
@@ -408,7 +410,9 @@ def main(argv: list[str] | None = None) -> int:
     info["argv"] = sys.argv[1:] if argv is None else argv
     log("tuning 8 trials for real traces")
     traces, args_info, matmul_mod = real_traces()
-    log(f"{len(traces)} real traces, {sum(len(json.dumps(t)) for t in traces) // len(traces)} B avg")
+    log(
+        f"{len(traces)} real traces, {sum(len(json.dumps(t)) for t in traces) // len(traces)} B avg"
+    )
     pg_admin, started_pg = (None, False)
     if "postgresql" in args.backends:
         pg_admin, started_pg = start_postgres()

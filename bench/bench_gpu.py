@@ -131,7 +131,9 @@ def make_trial_stats():
                     else:
                         self.valid += 1
                         secs = sum(float(x) for x in ran.run_secs) / len(ran.run_secs)
-                        self.best_secs = secs if self.best_secs is None else min(self.best_secs, secs)
+                        self.best_secs = (
+                            secs if self.best_secs is None else min(self.best_secs, secs)
+                        )
             except Exception:  # noqa: BLE001 - never abort tuning
                 traceback.print_exc()
 
@@ -164,7 +166,9 @@ def gpu_search_config(population: int):
     from tuner.search import SearchConfig
 
     return SearchConfig(
-        population_size=population, init_min_unmeasured=min(50, population // 4), genetic_num_iters=2
+        population_size=population,
+        init_min_unmeasured=min(50, population // 4),
+        genetic_num_iters=2,
     )
 
 
@@ -301,15 +305,13 @@ def torch_network_ms(name: str, inputs) -> dict[str, Any]:
 
 def bench_network(name: str, trials: int, target, work: Path, storage, population: int):
     from compiler.build import build
+    from compiler.errors import ModelError
     from compiler.prepare import prepare_model
     from compiler.runner import LoadedLibrary
     from compiler.verify import random_inputs, verify
-    from examples.export import export_pt2
+    from examples.export import export_onnx, export_pt2
     from tuner.job import tune_model
     from tuner.search import default_cost_model
-
-    from compiler.errors import ModelError
-    from examples.export import export_onnx
 
     path = export_pt2(name, work / f"{name}.pt2")
     try:
@@ -393,8 +395,9 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
         f"{info['multiprocessors']} SMs, {info['gpu_memory_gib']} GiB), {info['cpu_cores']} CPU "
         f"cores; torch {info['torch']} (CUDA {info['cuda_runtime']}), TVM {info['tvm']}.",
         f"TuneHub target: {info['tunehub_target']} (key {info['target_key']}).",
-        f"CUDA compiler: {info.get('cuda_compiler')}. Measurement: LocalRunner number={measure.number}, repeat={measure.repeat}, "
-        f"min_repeat_ms={measure.min_repeat_ms}; builder timeout {measure.build_timeout_sec:.0f} s.",
+        f"CUDA compiler: {info.get('cuda_compiler')}. Measurement: LocalRunner "
+        f"number={measure.number}, repeat={measure.repeat}, min_repeat_ms={measure.min_repeat_ms}; "
+        f"builder timeout {measure.build_timeout_sec:.0f} s.",
         f"Search: evolutionary, population {args.population}, cost model "
         f"`{(gemm_rows or net_rows or [{}])[0].get('cost_model', '?')}` (xgboost is not installed "
         "on the GPU machine; below 100 measured candidates per task MetaSchedule's XGBoost model "
@@ -420,11 +423,11 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
                          f"{_ratio(r.get('valid_ratio'))} | failed: {r['error'][:120]} ||||||||||")
             continue
         lines.append(
-            f"| {r['gemm']} | {r['space']} | {r['trials']} | {r['valid']} ({_ratio(r['valid_ratio'])}) "
-            f"| {_ms(r['tunehub_ms'])} | {r['tunehub_tflops']:.0f} | {_ms(r['torch_ms'])} | "
-            f"{r['torch_tflops']:.0f} | {r['vs_cublas']:.2f}x | {_ms(r.get('default_ms'))} | "
-            f"{_ms(r.get('search_best_ms'))} | {r.get('chosen')} | {r['tunehub_rel_err']:.1e} / "
-            f"{r['torch_rel_err']:.1e} | {r['tune_secs']:.0f} |"
+            f"| {r['gemm']} | {r['space']} | {r['trials']} | {r['valid']} "
+            f"({_ratio(r['valid_ratio'])}) | {_ms(r['tunehub_ms'])} | {r['tunehub_tflops']:.0f} | "
+            f"{_ms(r['torch_ms'])} | {r['torch_tflops']:.0f} | {r['vs_cublas']:.2f}x | "
+            f"{_ms(r.get('default_ms'))} | {_ms(r.get('search_best_ms'))} | {r.get('chosen')} | "
+            f"{r['tunehub_rel_err']:.1e} / {r['torch_rel_err']:.1e} | {r['tune_secs']:.0f} |"
         )
     lines += ["", "Failed candidates by error (GEMM):", ""]
     for r in gemm_rows:
@@ -438,8 +441,8 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
         "published, verified artifact after the trials shown (a few for the heaviest tasks only: "
         "device time is scarce), plus one measurement of the default schedule per tuned task.",
         "",
-        "| network | tasks (tuned) | trials (valid) | torch eager | torch.compile | TVM untuned | TuneHub "
-        "| TuneHub / eager | verified | tuning s |",
+        "| network | tasks (tuned) | trials (valid) | torch eager | torch.compile | TVM untuned | "
+        "TuneHub | TuneHub / eager | verified | tuning s |",
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in net_rows:
@@ -449,8 +452,8 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
         ratio = (f"{r['tuned_ms'] / r['torch_eager_ms']:.2f}x"
                  if isinstance(r.get("tuned_ms"), float) else "-")
         lines.append(
-            f"| {r['network']} | {r['tasks']} ({r.get('tasks_tuned')}) | {r['trials']} ({r['valid']}, "
-            f"{_ratio(r['valid_ratio'])}) | {_ms(r['torch_eager_ms'])} | "
+            f"| {r['network']} | {r['tasks']} ({r.get('tasks_tuned')}) | {r['trials']} "
+            f"({r['valid']}, {_ratio(r['valid_ratio'])}) | {_ms(r['torch_eager_ms'])} | "
             f"{_ms(r['torch_compile_ms'])} | {_ms(r['untuned_ms'])} | {_ms(r['tuned_ms'])} | "
             f"{ratio} | {r['verified']} ({r['verification']}) | {r['tune_secs']:.0f} |"
         )

@@ -48,8 +48,8 @@ def _schedule(row: Any, mod: Any) -> Any:
 def remeasure_bests(pairs: list[tuple[str, int, Any, Any, Any]], target: Any,
                     rounds: int = 3) -> list[Remeasured]:
     """``pairs``: ``(task name, weight, workload module, best row of run a, best row of run
-    b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per pair, in
-    order. A schedule that does not build or run gets ``None``; never raises for one."""
+    b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per
+    pair, in order. A schedule that does not build or run gets ``None``; never raises for one."""
     from tvm.s_tir import meta_schedule as ms
 
     from tuner.measure import MeasureConfig, make_builder, make_runner

@@ -11,6 +11,7 @@ import json
 import shutil
 import tempfile
 from collections.abc import Callable
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -30,10 +31,13 @@ MANIFEST_VERSION = 1
 def check_output_dir(out_dir: Path, *, force: bool) -> None:
     """Refuse a non-empty existing output directory unless ``force`` (then it is replaced)."""
     if out_dir.exists() and not out_dir.is_dir():
-        raise ModelError("bad_output", f"output path {str(out_dir)!r} exists and is not a directory")
+        raise ModelError(
+            "bad_output", f"output path {str(out_dir)!r} exists and is not a directory"
+        )
     if out_dir.is_dir() and any(out_dir.iterdir()) and not force:
         raise ModelError(
-            "bad_output", f"output directory {str(out_dir)!r} is not empty (use --force to replace it)"
+            "bad_output",
+            f"output directory {str(out_dir)!r} is not empty (use --force to replace it)",
         )
 
 
@@ -44,15 +48,13 @@ def build_manifest(
     verification: VerificationResult,
     extra: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    from importlib.metadata import PackageNotFoundError, version
-
     try:
         tunehub_version = version("tunehub")
     except PackageNotFoundError:  # pragma: no cover - running from a plain checkout
         tunehub_version = "unknown"
     manifest: dict[str, Any] = {
         "manifest_version": MANIFEST_VERSION,
-        "created_at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "created_at": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "library": LIBRARY_NAME,
         "versions": {"tunehub": tunehub_version, "tvm": tvm.__version__},
         "model": model.describe(),

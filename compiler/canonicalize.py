@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 import tvm
-from tvm.ir.expr import GenericConst
 from tvm import relax
+from tvm.ir.expr import GenericConst
 from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
 
 _COMMUTATIVE = ("relax.add", "relax.multiply", "relax.maximum", "relax.minimum")
@@ -146,7 +146,10 @@ def _flatten_linear(func: relax.Function) -> relax.Function:
         if shape is None or len(shape) <= 2 or len(w_shape) != 2:
             return expr
         with_bias = biased in matches
-        if with_bias and list(matches[bias].value.numpy().shape) not in ([w_shape[1]], [1, w_shape[1]]):
+        if with_bias and list(matches[bias].value.numpy().shape) not in (
+            [w_shape[1]],
+            [1, w_shape[1]],
+        ):
             return expr
         rows = 1
         for dim in shape[:-1]:

@@ -100,7 +100,8 @@ def _infer(model: onnx.ModelProto) -> dict[str, onnx.ValueInfoProto]:
     values = {v.name: v for v in [*graph.input, *graph.value_info, *graph.output]}
     for tensor in graph.initializer:  # includes values substituted by _infer_with_shape_values
         values.setdefault(
-            tensor.name, helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims))
+            tensor.name,
+            helper.make_tensor_value_info(tensor.name, tensor.data_type, list(tensor.dims)),
         )
     return values
 
@@ -142,8 +143,10 @@ def _check_constant_node(node: onnx.NodeProto, limits: ModelLimits) -> None:
             )
         elif attribute.type == onnx.AttributeProto.SPARSE_TENSOR:
             _check_size(
-                f"Constant node {node.name or node.output[0]!r}", list(attribute.sparse_tensor.dims),
-                attribute.sparse_tensor.values.data_type, limits,
+                f"Constant node {node.name or node.output[0]!r}",
+                list(attribute.sparse_tensor.dims),
+                attribute.sparse_tensor.values.data_type,
+                limits,
             )
 
 

@@ -32,7 +32,9 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
     try:
         size = path.stat().st_size
     except OSError as err:
-        raise ModelError("not_found", f"cannot read model file {str(path)!r}: {err.strerror}") from None
+        raise ModelError(
+            "not_found", f"cannot read model file {str(path)!r}: {err.strerror}"
+        ) from None
     if not path.is_file():
         raise ModelError("not_found", f"{str(path)!r} is not a file")
     if size > limits.max_bytes:
@@ -45,8 +47,8 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
 def _load_pt2(
     data: bytes, limits: ModelLimits, input_shapes: Mapping[str, Sequence[int]], display_name: str
 ):
-    from compiler.pt2_loader import check_pt2_graph_limits, pt2_input_specs
-    from compiler.pt2_safety import load_exported_program
+    from compiler.pt2_loader import check_pt2_graph_limits, pt2_input_specs  # noqa: PLC0415 - torch, .pt2 only
+    from compiler.pt2_safety import load_exported_program  # noqa: PLC0415 - torch, for .pt2 files only
 
     fd, name = tempfile.mkstemp(suffix=".pt2", prefix="tunehub-upload-")
     try:

@@ -30,12 +30,12 @@ class ModelLimits:
 
     ``max_bytes`` bounds the file (and, for ``.pt2``, the unpacked archive); ``max_input_elements``
     bounds each declared input; ``max_total_input_bytes`` bounds all inputs together.
-    ``max_nodes`` bounds the graph's operator nodes (subgraphs included, ONNX; graph nodes, ``.pt2``).
-    ``max_constant_elements`` / ``max_constant_bytes`` bound every tensor the import could
-    materialize at compile time (initializers, ``Constant`` nodes and anything computed only from
-    them, such as a ``ConstantOfShape``/``Expand``/``Tile``/``Range`` on constant operands): checked
-    on the ONNX graph before TVM folds anything, and on the Relax module after each folding step
-    (so they bound weights too: raise them with ``max_bytes``).
+    ``max_nodes`` bounds the graph's operator nodes (subgraphs included, ONNX; graph nodes,
+    ``.pt2``). ``max_constant_elements`` / ``max_constant_bytes`` bound every tensor the import
+    could materialize at compile time (initializers, ``Constant`` nodes and anything computed only
+    from them, such as a ``ConstantOfShape``/``Expand``/``Tile``/``Range`` on constant operands):
+    checked on the ONNX graph before TVM folds anything, and on the Relax module after each folding
+    step (so they bound weights too: raise them with ``max_bytes``).
     """
 
     max_bytes: int = 512 * 1024 * 1024

@@ -61,7 +61,7 @@ def _check_opset(model: onnx.ModelProto, limits: ModelLimits) -> None:
 def _external_tensors(model: onnx.ModelProto) -> list[onnx.TensorProto]:
     return [
         tensor
-        for tensor in onnx.external_data_helper._get_all_tensors(model)
+        for tensor in onnx.external_data_helper._get_all_tensors(model)  # noqa: SLF001 - no public API
         if onnx.external_data_helper.uses_external_data(tensor)
     ]
 

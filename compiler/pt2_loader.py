@@ -1,4 +1,5 @@
-"""Describe the user inputs of a ``torch.export`` program, bind its symbolic dimensions, bound its graph.
+"""Describe the user inputs of a ``torch.export`` program, bind its symbolic dimensions, bound its
+graph.
 
 The archive itself is opened only through :mod:`compiler.pt2_safety` (no code runs from it).
 """
@@ -43,7 +44,9 @@ def pt2_input_specs(
     for name in user_inputs:
         value: Any = placeholders[name].meta.get("val") if name in placeholders else None
         if not isinstance(value, torch.Tensor):
-            raise ModelError("bad_input", f"input {name!r} is not a tensor ({type(value).__name__})")
+            raise ModelError(
+                "bad_input", f"input {name!r} is not a tensor ({type(value).__name__})"
+            )
         declared = list(value.shape)
         given = input_shapes.get(name)
         if given is not None and len(given) != len(declared):
@@ -57,7 +60,8 @@ def pt2_input_specs(
                 if given is not None and int(given[index]) != dim:
                     raise ModelError(
                         "bad_input_shape",
-                        f"input {name!r} declares dimension {dim}, --input-shape gave {given[index]}",
+                        f"input {name!r} declares dimension {dim}, --input-shape gave "
+                        f"{given[index]}",
                     )
                 shape.append(dim)
                 continue

@@ -3,77 +3,84 @@
 Why this module exists -- what ``torch.export.load`` really does in PyTorch 2.13
 =================================================================================
 
-Read from the installed sources (``torch/export/__init__.py``, ``torch/export/pt2_archive/_package.py``,
-``torch/_export/serde/serialize.py``, ``torch/serialization.py``, ``torch/export/_unlift.py``):
+Read from the installed sources (``torch/export/__init__.py``,
+``torch/export/pt2_archive/_package.py``, ``torch/_export/serde/serialize.py``,
+``torch/serialization.py``, ``torch/export/_unlift.py``):
 
-* ``torch.export.load`` (``torch/export/__init__.py``) calls ``pt2_archive._package.load_pt2``. If that
-  raises ``RuntimeError`` it logs the error and falls back to the pre-2.8 layout (top-level
+* ``torch.export.load`` (``torch/export/__init__.py``) calls ``pt2_archive._package.load_pt2``. If
+  that raises ``RuntimeError`` it logs the error and falls back to the pre-2.8 layout (top-level
   ``serialized_*.json`` / ``serialized_*.pt`` members read with :mod:`zipfile`).
-* Plain weights and constants are **not** pickled in 2.13: ``_package_state_dict`` / ``_package_constants``
-  write the raw storage bytes (``data/weights/weight_N``, ``data/constants/tensor_N``) and describe them in
-  ``data/weights/<model>_weights_config.json`` / ``data/constants/<model>_constants_config.json``.
-  The graph itself is JSON (``models/<model>.json``).
+* Plain weights and constants are **not** pickled in 2.13: ``_package_state_dict`` /
+  ``_package_constants`` write the raw storage bytes (``data/weights/weight_N``,
+  ``data/constants/tensor_N``) and describe them in ``data/weights/<model>_weights_config.json`` /
+  ``data/constants/<model>_constants_config.json``. The graph itself is JSON
+  (``models/<model>.json``).
 * Pickles are still read, and **not** safely:
 
-  - ``_package._load_state_dict`` / ``_load_constants``: an entry whose config says ``"use_pickle": true``
-    (tensor subclasses) is read with ``torch.load(io.BytesIO(...), weights_only=False)`` -- the full,
-    code-executing unpickler; legacy ``data/weights/<model>.pt`` / ``data/constants/<model>.pt`` go to
+  - ``_package._load_state_dict`` / ``_load_constants``: an entry whose config says
+    ``"use_pickle": true`` (tensor subclasses) is read with
+    ``torch.load(io.BytesIO(...), weights_only=False)`` -- the full, code-executing unpickler;
+    legacy ``data/weights/<model>.pt`` / ``data/constants/<model>.pt`` go to
     ``deserialize_torch_artifact`` (below).
   - ``_package._load_constants``: ``data/constants/opaque_obj_N`` -> plain ``pickle.loads``;
-    ``data/constants/custom_obj_N`` -> ``torch._C._pickle_load_obj`` (TorchScript/torchbind unpickler).
-  - ``serialize.deserialize_torch_artifact`` (used for ``data/sample_inputs/<model>.pt``, which every
-    genuine archive contains as a nested ``torch.save`` zip): tries ``torch.load(weights_only=True)`` and,
-    on **any** exception, retries with ``torch.load(weights_only=False)``. So a malicious sample-inputs
-    pickle is refused by the weights-only unpickler and then executed by the fallback.
-  - ``torch.load(weights_only=False)`` on a zip that looks like TorchScript dispatches to ``torch.jit.load``.
+    ``data/constants/custom_obj_N`` -> ``torch._C._pickle_load_obj`` (TorchScript/torchbind
+    unpickler).
+  - ``serialize.deserialize_torch_artifact`` (used for ``data/sample_inputs/<model>.pt``, which
+    every genuine archive contains as a nested ``torch.save`` zip): tries
+    ``torch.load(weights_only=True)`` and, on **any** exception, retries with
+    ``torch.load(weights_only=False)``. So a malicious sample-inputs pickle is refused by the
+    weights-only unpickler and then executed by the fallback.
+  - ``torch.load(weights_only=False)`` on a zip that looks like TorchScript dispatches to
+    ``torch.jit.load``.
   - ``load_pt2`` loads an AOTInductor package (``data/aotinductor/<model>/...``, a compiled shared
     library) whenever such members exist: native code from the file.
 * Not pickle, but code from the file all the same:
 
-  - ``serialize.GraphModuleDeserializer._parse_sym_expr`` passes every ``expr_str`` string of the JSON to
-    ``sympy.sympify``, which ``eval``\\ s it: ``"__import__('os').system(...)"`` runs during
+  - ``serialize.GraphModuleDeserializer._parse_sym_expr`` passes every ``expr_str`` string of the
+    JSON to ``sympy.sympify``, which ``eval``\\ s it: ``"__import__('os').system(...)"`` runs during
     ``torch.export.load`` (verified with torch 2.13 / sympy 1.14).
   - ``guards_code`` strings from the JSON are pasted into Python source and ``exec``\\ d by
     ``torch/export/_unlift.py:_convert_guards_code_to_fn`` when ``ep.module()`` is built; the guard
     expressions then run on every call of that module.
   - ``call_function`` targets are looked up by dotted name from ``torch``/``operator``/``math`` (so
-    ``"torch.os.system"`` resolves); the ``torch._export.verifier.Verifier`` run by ``ExportedProgram``
-    rejects non-operator targets, and :func:`load_exported_program` re-checks this.
+    ``"torch.os.system"`` resolves); the ``torch._export.verifier.Verifier`` run by
+    ``ExportedProgram`` rejects non-operator targets, and :func:`load_exported_program` re-checks
+    this.
 
 What this module does about it
 ==============================
 
-1. :func:`inspect_pt2_archive` examines the raw bytes before torch sees them: zip structure and limits,
-   member names, that every member torch would unpickle is a pickle (or a nested ``torch.save`` zip whose
-   ``data.pkl`` is) referencing only :data:`ALLOWED_GLOBALS` with data-only opcodes, no opaque/torchbind
-   objects, no AOTInductor payload, and that every ``expr_str`` / ``guards_code`` string is a plain
-   arithmetic expression over an allowlist of names.
+1. :func:`inspect_pt2_archive` examines the raw bytes before torch sees them: zip structure and
+   limits, member names, that every member torch would unpickle is a pickle (or a nested
+   ``torch.save`` zip whose ``data.pkl`` is) referencing only :data:`ALLOWED_GLOBALS` with data-only
+   opcodes, no opaque/torchbind objects, no AOTInductor payload, and that every ``expr_str`` /
+   ``guards_code`` string is a plain arithmetic expression over an allowlist of names.
 2. :func:`load_exported_program` runs the inspection and then calls ``torch.export.load`` inside
    :func:`_hardened_torch_loading`, which for the duration of the call forces ``torch.load`` to
-   ``weights_only=True`` (so the ``weights_only=False`` call sites and the fallback above reach only the
-   weights-only unpickler), makes ``pickle.loads`` in ``_package`` / ``torch._C._pickle_load_obj`` /
-   ``torch.jit.load`` / AOTInductor loading raise, and re-validates every string handed to
-   ``sympy.sympify`` by the deserializer. So if the scanner had a gap, torch's weights-only unpickler is a
-   second barrier for pickles (the tests check both layers separately). The patches are process-wide
-   while a load runs (loads are serialized by a lock); other threads' ``torch.load`` calls in that
-   window are weights-only too.
+   ``weights_only=True`` (so the ``weights_only=False`` call sites and the fallback above reach only
+   the weights-only unpickler), makes ``pickle.loads`` in ``_package`` /
+   ``torch._C._pickle_load_obj`` / ``torch.jit.load`` / AOTInductor loading raise, and re-validates
+   every string handed to ``sympy.sympify`` by the deserializer. So if the scanner had a gap,
+   torch's weights-only unpickler is a second barrier for pickles (the tests check both layers
+   separately). The patches are process-wide while a load runs (loads are serialized by a lock);
+   other threads' ``torch.load`` calls in that window are weights-only too.
 
-``tests/test_pt2_safety.py`` shows plain ``torch.export.load`` executing payloads through the
-sample-inputs fallback, a ``use_pickle`` weight, an opaque constant and an ``expr_str``, and the same files
-being refused here -- with and without the scanner.
+``tests/compiler/test_pt2_safety.py`` shows plain ``torch.export.load`` executing payloads through
+the sample-inputs fallback, a ``use_pickle`` weight, an opaque constant and an ``expr_str``, and the
+same files being refused here -- with and without the scanner.
 
 Error codes (all :class:`~compiler.errors.ModelError`)
 ------------------------------------------------------
 ``bad_pt2`` not a zip / corrupt / malformed pickle or JSON / torch failed to load it;
 ``pt2_truncated`` the archive is cut short; ``pt2_too_large`` sizes over the limits or a zip bomb;
-``pt2_too_many_members``; ``pt2_bad_member_name`` absolute path, ``..``, duplicate or otherwise unsafe
-member name; ``pt2_symlink``; ``unsafe_pickle`` a pickle that references a global outside the allowlist or
-uses a non-data opcode; ``unsafe_pt2`` code-bearing content that is not a pickle (AOTInductor library,
-TorchScript, executable expressions in the JSON).
+``pt2_too_many_members``; ``pt2_bad_member_name`` absolute path, ``..``, duplicate or otherwise
+unsafe member name; ``pt2_symlink``; ``unsafe_pickle`` a pickle that references a global outside the
+allowlist or uses a non-data opcode; ``unsafe_pt2`` code-bearing content that is not a pickle
+(AOTInductor library, TorchScript, executable expressions in the JSON).
 
 Residual trust: ``torch._C.PyTorchFileReader`` (miniz) still parses the zip, and the weights-only
-unpickler and JSON deserializer still run on the (checked) content; attribute look-ups of dotted operator
-names may import torch submodules (torch's own code).
+unpickler and JSON deserializer still run on the (checked) content; attribute look-ups of dotted
+operator names may import torch submodules (torch's own code).
 """
 from __future__ import annotations
 
@@ -83,6 +90,7 @@ import io
 import json
 import logging
 import os
+import pickle
 import pickletools
 import re
 import stat
@@ -143,12 +151,13 @@ _STORAGE_TYPES = (
     "LongStorage", "ShortStorage",
 )  # fmt: skip
 
-#: ``(module, name)`` pairs a pickle may reference. Derived from genuine ``torch.export.save`` archives
-#: (the only pickle is the ``torch.save`` of the example inputs): tensors are ``_rebuild_tensor_v2`` over
-#: a typed storage class with an ``OrderedDict`` of backward hooks; ``_rebuild_parameter`` covers
-#: ``nn.Parameter`` example inputs. Every entry is also allowed by torch's own weights-only unpickler
-#: (``torch/_weights_only_unpickler.py:_get_allowed_globals``); quantized storages, layouts, devices,
-#: tensor subclasses and ``_rebuild_from_type_v2`` are deliberately left out.
+#: ``(module, name)`` pairs a pickle may reference. Derived from genuine ``torch.export.save``
+#: archives (the only pickle is the ``torch.save`` of the example inputs): tensors are
+#: ``_rebuild_tensor_v2`` over a typed storage class with an ``OrderedDict`` of backward hooks;
+#: ``_rebuild_parameter`` covers ``nn.Parameter`` example inputs. Every entry is also allowed by
+#: torch's own weights-only unpickler (``torch/_weights_only_unpickler.py:_get_allowed_globals``);
+#: quantized storages, layouts, devices, tensor subclasses and ``_rebuild_from_type_v2`` are
+#: deliberately left out.
 ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     {
         ("torch._utils", "_rebuild_tensor_v2"),
@@ -158,8 +167,9 @@ ALLOWED_GLOBALS: frozenset[tuple[str, str]] = frozenset(
     | {("torch", name) for name in _STORAGE_TYPES}
 )
 
-# Opcodes that only build data (plus GLOBAL/STACK_GLOBAL, checked against ALLOWED_GLOBALS, REDUCE, which
-# can then only call allowlisted callables, and BINPERSID, which torch's loader resolves to a storage).
+# Opcodes that only build data (plus GLOBAL/STACK_GLOBAL, checked against ALLOWED_GLOBALS, REDUCE,
+# which can then only call allowlisted callables, and BINPERSID, which torch's loader resolves to a
+# storage).
 _ALLOWED_OPCODES = frozenset(
     """PROTO FRAME STOP MARK POP POP_MARK DUP PUT BINPUT LONG_BINPUT MEMOIZE GET BINGET LONG_BINGET
     NONE NEWTRUE NEWFALSE INT BININT BININT1 BININT2 LONG LONG1 LONG4 FLOAT BINFLOAT
@@ -182,7 +192,15 @@ _OPCODE_REASONS = {
     "READONLY_BUFFER": "uses out-of-band buffers",
 }
 _STRING_OPCODES = frozenset(
-    {"STRING", "BINSTRING", "SHORT_BINSTRING", "UNICODE", "BINUNICODE", "SHORT_BINUNICODE", "BINUNICODE8"}
+    {
+        "STRING",
+        "BINSTRING",
+        "SHORT_BINSTRING",
+        "UNICODE",
+        "BINUNICODE",
+        "SHORT_BINUNICODE",
+        "BINUNICODE8",
+    }
 )
 _PUT_OPCODES = frozenset({"PUT", "BINPUT", "LONG_BINPUT"})
 _GET_OPCODES = frozenset({"GET", "BINGET", "LONG_BINGET"})
@@ -192,7 +210,7 @@ _EMPTY_ZIP_MAGIC = b"PK\x05\x06"
 _SAFE_PATH_NAME = re.compile(r"[A-Za-z0-9_.\-]+")
 _MEMBER_NAME_OK = re.compile(r"[^\x00-\x1f\x7f\\:]+")
 
-# --------------------------------------------------------------------------------------------- report
+# ------------------------------------------------------------------------------------------- report
 
 
 @dataclass(frozen=True)
@@ -218,8 +236,8 @@ class PickleScan:
 class Pt2ArchiveReport:
     """What :func:`inspect_pt2_archive` found in an archive it accepted.
 
-    ``members`` lists the outer archive's members; ``pickles_scanned`` names every pickle stream that
-    was scanned (``outer!inner`` for a ``data.pkl`` inside a nested ``torch.save`` zip);
+    ``members`` lists the outer archive's members; ``pickles_scanned`` names every pickle stream
+    that was scanned (``outer!inner`` for a ``data.pkl`` inside a nested ``torch.save`` zip);
     ``globals_seen`` is every ``module.name`` those pickles reference (always within
     :data:`ALLOWED_GLOBALS`).
     """
@@ -237,7 +255,7 @@ class Pt2ArchiveReport:
         return tuple(m.name for m in self.members)
 
 
-# ------------------------------------------------------------------------------------ pickle scanning
+# ---------------------------------------------------------------------------------- pickle scanning
 
 
 class _Mark:
@@ -259,8 +277,8 @@ class _MalformedPickle(Exception):
 def _unsafe(member: str, what: str) -> ModelError:
     return ModelError(
         "unsafe_pickle",
-        f"refusing .pt2 file: pickle member {member!r} {what}; TuneHub only accepts pickles of plain "
-        "tensors, as torch.export.save writes them",
+        f"refusing .pt2 file: pickle member {member!r} {what}; TuneHub only accepts pickles of "
+        "plain tensors, as torch.export.save writes them",
     )
 
 
@@ -274,7 +292,8 @@ def _scan_one_pickle(stream: IO[bytes], member: str, seen: set[str]) -> None:
     """Walk one pickle (up to STOP) with a symbolic stack; raise on forbidden content.
 
     Forbidden globals/opcodes raise ``ModelError('unsafe_pickle')`` as soon as they are reached (the
-    real unpickler would act on them in the same order); anything malformed raises ``_MalformedPickle``.
+    real unpickler would act on them in the same order); anything malformed raises
+    ``_MalformedPickle``.
     """
     stack: list[object] = []
     memo: dict[int, object] = {}
@@ -350,12 +369,12 @@ def scan_pickle(data: bytes, *, member: str = "<pickle>", strict: bool = True) -
     pushes and memo gets that precede it) must be in :data:`ALLOWED_GLOBALS`, and only data-building
     opcodes may appear. ``strict`` (for members torch unpickles): ``data`` must be exactly one
     well-formed pickle -- the legacy multi-pickle ``torch.save`` format is refused. Non-strict (for
-    members torch never unpickles but that look like pickles): up to 5 consecutive pickles are walked
-    until one turns out malformed.
+    members torch never unpickles but that look like pickles): up to 5 consecutive pickles are
+    walked until one turns out malformed.
 
-    Raises ``ModelError('unsafe_pickle')`` for forbidden content -- also when it precedes a malformed
-    part, since an unpickler acts on opcodes in order -- and, if ``strict``, ``ModelError('bad_pt2')``
-    for malformed data or bytes after the pickle's STOP.
+    Raises ``ModelError('unsafe_pickle')`` for forbidden content -- also when it precedes a
+    malformed part, since an unpickler acts on opcodes in order -- and, if ``strict``,
+    ``ModelError('bad_pt2')`` for malformed data or bytes after the pickle's STOP.
     """
     stream = io.BytesIO(data)
     seen: set[str] = set()
@@ -374,8 +393,9 @@ def scan_pickle(data: bytes, *, member: str = "<pickle>", strict: bool = True) -
     if strict and stream.tell() < len(data):
         raise ModelError(
             "bad_pt2",
-            f"malformed pickle in .pt2 member {member!r}: {len(data) - stream.tell()} bytes follow the "
-            "pickle (the legacy torch.save format is not supported; torch.export.save never writes it)",
+            f"malformed pickle in .pt2 member {member!r}: {len(data) - stream.tell()} bytes follow "
+            "the pickle (the legacy torch.save format is not supported; torch.export.save never "
+            "writes it)",
         )
     return PickleScan(member=member, pickles=count, globals=tuple(sorted(seen)))
 
@@ -384,7 +404,7 @@ def _looks_like_pickle(head: bytes) -> bool:
     return len(head) >= 2 and head[0] == 0x80 and 1 <= head[1] <= 5
 
 
-# ------------------------------------------------------------------------- expression validation (JSON)
+# --------------------------------------------------------------------- expression validation (JSON)
 
 _SYMPY_CALLABLES = frozenset(
     """Symbol Integer Float Rational Add Mul Pow Max Min Mod Abs floor ceiling Equality Unequality
@@ -445,11 +465,13 @@ def _parse_expression(text: object, what: str) -> ast.Expression:
 
 
 def validate_sympy_expr(text: object, what: str = "expr_str") -> None:
-    """Accept only what ``sympy.srepr`` writes for shape expressions; raise ``ModelError('unsafe_pt2')``.
+    """Accept only what ``sympy.srepr`` writes for shape expressions; raise
+    ``ModelError('unsafe_pt2')``.
 
-    ``torch._export.serde.serialize`` hands these strings to ``sympy.sympify`` (i.e. ``eval``). Allowed:
-    calls of an allowlisted sympy/torch-sympy class, numbers, a few named constants, unary/binary
-    arithmetic, and string literals only as the name of ``Symbol(...)`` or the digits of ``Float(...)``.
+    ``torch._export.serde.serialize`` hands these strings to ``sympy.sympify`` (i.e. ``eval``).
+    Allowed: calls of an allowlisted sympy/torch-sympy class, numbers, a few named constants,
+    unary/binary arithmetic, and string literals only as the name of ``Symbol(...)`` or the digits
+    of ``Float(...)``.
     """
     tree = _parse_expression(text, what)
     assert isinstance(text, str)
@@ -492,12 +514,13 @@ def validate_sympy_expr(text: object, what: str = "expr_str") -> None:
 
 
 def validate_guard_code(text: object, what: str = "guards_code entry") -> None:
-    """Accept only shape-guard expressions like ``L['x'].size()[0] <= 64``; raise ``ModelError('unsafe_pt2')``.
+    """Accept only shape-guard expressions like ``L['x'].size()[0] <= 64``; raise
+    ``ModelError('unsafe_pt2')``.
 
-    ``torch/export/_unlift.py:_convert_guards_code_to_fn`` pastes these strings into Python source and
-    ``exec``\\ s it. Allowed: comparisons, boolean/arithmetic operators, numbers, quote-free identifier
-    strings, subscripts by constants, ``.size()``-style tensor attributes, and a fixed set of ``math``,
-    ``torch.sym_*`` and builtin numeric functions.
+    ``torch/export/_unlift.py:_convert_guards_code_to_fn`` pastes these strings into Python source
+    and ``exec``\\ s it. Allowed: comparisons, boolean/arithmetic operators, numbers, quote-free
+    identifier strings, subscripts by constants, ``.size()``-style tensor attributes, and a fixed
+    set of ``math``, ``torch.sym_*`` and builtin numeric functions.
     """
     if isinstance(text, str) and any(c in text for c in "\n\r\"\\"):
         raise _expr_error(what, text, "contains a newline, double quote or backslash")
@@ -590,7 +613,7 @@ def _validate_model_json(data: bytes, member: str) -> None:
             pending.extend(v for v in node if isinstance(v, (dict, list)))
 
 
-# ----------------------------------------------------------------------------------- archive scanning
+# --------------------------------------------------------------------------------- archive scanning
 
 
 @dataclass
@@ -611,7 +634,9 @@ def _open_source(data: bytes | bytearray | memoryview | str | os.PathLike[str] |
         try:
             return open(path, "rb"), os.path.basename(path), True
         except OSError as exc:
-            raise ModelError("bad_pt2", f"cannot read .pt2 file {os.path.basename(path)!r}: {exc.strerror}") from None
+            raise ModelError(
+                "bad_pt2", f"cannot read .pt2 file {os.path.basename(path)!r}: {exc.strerror}"
+            ) from None
     if hasattr(data, "read") and hasattr(data, "seek"):
         name = getattr(data, "name", None)
         return data, os.path.basename(name) if isinstance(name, str) else "<upload>", False
@@ -619,12 +644,15 @@ def _open_source(data: bytes | bytearray | memoryview | str | os.PathLike[str] |
 
 
 def _looks_truncated(fh: BinaryIO) -> bool:
-    """A plausible local file header at offset 0 but no central directory: the file was cut short."""
+    """A plausible local file header at offset 0 but no central directory: the file was cut
+    short."""
     fh.seek(0)
     header = fh.read(30)
     if len(header) < 30:
         return True
-    _sig, _ver, _flags, method, _t, _d, _crc, _cs, _us, name_len, _xl = struct.unpack("<4s5H3L2H", header)
+    _sig, _ver, _flags, method, _t, _d, _crc, _cs, _us, name_len, _xl = struct.unpack(
+        "<4s5H3L2H", header
+    )
     if method not in (0, 8) or not 0 < name_len <= 4096:
         return False
     name = fh.read(name_len)
@@ -652,7 +680,8 @@ def _central_directory_shift(fh: BinaryIO) -> int | None:
     tail_start = max(0, size - _END_RECORD.size - _MAX_COMMENT)
     fh.seek(tail_start)
     tail = fh.read()
-    at = len(tail) - _END_RECORD.size  # no archive comment (torch writes none), as zipfile tries first
+    # no archive comment (torch writes none), as zipfile tries first
+    at = len(tail) - _END_RECORD.size
     if at < 0 or tail[at:at + 4] != _EMPTY_ZIP_MAGIC or tail[-2:] != b"\0\0":
         at = tail.rfind(_EMPTY_ZIP_MAGIC)
     if at < 0 or len(tail) - at < _END_RECORD.size:
@@ -684,8 +713,8 @@ def _check_central_directory_offset(fh: BinaryIO, label: str) -> None:
     if _central_directory_shift(fh) not in (0, None):
         raise ModelError(
             "bad_pt2",
-            f"{label} is not a well-formed zip archive: its central directory offsets are inconsistent "
-            "(extra data before or inside the archive)",
+            f"{label} is not a well-formed zip archive: its central directory offsets are "
+            "inconsistent (extra data before or inside the archive)",
         )
 
 
@@ -693,7 +722,9 @@ def _open_zip(fh: BinaryIO, label: str) -> zipfile.ZipFile:
     fh.seek(0)
     magic = fh.read(4)
     if magic == _EMPTY_ZIP_MAGIC:
-        raise ModelError("bad_pt2", f"{label} is an empty zip archive, not a torch.export.save file")
+        raise ModelError(
+            "bad_pt2", f"{label} is an empty zip archive, not a torch.export.save file"
+        )
     if magic != _ZIP_MAGIC:
         raise ModelError(
             "bad_pt2",
@@ -704,7 +735,14 @@ def _open_zip(fh: BinaryIO, label: str) -> zipfile.ZipFile:
     fh.seek(0)
     try:
         zf = zipfile.ZipFile(fh, "r")
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, OSError, ValueError, struct.error) as exc:
+    except (
+        zipfile.BadZipFile,
+        zipfile.LargeZipFile,
+        EOFError,
+        OSError,
+        ValueError,
+        struct.error,
+    ) as exc:
         if _looks_truncated(fh):
             raise ModelError(
                 "pt2_truncated",
@@ -712,7 +750,8 @@ def _open_zip(fh: BinaryIO, label: str) -> zipfile.ZipFile:
                 "(incomplete upload or copy?); upload the complete file",
             ) from None
         raise ModelError(
-            "bad_pt2", f"{label} is corrupt: it starts like a zip archive but cannot be read as one ({exc})"
+            "bad_pt2",
+            f"{label} is corrupt: it starts like a zip archive but cannot be read as one ({exc})",
         ) from None
     return zf
 
@@ -725,7 +764,8 @@ def _check_member_headers(
     if budget.members_left < 0:
         raise ModelError(
             "pt2_too_many_members",
-            f"{label} has too many members ({len(infos)}; the limit is {budget.max_members} in total)",
+            f"{label} has too many members ({len(infos)}; the limit is {budget.max_members} in "
+            "total)",
         )
     seen_names: set[str] = set()
     total = 0
@@ -748,16 +788,20 @@ def _check_member_headers(
             )
         if not name.isascii() and not info.flag_bits & 0x800:
             raise ModelError(
-                "pt2_bad_member_name", f"{label}: member name {shown!r} is not ASCII and not marked UTF-8"
+                "pt2_bad_member_name",
+                f"{label}: member name {shown!r} is not ASCII and not marked UTF-8",
             )
         if name in seen_names:
             raise ModelError(
-                "pt2_bad_member_name", f"{label} contains the member {shown!r} twice (ambiguous archive)"
+                "pt2_bad_member_name",
+                f"{label} contains the member {shown!r} twice (ambiguous archive)",
             )
         seen_names.add(name)
         mode = info.external_attr >> 16
         if info.create_system == 3 and stat.S_ISLNK(mode):
-            raise ModelError("pt2_symlink", f"{label} contains a symbolic link {shown!r}; links are not allowed")
+            raise ModelError(
+                "pt2_symlink", f"{label} contains a symbolic link {shown!r}; links are not allowed"
+            )
         if info.flag_bits & 0x1:
             raise ModelError("bad_pt2", f"{label}: member {shown!r} is encrypted")
         if info.compress_type not in (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED):
@@ -777,8 +821,9 @@ def _check_member_headers(
         ):
             raise ModelError(
                 "pt2_too_large",
-                f"{label}: member {shown!r} expands {info.file_size // max(info.compress_size, 1)}:1 "
-                f"({info.compress_size} -> {info.file_size} bytes); refusing a likely zip bomb",
+                f"{label}: member {shown!r} expands "
+                f"{info.file_size // max(info.compress_size, 1)}:1 ({info.compress_size} -> "
+                f"{info.file_size} bytes); refusing a likely zip bomb",
             )
         total += info.file_size
     budget.bytes_left -= total
@@ -790,10 +835,14 @@ def _check_member_headers(
         )
     ordered = sorted(infos, key=lambda i: i.header_offset)
     for prev, cur in zip(ordered, ordered[1:]):
-        if cur.header_offset < prev.header_offset + 30 + len(prev.orig_filename.encode()) + prev.compress_size:
+        if (
+            cur.header_offset
+            < prev.header_offset + 30 + len(prev.orig_filename.encode()) + prev.compress_size
+        ):
             raise ModelError(
                 "pt2_too_large",
-                f"{label}: members {prev.filename!r} and {cur.filename!r} overlap (zip bomb construction)",
+                f"{label}: members {prev.filename!r} and {cur.filename!r} overlap (zip bomb "
+                "construction)",
             )
     return infos
 
@@ -816,15 +865,23 @@ def _member_chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) -> It
     """
     fp = zf.fp
     if fp is None:
-        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file cannot be read (archive closed)")
+        raise ModelError(
+            "bad_pt2", f"member {shown!r} of the .pt2 file cannot be read (archive closed)"
+        )
     fp.seek(info.header_offset)
     header = fp.read(_LOCAL_HEADER.size)
     if len(header) < _LOCAL_HEADER.size:
-        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (local header cut short)")
-    sig, _ver, flags, method, _t, _d, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(header)
+        raise ModelError(
+            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (local header cut short)"
+        )
+    sig, _ver, flags, method, _t, _d, crc, csize, usize, name_len, extra_len = _LOCAL_HEADER.unpack(
+        header
+    )
     if sig != _ZIP_MAGIC or method != info.compress_type:
         raise ModelError(
-            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (local header disagrees with the directory)"
+            "bad_pt2",
+            f"member {shown!r} of the .pt2 file is corrupt (local header disagrees with the "
+            "directory)",
         )
     if not flags & _DATA_DESCRIPTOR_FLAG and (
         crc != info.CRC
@@ -845,7 +902,9 @@ def _member_chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) -> It
     encoding = "utf-8" if info.flag_bits & 0x800 else "cp437"
     if fp.read(name_len) != info.orig_filename.encode(encoding, "replace"):
         raise ModelError(
-            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (file name in directory and header differ)"
+            "bad_pt2",
+            f"member {shown!r} of the .pt2 file is corrupt (file name in directory and header "
+            "differ)",
         )
     fp.seek(info.header_offset + _LOCAL_HEADER.size + name_len + extra_len)
     left = info.compress_size
@@ -865,12 +924,15 @@ def _member_chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) -> It
                 if decompressor.eof:
                     raise ModelError(
                         "pt2_too_large",
-                        f"member {shown!r}: its compressed data ends before its declared compressed size",
+                        f"member {shown!r}: its compressed data ends before its declared "
+                        "compressed size",
                     )
                 try:  # bounded: never more than one byte past what the header declares
                     chunk = decompressor.decompress(pending, info.file_size - produced + 1)
                 except zlib.error as exc:
-                    raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})") from None
+                    raise ModelError(
+                        "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})"
+                    ) from None
                 pending = decompressor.unconsumed_tail
             produced += len(chunk)
             if produced > info.file_size:
@@ -888,7 +950,8 @@ def _member_chunks(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) -> It
         )
     if produced != info.file_size:
         raise ModelError(
-            "pt2_too_large", f"member {shown!r} decompresses to {produced} bytes, not its declared {info.file_size}"
+            "pt2_too_large",
+            f"member {shown!r} decompresses to {produced} bytes, not its declared {info.file_size}",
         )
     if checksum != info.CRC:
         raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt (bad CRC-32)")
@@ -904,7 +967,9 @@ def _read_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str, keep: b
     except ModelError:
         raise
     except (OSError, ValueError, EOFError, struct.error) as exc:
-        raise ModelError("bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})") from None
+        raise ModelError(
+            "bad_pt2", f"member {shown!r} of the .pt2 file is corrupt ({exc})"
+        ) from None
     return b"".join(chunks)
 
 
@@ -919,22 +984,34 @@ def _load_json_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) ->
 def _payload_members(
     config: Any, shown: str, directory: str
 ) -> tuple[set[str], set[str]]:
-    """(raw tensor members, members torch would unpickle) referenced by a weights/constants config."""
+    """(raw tensor members, members torch would unpickle) referenced by a weights/constants
+    config."""
     entries = config.get("config") if isinstance(config, dict) else None
     if not isinstance(entries, dict):
-        raise ModelError("bad_pt2", f"malformed .pt2 member {shown!r}: expected {{'config': {{...}}}}")
+        raise ModelError(
+            "bad_pt2", f"malformed .pt2 member {shown!r}: expected {{'config': {{...}}}}"
+        )
     raw: set[str] = set()
     pickled: set[str] = set()
     for fqn, meta in entries.items():
         path_name = meta.get("path_name") if isinstance(meta, dict) else None
-        if not isinstance(path_name, str) or not _SAFE_PATH_NAME.fullmatch(path_name) or path_name in (".", ".."):
+        if (
+            not isinstance(path_name, str)
+            or not _SAFE_PATH_NAME.fullmatch(path_name)
+            or path_name in (".", "..")
+        ):
             raise ModelError(
-                "pt2_bad_member_name", f"{shown}: entry {fqn!r} has an unsafe path_name {path_name!r}"
+                "pt2_bad_member_name",
+                f"{shown}: entry {fqn!r} has an unsafe path_name {path_name!r}",
             )
         if directory == CONSTANTS_DIR and path_name.startswith(
             (CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)
         ):
-            kind = "TorchScript/torchbind" if path_name.startswith(CUSTOM_OBJ_FILENAME_PREFIX) else "opaque Python"
+            kind = (
+                "TorchScript/torchbind"
+                if path_name.startswith(CUSTOM_OBJ_FILENAME_PREFIX)
+                else "opaque Python"
+            )
             raise _unsafe(
                 directory + path_name,
                 f"holds a {kind} object for constant {fqn!r}, which torch would unpickle without "
@@ -958,7 +1035,9 @@ def _scan_payload(
         _inspect_torch_save_zip(data, shown, budget, depth + 1, scans)
         return "torch_save_zip"
     if len(data) > 262 and data[257:262] == b"ustar":
-        raise _unsafe(shown, "is a legacy tar-format torch.save file, whose inner pickles torch would load")
+        raise _unsafe(
+            shown, "is a legacy tar-format torch.save file, whose inner pickles torch would load"
+        )
     if required or _looks_like_pickle(data[:2]):
         scans.append(scan_pickle(data, member=shown, strict=required))
         return "pickle"
@@ -975,16 +1054,19 @@ def _split_root(infos: list[zipfile.ZipInfo], label: str) -> tuple[str, dict[str
         if not sep or head != root:
             raise ModelError(
                 "pt2_bad_member_name",
-                f"{label}: member {info.filename!r} is not inside the archive folder {root + '/'!r} "
-                "like every member torch writes",
+                f"{label}: member {info.filename!r} is not inside the archive folder "
+                f"{root + '/'!r} like every member torch writes",
             )
         if rel:
             by_rel[rel] = info
     return root, by_rel
 
 
-def _inspect_torch_save_zip(data: bytes, label: str, budget: _Budget, depth: int, scans: list[PickleScan]) -> None:
-    """A nested ``torch.save`` zip (e.g. the example inputs): scan its ``data.pkl``; refuse TorchScript."""
+def _inspect_torch_save_zip(
+    data: bytes, label: str, budget: _Budget, depth: int, scans: list[PickleScan]
+) -> None:
+    """A nested ``torch.save`` zip (e.g. the example inputs): scan its ``data.pkl``; refuse
+    TorchScript."""
     zf = _open_zip(io.BytesIO(data), f"nested archive {label!r}")
     with zf:
         infos = _check_member_headers(zf, f"nested archive {label!r}", budget, f"{label}!")
@@ -997,8 +1079,8 @@ def _inspect_torch_save_zip(data: bytes, label: str, budget: _Budget, depth: int
             if rel == "constants.pkl" or rel.startswith("code/"):
                 raise ModelError(
                     "unsafe_pt2",
-                    f"refusing .pt2 file: {label!r} is a TorchScript archive ({info.filename}), which "
-                    "torch.load would hand to torch.jit.load",
+                    f"refusing .pt2 file: {label!r} is a TorchScript archive ({info.filename}), "
+                    "which torch.load would hand to torch.jit.load",
                 )
             if info.is_dir():
                 continue
@@ -1008,7 +1090,9 @@ def _inspect_torch_save_zip(data: bytes, label: str, budget: _Budget, depth: int
                 _scan_payload(content, shown, rel.endswith(".pkl"), budget, depth, scans)
 
 
-def _inspect_fileobj(fh: BinaryIO, label: str, max_uncompressed_bytes: int, max_members: int) -> Pt2ArchiveReport:
+def _inspect_fileobj(
+    fh: BinaryIO, label: str, max_uncompressed_bytes: int, max_members: int
+) -> Pt2ArchiveReport:
     budget = _Budget(max_uncompressed_bytes, max_members, max_uncompressed_bytes, max_members)
     zf = _open_zip(fh, label)
     with zf:
@@ -1018,7 +1102,11 @@ def _inspect_fileobj(fh: BinaryIO, label: str, max_uncompressed_bytes: int, max_
         root, by_rel = _split_root(infos, label)
 
         fmt = by_rel.get(ARCHIVE_FORMAT_PATH)
-        if fmt is None or _read_member(zf, fmt, fmt.filename, keep=True).strip() != ARCHIVE_FORMAT_VALUE.encode():
+        if (
+            fmt is None
+            or _read_member(zf, fmt, fmt.filename, keep=True).strip()
+            != ARCHIVE_FORMAT_VALUE.encode()
+        ):
             raise ModelError(
                 "bad_pt2",
                 f"{label} is a zip archive but not a torch.export.save .pt2 file "
@@ -1028,13 +1116,18 @@ def _inspect_fileobj(fh: BinaryIO, label: str, max_uncompressed_bytes: int, max_
             if rel.startswith((AOTINDUCTOR_DIR, EXECUTORCH_DIR)):
                 raise ModelError(
                     "unsafe_pt2",
-                    f"refusing .pt2 file: it contains compiled native code ({info.filename}); torch would "
-                    "load the AOTInductor library from the archive. Upload the plain torch.export.save output",
+                    f"refusing .pt2 file: it contains compiled native code ({info.filename}); "
+                    "torch would load the AOTInductor library from the archive. Upload the plain "
+                    "torch.export.save output",
                 )
             if rel.startswith(CONSTANTS_DIR) and rel[len(CONSTANTS_DIR):].startswith(
                 (CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)
             ):
-                raise _unsafe(info.filename, "is a non-tensor constant object, which torch would unpickle without restrictions")
+                raise _unsafe(
+                    info.filename,
+                    "is a non-tensor constant object, which torch would unpickle without "
+                    "restrictions",
+                )
 
         raw: set[str] = set()
         pickled: set[str] = set()
@@ -1047,13 +1140,17 @@ def _inspect_fileobj(fh: BinaryIO, label: str, max_uncompressed_bytes: int, max_
                 else None
             )  # fmt: skip
             if config_dir is not None:
-                cfg_raw, cfg_pickled = _payload_members(_load_json_member(zf, info, info.filename), info.filename, config_dir)
+                cfg_raw, cfg_pickled = _payload_members(
+                    _load_json_member(zf, info, info.filename), info.filename, config_dir
+                )
                 raw |= cfg_raw
                 pickled |= cfg_pickled
                 json_members.add(rel)
             elif rel.startswith(MODELS_DIR) and not info.is_dir():
                 # torch deserializes *every* member under models/ as a program (whatever its suffix)
-                _validate_model_json(_read_member(zf, info, info.filename, keep=True), info.filename)
+                _validate_model_json(
+                    _read_member(zf, info, info.filename, keep=True), info.filename
+                )
                 models.append(rel[len(MODELS_DIR) :].removesuffix(".json"))
                 json_members.add(rel)
         raw -= pickled  # a member some entry says torch unpickles is scanned, whatever else it is
@@ -1096,19 +1193,20 @@ def inspect_pt2_archive(
     """Check an untrusted ``.pt2`` archive without importing or running anything from it.
 
     ``data`` is the file's bytes, its path, or a seekable binary file object (left open, position
-    undefined afterwards); messages call it ``display_name`` (default: its file name). Nothing in the
-    archive is unpickled, ``eval``\\ ed or imported; torch is not
+    undefined afterwards); messages call it ``display_name`` (default: its file name). Nothing in
+    the archive is unpickled, ``eval``\\ ed or imported; torch is not
     imported.
 
-    Promises, when it returns: the file is a well-formed zip (no data before/inside it, no duplicate or
-    overlapping members, only stored/deflated unencrypted members, CRCs valid) with at most
+    Promises, when it returns: the file is a well-formed zip (no data before/inside it, no duplicate
+    or overlapping members, only stored/deflated unencrypted members, CRCs valid) with at most
     ``max_members`` members (nested ``torch.save`` zips included) that decompress to at most
     ``max_uncompressed_bytes`` in total, all under one top folder, with safe relative names and no
-    symlinks; it is a ``torch.export.save`` archive (``archive_format`` is ``pt2``) without AOTInductor /
-    ExecuTorch payloads or non-tensor constants; every member torch could unpickle (sample inputs,
-    ``use_pickle`` payloads, ``*.pt``/``*.pkl``, anything that looks like a pickle, the ``data.pkl`` of
-    nested ``torch.save`` zips) references only :data:`ALLOWED_GLOBALS` with data-only opcodes; and every
-    ``expr_str`` / ``guards_code`` string in ``models/*.json`` is a plain symbolic-shape expression.
+    symlinks; it is a ``torch.export.save`` archive (``archive_format`` is ``pt2``) without
+    AOTInductor / ExecuTorch payloads or non-tensor constants; every member torch could unpickle
+    (sample inputs, ``use_pickle`` payloads, ``*.pt``/``*.pkl``, anything that looks like a pickle,
+    the ``data.pkl`` of nested ``torch.save`` zips) references only :data:`ALLOWED_GLOBALS` with
+    data-only opcodes; and every ``expr_str`` / ``guards_code`` string in ``models/*.json`` is a
+    plain symbolic-shape expression.
 
     Raises :class:`~compiler.errors.ModelError` with code ``bad_pt2``, ``pt2_truncated``,
     ``pt2_too_large``, ``pt2_too_many_members``, ``pt2_bad_member_name``, ``pt2_symlink``,
@@ -1149,13 +1247,12 @@ class _RefusingPickleModule:
     loads = staticmethod(_refuse("pickle.loads"))
 
     def __getattr__(self, name: str) -> Any:
-        import pickle
-
         return getattr(pickle, name)
 
 
 class _GuardedSympy:
-    """Stand-in for ``sympy`` inside ``torch._export.serde.serialize``: validates sympify'd strings."""
+    """Stand-in for ``sympy`` inside ``torch._export.serde.serialize``: validates sympify'd
+    strings."""
 
     def __init__(self, real: Any) -> None:
         self._real = real
@@ -1170,14 +1267,19 @@ class _GuardedSympy:
 
 
 class _CaptureSwallowedError(logging.Filter):
-    """torch.export.load logs load_pt2's RuntimeError and raises a vaguer one; keep the real cause."""
+    """torch.export.load logs load_pt2's RuntimeError and raises a vaguer one; keep the real
+    cause."""
 
     def __init__(self) -> None:
         super().__init__()
         self.cause: BaseException | None = None
 
     def filter(self, record: logging.LogRecord) -> bool:
-        if record.exc_info and record.exc_info[1] is not None and "deserializing" in str(record.msg):
+        if (
+            record.exc_info
+            and record.exc_info[1] is not None
+            and "deserializing" in str(record.msg)
+        ):
             self.cause = record.exc_info[1]
             return False
         return True
@@ -1187,10 +1289,10 @@ class _CaptureSwallowedError(logging.Filter):
 def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
     """Patch torch so that a ``torch.export.load`` inside the block cannot reach an unsafe loader.
 
-    Process-wide for the duration of the block (serialized by a lock): any ``torch.load`` call runs with
-    ``weights_only=True``; ``pickle.load(s)`` in ``pt2_archive._package``, ``torch._C._pickle_load_obj``,
-    ``torch.jit.load`` and AOTInductor loading raise; strings passed to ``sympy.sympify`` by the export
-    deserializer are validated first.
+    Process-wide for the duration of the block (serialized by a lock): any ``torch.load`` call runs
+    with ``weights_only=True``; ``pickle.load(s)`` in ``pt2_archive._package``,
+    ``torch._C._pickle_load_obj``, ``torch.jit.load`` and AOTInductor loading raise; strings passed
+    to ``sympy.sympify`` by the export deserializer are validated first.
     """
     import torch
     import torch._export.serde.serialize as serialize_mod
@@ -1198,7 +1300,9 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
 
     real_load = torch.load
 
-    def weights_only_load(f: Any, map_location: Any = None, pickle_module: Any = None, **kwargs: Any) -> Any:
+    def weights_only_load(
+        f: Any, map_location: Any = None, pickle_module: Any = None, **kwargs: Any
+    ) -> Any:
         kwargs.pop("weights_only", None)
         mmap = kwargs.pop("mmap", None)
         return real_load(f, map_location=map_location, weights_only=True, mmap=mmap)
@@ -1207,7 +1311,7 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
         (torch, "load", weights_only_load),
         (package_mod, "pickle", _RefusingPickleModule()),
         (package_mod, "_load_aoti", _refuse("loading an AOTInductor library")),
-        (torch._C, "_pickle_load_obj", _refuse("torch._C._pickle_load_obj")),
+        (torch._C, "_pickle_load_obj", _refuse("torch._C._pickle_load_obj")),  # noqa: SLF001
         (torch.jit, "load", _refuse("torch.jit.load")),
         (serialize_mod, "sympy", _GuardedSympy(serialize_mod.sympy)),
     ]
@@ -1230,44 +1334,51 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
 
 
 def _describe_load_failure(exc: BaseException) -> str:
-    import pickle
-
     text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))
     lines = [line.strip() for line in text.splitlines() if line.strip()] or [type(exc).__name__]
     if isinstance(exc, _Refused):
         return f"refusing .pt2 file: {lines[0][:300]}"
     if isinstance(exc, pickle.UnpicklingError) or "weights only load failed" in text.lower():
         detail = next(
-            (line for line in lines if re.search(r"WeightsUnpickler error:|GLOBAL|Unsupported|blocked", line)),
+            (
+                line
+                for line in lines
+                if re.search(r"WeightsUnpickler error:|GLOBAL|Unsupported|blocked", line)
+            ),
             lines[0],
         )
         detail = detail.removeprefix("WeightsUnpickler error:").strip().split(". ")[0]
         return (
-            "could not load the .pt2 file: PyTorch's weights-only unpickler refused one of its pickled "
-            f"members ({detail[:300]})"
+            "could not load the .pt2 file: PyTorch's weights-only unpickler refused one of its "
+            f"pickled members ({detail[:300]})"
         )
     return (
-        f"could not load the .pt2 file ({type(exc).__name__}: {lines[0][:300]}). TuneHub loads programs "
-        "written by torch.export.save with PyTorch 2.13; re-export the model and upload the .pt2 file "
-        "unchanged"
+        f"could not load the .pt2 file ({type(exc).__name__}: {lines[0][:300]}). TuneHub loads "
+        "programs written by torch.export.save with PyTorch 2.13; re-export the model and upload "
+        "the .pt2 file unchanged"
     )
 
 
 def _check_loaded_program(ep: torch.export.ExportedProgram) -> None:
-    """Defense in depth on the loaded graph: operator targets and guard code (run by ``ep.module()``)."""
+    """Defense in depth on the loaded graph: operator targets and guard code (run by
+    ``ep.module()``)."""
     from torch._export.verifier import Verifier
     from torch._ops import HigherOrderOperator, OpOverload
 
     builtin_ops = Verifier().allowed_builtin_ops()
     for node in ep.graph.nodes:
         if node.op in ("call_module", "call_method"):
-            raise ModelError("unsafe_pt2", f"refusing .pt2 file: graph node {node.name} is a {node.op} node")
+            raise ModelError(
+                "unsafe_pt2", f"refusing .pt2 file: graph node {node.name} is a {node.op} node"
+            )
         if node.op == "call_function" and not (
             isinstance(node.target, (OpOverload, HigherOrderOperator))
             or any(node.target is op for op in builtin_ops)
         ):
             raise ModelError(
-                "unsafe_pt2", f"refusing .pt2 file: graph node {node.name} calls {node.target!r}, not an operator"
+                "unsafe_pt2",
+                f"refusing .pt2 file: graph node {node.name} calls {node.target!r}, not an "
+                "operator",
             )
     for guard in getattr(ep, "_guards_code", None) or []:
         validate_guard_code(guard)
@@ -1283,14 +1394,14 @@ def load_exported_program(
     """Load an untrusted ``.pt2`` file as an ``ExportedProgram`` without executing code from it.
 
     Opens the file once, runs :func:`inspect_pt2_archive` on it, then hands the same open file to
-    ``torch.export.load`` inside :func:`_hardened_torch_loading` (weights-only ``torch.load``; pickle,
-    TorchScript, AOTInductor loaders disabled; sympify inputs validated), and finally checks that every
-    graph node calls an operator and that the guard code is a plain expression.
+    ``torch.export.load`` inside :func:`_hardened_torch_loading` (weights-only ``torch.load``;
+    pickle, TorchScript, AOTInductor loaders disabled; sympify inputs validated), and finally checks
+    that every graph node calls an operator and that the guard code is a plain expression.
 
-    Raises :class:`~compiler.errors.ModelError`: the inspection's codes, or ``bad_pt2`` with a one-line,
-    user-facing message if torch fails to load the checked file (the torch exception is chained as
-    ``__cause__`` for server logs). Messages name the file ``display_name`` (default: the path's file
-    name), so a caller loading a temp copy never shows its temp name.
+    Raises :class:`~compiler.errors.ModelError`: the inspection's codes, or ``bad_pt2`` with a
+    one-line, user-facing message if torch fails to load the checked file (the torch exception is
+    chained as ``__cause__`` for server logs). Messages name the file ``display_name`` (default: the
+    path's file name), so a caller loading a temp copy never shows its temp name.
     """
     display = display_name or os.path.basename(os.fspath(path))
     try:
@@ -1310,7 +1421,7 @@ def load_exported_program(
                 ep = torch.export.load(fh)
             except ModelError:
                 raise
-            except Exception as exc:
+            except Exception as exc:  # noqa: BLE001 - any torch failure is a bad_pt2 refusal
                 cause = capture.cause or exc
                 if isinstance(cause, ModelError):
                     raise cause from None

@@ -42,7 +42,7 @@ class LoadedLibrary:
         self.vm = relax.VirtualMachine(self.module, self.device)
 
     @classmethod
-    def from_executable(cls, executable: Any, device: str = "cpu") -> "LoadedLibrary":
+    def from_executable(cls, executable: Any, device: str = "cpu") -> LoadedLibrary:
         self = cls.__new__(cls)
         self.device = tvm.device(device, 0)
         self.module = executable

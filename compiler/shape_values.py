@@ -61,7 +61,9 @@ def _slice(node: onnx.NodeProto, args: list[np.ndarray]) -> np.ndarray:
 
 def _constant_of_shape(node: onnx.NodeProto, args: list[np.ndarray]) -> np.ndarray:
     value = _attr(node, "value")
-    fill = numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    fill = (
+        numpy_helper.to_array(value).reshape(-1) if value is not None else np.zeros(1, np.float32)
+    )
     shape = [int(d) for d in args[0]]
     if math.prod(shape) > MAX_VALUE_ELEMENTS:
         raise ValueError("too large")
@@ -94,7 +96,9 @@ _EVALUATORS: dict[str, _Eval] = {
     "Unsqueeze": _unsqueeze,
     "Squeeze": _squeeze,
     "Slice": _slice,
-    "Reshape": lambda _n, a: a[0].reshape([int(d) if d else a[0].shape[i] for i, d in enumerate(a[1])]),
+    "Reshape": lambda _n, a: a[0].reshape(
+        [int(d) if d else a[0].shape[i] for i, d in enumerate(a[1])]
+    ),
     "Add": lambda _n, a: a[0] + a[1],
     "Sub": lambda _n, a: a[0] - a[1],
     "Mul": lambda _n, a: a[0] * a[1],
@@ -113,7 +117,10 @@ _EVALUATORS: dict[str, _Eval] = {
 
 
 def _small(tensor: onnx.TensorProto) -> bool:
-    return math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS and tensor.data_location != onnx.TensorProto.EXTERNAL
+    return (
+        math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS
+        and tensor.data_location != onnx.TensorProto.EXTERNAL
+    )
 
 
 def shape_values(
@@ -134,7 +141,9 @@ def shape_values(
         try:
             if node.op_type == "Constant":
                 value = _attr(node, "value")
-                result = numpy_helper.to_array(value) if value is not None and _small(value) else None
+                result = (
+                    numpy_helper.to_array(value) if value is not None and _small(value) else None
+                )
             elif node.op_type in ("Shape", "Size"):
                 dims = static_shapes.get(node.input[0])
                 if dims is None:
@@ -163,7 +172,11 @@ def substitute_values(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
     """A copy of ``model`` whose nodes producing ``values`` are replaced by initializers."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
-    kept = [node for node in fixed.graph.node if not (len(node.output) == 1 and node.output[0] in values)]
+    kept = [
+        node
+        for node in fixed.graph.node
+        if not (len(node.output) == 1 and node.output[0] in values)
+    ]
     del fixed.graph.node[:]
     fixed.graph.node.extend(kept)
     fixed.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())

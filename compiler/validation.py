@@ -41,9 +41,9 @@ def validate_upload(
     External data is refused; messages name the file ``display_name``. Raises
     :class:`compiler.errors.ModelError` for anything wrong with the file.
     """
-    import tvm
+    import tvm  # noqa: PLC0415 - TVM in the validating child only
 
-    from compiler.prepare import prepare_model
+    from compiler.prepare import prepare_model  # noqa: PLC0415 - as above
 
     prepared = prepare_model(
         path, target, limits=limits, expected_format=expected_format,

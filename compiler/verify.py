@@ -2,12 +2,14 @@
 
 ``reference_outputs`` runs the original model (ONNX Runtime for ONNX, the ``torch.export`` program
 for ``.pt2``) on seeded random inputs, the torch program on the GPU when the library is verified
-for a CUDA target (with TF32 off: cuDNN convolutions default to TF32, which is not float32); ``verify`` compares a library's outputs with per-dtype
-tolerances and promises a :class:`VerificationResult` (it never raises for a mismatch: callers
-decide; ``require_passed`` raises :class:`VerificationError`).
+for a CUDA target (with TF32 off: cuDNN convolutions default to TF32, which is not float32);
+``verify`` compares a library's outputs with per-dtype tolerances and promises a
+:class:`VerificationResult` (it never raises for a mismatch: callers decide; ``require_passed``
+raises :class:`VerificationError`).
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -96,7 +98,7 @@ def reference_name(model: LoadedModel, device: str = "cpu") -> str:
     return "torch (cuda)" if _torch_device(device) == "cuda" else "torch"
 
 
-class _strict_float32:
+class _strict_float32:  # noqa: N801 - used like a function: ``with _strict_float32():``
     """Context: torch matmuls and cuDNN convolutions in float32, not TF32 (restored after)."""
 
     def __enter__(self) -> None:
@@ -156,13 +158,15 @@ class VerificationResult:
             ],
         }
 
-    def require_passed(self) -> "VerificationResult":
+    def require_passed(self) -> VerificationResult:
         if not self.passed:
             raise VerificationError(self.message)
         return self
 
 
-def compare(actual: list[np.ndarray], expected: list[np.ndarray], reference: str) -> VerificationResult:
+def compare(
+    actual: list[np.ndarray], expected: list[np.ndarray], reference: str
+) -> VerificationResult:
     """Compare outputs elementwise with :func:`tolerance_for` their expected dtype."""
     if len(actual) != len(expected):
         return VerificationResult(
@@ -215,8 +219,6 @@ def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None 
     ONNX Runtime (``threads`` intra-op threads) for ONNX models, the ``torch.export`` program in
     eager mode for ``.pt2`` models: the bar a tuned artifact is compared with.
     """
-    import time
-
     inputs = random_inputs(model.inputs)
     if model.format == "onnx":
         import onnxruntime

@@ -29,6 +29,7 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 from cost_model.version import FEATURE_VERSION  # noqa: F401 - re-exported
+from tuner.intrinsics import load_tensor_intrinsics
 
 _EXTRACTOR_ARGS = dict(
     buffers_per_store=5, arith_intensity_curve_num_samples=10, cache_line_bytes=64
@@ -117,8 +118,6 @@ def tune_context(mod: tvm.IRModule, target: tvm.target.Target) -> ms.TuneContext
     Registers only the target's tensor intrinsics first: ``TuneContext`` would otherwise import
     every backend's (11-60 s, see :mod:`tuner.intrinsics`).
     """
-    from tuner.intrinsics import load_tensor_intrinsics
-
     load_tensor_intrinsics("cuda" if target.kind.name == "cuda" else "cpu")
     return ms.TuneContext(mod=mod, target=target, task_name="features")
 

@@ -12,7 +12,7 @@ import io
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -51,8 +51,6 @@ class TrainedModel:
 
     def config(self, base: BoosterConfig | None = None) -> BoosterConfig:
         """``base`` (default settings if omitted) with this model's objective."""
-        from dataclasses import replace
-
         return replace(base or BoosterConfig(), objective=self.objective)
 
     def to_bytes(self) -> bytes:

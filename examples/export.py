@@ -94,8 +94,11 @@ def to_exported_program(name: str) -> torch.export.ExportedProgram:
     return torch.export.export(spec.build(), spec.make_inputs(seed=0))
 
 
-def _onnx_from_program(program: torch.export.ExportedProgram, spec: ExampleSpec, opset: int) -> onnx.ModelProto:
-    """Translate ``program`` (an export of ``spec``) to a checked ONNX model; ``program`` is not modified."""
+def _onnx_from_program(
+    program: torch.export.ExportedProgram, spec: ExampleSpec, opset: int
+) -> onnx.ModelProto:
+    """Translate ``program`` (an export of ``spec``) to a checked ONNX model; ``program`` is not
+    modified."""
     with torch.no_grad():
         onnx_program = torch.onnx.export(
             program,
@@ -179,9 +182,15 @@ def export_all(
 
 def main(argv: Sequence[str] | None = None) -> int:
     """CLI: ``python -m examples.export OUT_DIR [--names N ...] [--formats onnx pt2]``."""
-    parser = argparse.ArgumentParser(prog="python -m examples.export", description=__doc__.splitlines()[0])
-    parser.add_argument("out_dir", type=Path, help="directory to write the files into (created if missing)")
-    parser.add_argument("--names", nargs="+", choices=sorted(EXAMPLES), help="examples to export (default: all)")
+    parser = argparse.ArgumentParser(
+        prog="python -m examples.export", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "out_dir", type=Path, help="directory to write the files into (created if missing)"
+    )
+    parser.add_argument(
+        "--names", nargs="+", choices=sorted(EXAMPLES), help="examples to export (default: all)"
+    )
     parser.add_argument("--formats", nargs="+", choices=sorted(FORMATS), default=["onnx", "pt2"])
     args = parser.parse_args(argv)
     # The dynamo exporter logs a warning per export about torchvision ops it cannot register.

@@ -134,7 +134,9 @@ class ResNet18(nn.Module):
 # ---------------------------------------------------------------------------------------------
 
 
-def _conv_bn_relu6(in_ch: int, out_ch: int, kernel: int, stride: int, groups: int = 1) -> nn.Sequential:
+def _conv_bn_relu6(
+    in_ch: int, out_ch: int, kernel: int, stride: int, groups: int = 1
+) -> nn.Sequential:
     """Conv-BN followed by ReLU6."""
     return nn.Sequential(*_conv_bn(in_ch, out_ch, kernel, stride, groups), nn.ReLU6())
 
@@ -269,9 +271,13 @@ class BertEncoder(nn.Module):
     4 heads, intermediate 1024, 2 layers (a BERT-mini-sized encoder).
     """
 
-    def __init__(self, hidden: int = 256, heads: int = 4, intermediate: int = 1024, layers: int = 2) -> None:
+    def __init__(
+        self, hidden: int = 256, heads: int = 4, intermediate: int = 1024, layers: int = 2
+    ) -> None:
         super().__init__()
-        self.layers = nn.Sequential(*(EncoderLayer(hidden, heads, intermediate) for _ in range(layers)))
+        self.layers = nn.Sequential(
+            *(EncoderLayer(hidden, heads, intermediate) for _ in range(layers))
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.layers(x)
@@ -363,7 +369,9 @@ class ExampleSpec:
         return tuple(tensors)
 
 
-def _spec(name: str, description: str, builder: Callable[[], nn.Module], *inputs: InputSpec) -> ExampleSpec:
+def _spec(
+    name: str, description: str, builder: Callable[[], nn.Module], *inputs: InputSpec
+) -> ExampleSpec:
     return ExampleSpec(name=name, description=description, builder=_seeded(builder), inputs=inputs)
 
 
@@ -374,7 +382,8 @@ EXAMPLES: dict[str, ExampleSpec] = {
               InputSpec("input", (1, 3, 224, 224))),
         _spec("mobilenetv2", "MobileNetV2 (width 1.0), 224x224 RGB -> 1000 logits", MobileNetV2,
               InputSpec("input", (1, 3, 224, 224))),
-        _spec("bert", "2-layer BERT-style encoder, hidden 256, 4 heads, seq 128 (float hidden states)",
+        _spec("bert",
+              "2-layer BERT-style encoder, hidden 256, 4 heads, seq 128 (float hidden states)",
               BertEncoder, InputSpec("hidden_states", (1, 128, 256))),
         _spec("mlp", "3-layer MLP 784-512-256-10 with ReLU", MLP, InputSpec("input", (1, 784))),
         _spec("small_cnn", "tiny 3-conv CNN, 32x32 RGB -> 10 logits (fast tests)", SmallCNN,

@@ -12,7 +12,9 @@ import logging
 import threading
 import time
 
+import anyio.to_thread
 from fastapi import FastAPI, Request
+from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse, Response
 
 import db
@@ -74,7 +76,9 @@ class _MetricsMiddleware:
         await self.app(scope, receive, send)
 
 
-def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, storage: db.TuningStorage | None = None
+) -> FastAPI:
     settings = settings or Settings()
     owns = storage is None
     storage = storage or open_service_storage(settings)
@@ -86,8 +90,6 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
     async def lifespan(_app: FastAPI):
         # Few request threads, each with a pooled connection: 40 threads (anyio's default)
         # fighting over the GIL and a smaller pool only add queueing.
-        import anyio.to_thread
-
         anyio.to_thread.current_default_thread_limiter().total_tokens = settings.api_threads
         # The process holds millions of long-lived objects (TVM, torch, ONNX for validation):
         # move them out of the collector's view so a full collection does not stall requests
@@ -124,8 +126,6 @@ def create_app(settings: Settings | None = None, *, storage: db.TuningStorage | 
 
     def openapi() -> dict:
         if app.openapi_schema is None:
-            from fastapi.openapi.utils import get_openapi
-
             schema = get_openapi(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )

@@ -4,8 +4,8 @@ Every dashboard that opens a job reads its whole history (``?after=0``): at 10^5
 a scan of 10^5 index entries each time. A job's records up to a given id do not change (records
 are append-mostly, see :mod:`db.base`), so the service keeps the longest history read from the start
 (``after=0``) of the ``max_jobs`` most recently read jobs and answers the next such read with it
-plus a read of the records stored since. The answer is the page a full read would give: the same counts, and points
-that are exactly the job-wide improvements.
+plus a read of the records stored since. The answer is the page a full read would give: the same
+counts, and points that are exactly the job-wide improvements.
 
 Like the incremental polls themselves, a cached prefix does not see a record improved in place
 after it was read (the same schedule measured faster again keeps its id).

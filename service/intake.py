@@ -15,7 +15,6 @@ import db
 from compiler.errors import ModelError
 from compiler.model_spec import ModelLimits
 from compiler.target import TargetSpec, resolve_target
-from compiler.validation import ValidatedModel
 from service.files import FileStore
 from service.uploads import ReceivedUpload
 from service.validation import ValidationLimits, validate_in_child

@@ -47,11 +47,14 @@ class StorageCollector(Collector):
         trials.add_metric([], total)
         yield trials
         rate = GaugeMetricFamily(
-            "tunehub_trials_per_second", f"measurements stored per second, last {RATE_WINDOW_SECS:.0f} s"
+            "tunehub_trials_per_second",
+            f"measurements stored per second, last {RATE_WINDOW_SECS:.0f} s",
         )
         rate.add_metric([], recent / RATE_WINDOW_SECS)
         yield rate
-        by_status = GaugeMetricFamily("tunehub_workers", "registered workers by status", labels=["status"])
+        by_status = GaugeMetricFamily(
+            "tunehub_workers", "registered workers by status", labels=["status"]
+        )
         for status in db.types.WORKER_STATUSES:
             by_status.add_metric([status], sum(1 for w in workers if w.status == status))
         yield by_status

@@ -85,7 +85,10 @@ class Settings(BaseSettings):
     )
     heartbeat_secs: float = Field(5.0, gt=0, description="worker heartbeat interval")
     worker_nice: int = Field(
-        10, ge=0, le=19, description="CPU niceness of serve's embedded workers (API stays responsive)"
+        10,
+        ge=0,
+        le=19,
+        description="CPU niceness of serve's embedded workers (API stays responsive)",
     )
     stale_after_secs: float = Field(
         60.0, gt=0, description="a running job's worker is dead after this long without heartbeat"
@@ -97,14 +100,16 @@ class Settings(BaseSettings):
     )
     lease_batches: int = Field(4, ge=1, le=1000, description="measured batches per task lease")
     lease_max_attempts: int = Field(
-        3, ge=1, description="a task (or finalize step) whose leases expire or fail this often fails"
+        3,
+        ge=1,
+        description="a task (or finalize step) whose leases expire or fail this often fails",
     )
     worker_retry_secs: float = Field(
         300.0, gt=0, description="how long a worker retries an unreachable server before giving up"
     )
 
     def lease_policy(self):
-        from tuner.coordinator import LeasePolicy
+        from tuner.coordinator import LeasePolicy  # noqa: PLC0415 - settings stay free of TVM
 
         return LeasePolicy(
             lease_secs=self.lease_secs,
@@ -123,7 +128,7 @@ class Settings(BaseSettings):
         )
 
     def validation_limits(self):
-        from service.validation import ValidationLimits
+        from service.validation import ValidationLimits  # noqa: PLC0415 - and of the compiler
 
         return ValidationLimits(
             timeout_secs=self.validation_timeout_secs, memory_bytes=self.validation_memory_bytes
@@ -136,7 +141,7 @@ class Settings(BaseSettings):
     def home_dir(self) -> Path:
         if self.home is not None:
             return self.home.expanduser()
-        from db import tunehub_home
+        from db import tunehub_home  # noqa: PLC0415 - and of SQLAlchemy
 
         return tunehub_home()
 

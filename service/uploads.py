@@ -117,7 +117,9 @@ class _Parser:
             if self.file_parts > 1:
                 self.fail(ApiError(400, "bad_multipart", "send exactly one 'file' part"))
             self.part_is_file = True
-            self.filename = _safe_filename(options.get(b"filename", b"model").decode("utf-8", "replace"))
+            self.filename = _safe_filename(
+                options.get(b"filename", b"model").decode("utf-8", "replace")
+            )
             raw_type = self.headers.get(b"content-type")
             if raw_type is not None:
                 ctype = parse_options_header(raw_type)[0].decode("latin-1").lower()
@@ -132,7 +134,9 @@ class _Parser:
                         )
                     )
         elif len(self.fields) >= MAX_FIELDS:
-            self.fail(ApiError(400, "bad_multipart", f"too many form fields (at most {MAX_FIELDS})"))
+            self.fail(
+                ApiError(400, "bad_multipart", f"too many form fields (at most {MAX_FIELDS})")
+            )
 
     def on_part_data(self, data: bytes, start: int, end: int) -> None:
         chunk = data[start:end]
@@ -144,7 +148,9 @@ class _Parser:
             self.pending += chunk
         else:
             if len(self.field_data) + len(chunk) > MAX_FIELD_BYTES:
-                self.fail(ApiError(400, "bad_multipart", f"form field {self.part_name!r} is too long"))
+                self.fail(
+                    ApiError(400, "bad_multipart", f"form field {self.part_name!r} is too long")
+                )
             self.field_data += chunk
 
     def on_part_end(self) -> None:

@@ -38,6 +38,7 @@ import tempfile
 import threading
 import time
 from dataclasses import dataclass
+from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
@@ -99,7 +100,7 @@ def _child(conn: Connection, memory_bytes: int, tmp: str, job: tuple) -> None:
     try:
         tempfile.tempdir = tmp
         _limit_memory(memory_bytes)
-        from compiler.validation import validate_upload
+        from compiler.validation import validate_upload  # noqa: PLC0415 - under the memory limit
 
         result = validate_upload(
             path, target, limits=limits, expected_format=expected_format, display_name=display_name
@@ -109,7 +110,7 @@ def _child(conn: Connection, memory_bytes: int, tmp: str, job: tuple) -> None:
         message = ("refused", err.code, err.message)
     except MemoryError:
         message = ("refused", "out_of_memory", _memory_message(memory_bytes))
-    except BaseException as err:  # a TuneHub or TVM bug: reported, not a user error
+    except BaseException as err:  # noqa: BLE001 - a TuneHub or TVM bug: reported, not a user error
         text = (str(err).strip().splitlines() or [""])[0][:500]
         message = ("crashed", f"{type(err).__name__}: {text}")
     try:
@@ -153,8 +154,6 @@ def warm_up() -> None:
     """Start the fork server (it imports the compiler once, seconds); later calls return at once.
 
     Call it when the service starts, so that the first upload does not wait for the imports."""
-    from multiprocessing import forkserver
-
     _forkserver_context()
     forkserver.ensure_running()
 
@@ -207,7 +206,9 @@ class _Run:
                     "validation_failed",
                     f"validating the model crashed the validation process (signal {-exitcode})",
                 )
-            raise ValidationCrashed(f"the validation process ended without an answer (exit {exitcode})")
+            raise ValidationCrashed(
+                f"the validation process ended without an answer (exit {exitcode})"
+            )
         if message[0] == "ok":
             return message[1]
         if message[0] == "refused":

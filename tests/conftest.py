@@ -1,10 +1,51 @@
-"""Shared fixtures: example models exported once per test session, at run time."""
+"""Shared fixtures (example models exported once per test session, at run time) and the marks.
+
+Marks (registered in ``pyproject.toml``): ``slow``, ``browser`` and ``gpu`` are written on the
+tests; ``postgres`` is added here to every test that gets a PostgreSQL database (the
+``postgresql`` case of ``tests/db``'s ``backend`` fixture, or a ``postgres_url`` fixture), and
+``slow`` to the modules listed in :data:`SLOW_MODULES`. Under ``CI=true`` a skipped ``postgres``
+test fails: CI runs ``scripts/run-tests.sh``, which starts PostgreSQL, so a skip there means those
+tests did not run.
+"""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+
+#: Test modules that tune whole models end to end through a server (marked ``slow`` as a whole).
+SLOW_MODULES = frozenset({"tests/service/test_api_e2e.py", "tests/service/test_workers_remote.py"})
+
+
+def _uses_postgres(item: pytest.Item) -> bool:
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return params.get("backend") == "postgresql" or "postgres_url" in getattr(
+        item, "fixturenames", ()
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if _uses_postgres(item):
+            item.add_marker(pytest.mark.postgres)
+        if item.path.relative_to(config.rootpath).as_posix() in SLOW_MODULES:
+            item.add_marker(pytest.mark.slow)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    outcome = yield
+    report = outcome.get_result()
+    if report.skipped and os.environ.get("CI") == "true" and item.get_closest_marker("postgres"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else report.longrepr
+        report.outcome = "failed"
+        report.longrepr = (
+            f"PostgreSQL test skipped under CI=true: {reason}\n"
+            "CI must run the PostgreSQL tests: run them through scripts/run-tests.sh, which starts "
+            "a server and sets TUNEHUB_TEST_POSTGRES_URL."
+        )
 
 
 @pytest.fixture(scope="session")
@@ -18,7 +59,9 @@ def example_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, st
     def get(name: str, fmt: str) -> Path:
         if (name, fmt) not in cache:
             path = folder / f"{name}.{fmt}"
-            cache[(name, fmt)] = export_onnx(name, path) if fmt == "onnx" else export_pt2(name, path)
+            cache[(name, fmt)] = (
+                export_onnx(name, path) if fmt == "onnx" else export_pt2(name, path)
+            )
         return cache[(name, fmt)]
 
     return get

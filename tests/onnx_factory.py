@@ -57,7 +57,9 @@ def unsupported_ops_model() -> onnx.ModelProto:
     )
 
 
-def two_layer_model(batch: int = 4, inner: int = 32, hidden: int = 16, cols: int = 8) -> onnx.ModelProto:
+def two_layer_model(
+    batch: int = 4, inner: int = 32, hidden: int = 16, cols: int = 8
+) -> onnx.ModelProto:
     """``relu(x @ w1) @ w2``: two tuning tasks (a fused matmul+relu and a matmul)."""
     rng = np.random.default_rng(1)
     w1 = numpy_helper.from_array(rng.standard_normal((inner, hidden)).astype(np.float32), "w1")
@@ -79,7 +81,10 @@ def constant_of_shape_bomb(shape: list[int]) -> onnx.ModelProto:
     TVM folds the constant at import."""
     dims = numpy_helper.from_array(np.array(shape, dtype=np.int64), "s")
     return make_model(
-        [helper.make_node("ConstantOfShape", ["s"], ["c"]), helper.make_node("Add", ["x", "c"], ["y"])],
+        [
+            helper.make_node("ConstantOfShape", ["s"], ["c"]),
+            helper.make_node("Add", ["x", "c"], ["y"]),
+        ],
         [float_input("x", [1])],
         [float_input("y", list(shape))],
         [dims],
@@ -98,7 +103,11 @@ def external_data_model(location: str, shape: tuple[int, ...] = (4, 4)) -> onnx.
     """``x @ w`` whose weight ``w`` is stored as external data at ``location`` (not written)."""
     weight = TensorProto(name="w", data_type=TensorProto.FLOAT, dims=list(shape))
     weight.data_location = TensorProto.EXTERNAL
-    for key, value in (("location", location), ("offset", "0"), ("length", str(4 * int(np.prod(shape))))):
+    for key, value in (
+        ("location", location),
+        ("offset", "0"),
+        ("length", str(4 * int(np.prod(shape)))),
+    ):
         entry = weight.external_data.add()
         entry.key, entry.value = key, value
     return make_model(

@@ -70,14 +70,16 @@ def choose_cost_model(storage, target, mode: str = "auto") -> CostModelChoice:
     ``transfer`` without a persisted model.
     """
     if mode not in COST_MODEL_MODES:
-        raise ValueError(f"unknown cost model {mode!r}; choose one of {', '.join(COST_MODEL_MODES)}")
+        raise ValueError(
+            f"unknown cost model {mode!r}; choose one of {', '.join(COST_MODEL_MODES)}"
+        )
     if mode == "cold":
         return CostModelChoice(None, "cold")
     if importlib.util.find_spec("xgboost") is None:  # e.g. a GPU host with the TVM runtime only
         if mode == "transfer":
             raise CostModelUnavailable("the transferred cost model needs xgboost, not installed")
         return CostModelChoice(None, "cold")
-    from cost_model.store import load_model
+    from cost_model.store import load_model  # noqa: PLC0415 - only with xgboost
 
     trained = load_model(storage, target)
     if trained is None:
@@ -100,7 +102,7 @@ def resolve_cost_model(storage, target, cost_model: str | CostModelChoice) -> Co
 
 def transfer_choice(trained) -> CostModelChoice:
     """A fresh :class:`cost_model.transfer.TransferCostModel` (new guard state) for one run."""
-    from cost_model.transfer import TransferCostModel
+    from cost_model.transfer import TransferCostModel  # noqa: PLC0415 - only when used
 
     model = TransferCostModel(trained.booster, trained.config())
     return CostModelChoice(model, "transfer", trained.model_id, trained.n_samples)

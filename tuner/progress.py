@@ -61,7 +61,9 @@ class RunState:
         """Sum of weight × best latency over all tasks, or ``None`` while any task is unmeasured."""
         if any(key not in self.best for key in self.tasks):
             return None
-        return sum(self.tasks[key].weight * secs for key, secs in self.best.items() if key in self.tasks)
+        return sum(
+            self.tasks[key].weight * secs for key, secs in self.best.items() if key in self.tasks
+        )
 
     def record(self, key: str, latencies: list[float | None]) -> BatchUpdate:
         with self.lock:

@@ -20,7 +20,7 @@ class RichTuneProgress:
         )
         self.bar = self.progress.add_task("tune", total=max(total_trials, 1), status="")
 
-    def __enter__(self) -> "RichTuneProgress":
+    def __enter__(self) -> RichTuneProgress:
         self.progress.start()
         return self
 

@@ -101,8 +101,10 @@ def _print_summary(summary) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"job {summary.job_id}: {summary.trials_measured} trials measured "
-                        f"({summary.trials_this_run} this run), {summary.tasks_reused} tasks reused")
+    table = Table(
+        title=f"job {summary.job_id}: {summary.trials_measured} trials measured "
+        f"({summary.trials_this_run} this run), {summary.tasks_reused} tasks reused"
+    )
     for column in ("task", "action", "weight", "trials", "best (us)"):
         table.add_column(column, overflow="fold")
     for task in summary.tasks:

@@ -23,7 +23,8 @@ PAGE_PATHS = ("/", "/jobs/{job_id:int}", "/models", "/workers", "/stats")
 
 
 def install_dashboard(app: FastAPI) -> None:
-    """Serve the dashboard's pages under ``/dashboard`` and its files under ``/dashboard/static``."""
+    """Serve the dashboard's pages under ``/dashboard`` and its files under
+    ``/dashboard/static``."""
     index = STATIC_DIR / "index.html"
 
     async def page() -> FileResponse:

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 
 import pytest
-import tvm_ffi
 import tvm
+import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 import db
@@ -21,7 +21,12 @@ from db.metaschedule_database import MetaScheduleDatabase
 H200 = GpuInfo("NVIDIA H200", "9.0", 132, 49152, 1024, 32, 150_754_820_096)
 H100 = GpuInfo("NVIDIA H100 80GB HBM3", "9.0", 132, 49152, 1024, 32, 85_520_809_984)
 HAS_GPU = detect_gpu() is not None
-needs_gpu = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU (tvm.cuda(0).exist is false)")
+
+
+def needs_gpu(test):
+    """Mark ``test`` ``gpu`` and skip it where there is no CUDA GPU."""
+    skip = pytest.mark.skipif(not HAS_GPU, reason="no CUDA GPU (tvm.cuda(0).exist is false)")
+    return pytest.mark.gpu(skip(test))
 
 
 def test_cuda_resolves_to_the_tag_of_the_compute_capability() -> None:
@@ -33,8 +38,11 @@ def test_cuda_resolves_to_the_tag_of_the_compute_capability() -> None:
     tag = tvm.target.Target(CUDA_TAGS[(9, 0)])
     assert target["max_shared_memory_per_block"] == int(tag.attrs["max_shared_memory_per_block"])
     assert spec.fingerprint == {
-        "compute_capability": "9.0", "gpu": "NVIDIA H200", "host_arch": spec.fingerprint["host_arch"],
-        "memory_gib": 140, "multiprocessors": 132,
+        "compute_capability": "9.0",
+        "gpu": "NVIDIA H200",
+        "host_arch": spec.fingerprint["host_arch"],
+        "memory_gib": 140,
+        "multiprocessors": 132,
     }
     assert spec.tvm_target().kind.name == "cuda"
     assert "NVIDIA H200" in spec.describe() and "sm_90a" in spec.describe()
@@ -125,6 +133,7 @@ def test_default_schedule_record_round_trips_through_the_database(tmp_path) -> N
         storage.close()
 
 
+@pytest.mark.slow
 def test_untuned_model_builds_for_cuda(example_model) -> None:
     """The MLP imports, partitions and builds with DLight's default GPU schedules (no GPU needed:
     the CUDA source is compiled when the library is loaded)."""
@@ -138,6 +147,7 @@ def test_untuned_model_builds_for_cuda(example_model) -> None:
     assert executable is not None
 
 
+@pytest.mark.slow
 @needs_gpu
 def test_tuned_model_on_the_gpu_is_verified_against_torch(example_model, tmp_path) -> None:
     from compiler.prepare import prepare_model
@@ -154,3 +164,6 @@ def test_tuned_model_on_the_gpu_is_verified_against_torch(example_model, tmp_pat
     assert summary.verification["passed"]
     assert summary.verification["reference"] == "torch (cuda)"
     assert summary.measured is not None and summary.measured.median_secs > 0
+    # The engine measures each task's default (DLight) schedule as a seed, within the budget.
+    assert 1 <= summary.extra["search"]["default_schedules"] <= len(prepared.partition.tasks)
+    assert summary.trials_measured <= 12 + 4  # the budget plus at most one batch

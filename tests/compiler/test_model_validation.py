@@ -158,7 +158,7 @@ def test_initializers_are_not_treated_as_inputs() -> None:
     assert numpy_helper.to_array(model.graph.initializer[0]).shape == (16, 8)
 
 
-# -- resource limits (issue 18, cases 3-5): refused before TVM builds anything ----------------------
+# -- resource limits (issue 18, cases 3-5): refused before TVM builds anything -------------------
 
 
 @pytest.mark.parametrize(

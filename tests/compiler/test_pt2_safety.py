@@ -1,8 +1,10 @@
-"""Untrusted .pt2 loading: the archive scanner, the hardened torch.export.load, and live attack payloads.
+"""Untrusted .pt2 loading: the archive scanner, the hardened torch.export.load, and live attack
+payloads.
 
-Every attack payload here only creates a marker file in pytest's tmp dir. ``test_payloads_are_live`` and
-the ``*_torch_alone_executes`` tests run them through the real unpickler / plain ``torch.export.load`` to
-prove they would work, so the "marker absent" assertions elsewhere are not vacuous.
+Every attack payload here only creates a marker file in pytest's tmp dir. ``test_payloads_are_live``
+and the ``*_torch_alone_executes`` tests run them through the real unpickler / plain
+``torch.export.load`` to prove they would work, so the "marker absent" assertions elsewhere are not
+vacuous.
 """
 from __future__ import annotations
 
@@ -34,7 +36,7 @@ from tests.pt2_factory import Genuine, TinyNet, understated_member
 LIMITS = dict(max_uncompressed_bytes=64 * 1024**2, max_members=200)
 
 
-# ------------------------------------------------------------------------------------------ fixtures
+# ----------------------------------------------------------------------------------------- fixtures
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +69,7 @@ def marker(tmp_path: Path) -> Path:
     return tmp_path / "pwned"
 
 
-# ---------------------------------------------------------------------------------- payload builders
+# --------------------------------------------------------------------------------- payload builders
 
 
 def reduce_payload(func: Callable[..., object], *args: object, protocol: int = 2) -> bytes:
@@ -102,7 +104,8 @@ def _sbu(text: str) -> bytes:  # SHORT_BINUNICODE
 
 
 def stack_global_via_memo(marker: Path) -> bytes:
-    """Module and name pushed early, memoized, popped, and fetched back with BINGET before STACK_GLOBAL."""
+    """Module and name pushed early, memoized, popped, and fetched back with BINGET before
+    STACK_GLOBAL."""
     return (
         b"\x80\x04"
         + _sbu("builtins") + b"\x94"  # memo 0
@@ -128,12 +131,14 @@ def torch_builtins_gadget(marker: Path) -> bytes:
     """An allowlisted-looking module: torch._utils.__builtins__['open'](marker, 'w')."""
     return (
         b"\x80\x02c_operator\ngetitem\nctorch._utils\n__builtins__\nX\x04\x00\x00\x00open\x86R"
-        + b"X" + struct.pack("<I", len(str(marker))) + str(marker).encode() + b"X\x01\x00\x00\x00w\x86R."
+        + b"X" + struct.pack("<I", len(str(marker))) + str(marker).encode()
+        + b"X\x01\x00\x00\x00w\x86R."
     )  # fmt: skip
 
 
 def dotted_name_gadget(marker: Path) -> bytes:
-    """Protocol-4 dotted name under an allowlisted function: _rebuild_tensor_v2.__globals__ -> ..."""
+    """Protocol-4 dotted name under an allowlisted function: _rebuild_tensor_v2.__globals__ ->
+    ..."""
     return (
         b"\x80\x04" + _sbu("torch._utils") + _sbu("_rebuild_tensor_v2.__globals__") + b"\x93"
         + b"0" + open_payload(marker)[2:]
@@ -201,7 +206,12 @@ def set_use_pickle(path_name: str) -> Callable[[bytes], bytes]:
 
 def add_opaque_constant(config: bytes) -> bytes:
     doc = json.loads(config)
-    doc["config"]["evil"] = {"path_name": "opaque_obj_0", "is_param": False, "use_pickle": True, "tensor_meta": None}
+    doc["config"]["evil"] = {
+        "path_name": "opaque_obj_0",
+        "is_param": False,
+        "use_pickle": True,
+        "tensor_meta": None,
+    }
     return json.dumps(doc).encode()
 
 
@@ -213,7 +223,10 @@ def weights_attack(g: Genuine, dst: Path, payload: bytes) -> Path:
     return rewrite(
         g.path,
         dst,
-        {"data/weights/weight_0": payload, "data/weights/model_weights_config.json": set_use_pickle("weight_0")},
+        {
+            "data/weights/weight_0": payload,
+            "data/weights/model_weights_config.json": set_use_pickle("weight_0"),
+        },
     )
 
 
@@ -262,8 +275,14 @@ def test_genuine_archive_passes_inspection(genuine: Genuine) -> None:
     report = inspect_pt2_archive(genuine.path, **LIMITS)
     assert report.root == genuine.root
     assert report.models == ("model",)
-    assert report.pickles_scanned == (f"{genuine.root}/data/sample_inputs/model.pt!archive/data.pkl",)
-    assert report.globals_seen == {"torch._utils._rebuild_tensor_v2", "torch.FloatStorage", "collections.OrderedDict"}
+    assert report.pickles_scanned == (
+        f"{genuine.root}/data/sample_inputs/model.pt!archive/data.pkl",
+    )
+    assert report.globals_seen == {
+        "torch._utils._rebuild_tensor_v2",
+        "torch.FloatStorage",
+        "collections.OrderedDict",
+    }
     kinds = {m.name.split("/", 1)[1]: m.kind for m in report.members}
     assert sum(k == "raw_tensor" for k in kinds.values()) == 9  # 8 params/buffers + 1 constant
     assert kinds["data/constants/tensor_0"] == "raw_tensor"
@@ -273,7 +292,9 @@ def test_genuine_archive_passes_inspection(genuine: Genuine) -> None:
     with pytest.raises(FrozenInstanceError):
         report.root = "x"  # type: ignore[misc]
     # bytes and open files are accepted too
-    assert inspect_pt2_archive(genuine.path.read_bytes(), **LIMITS).member_names == report.member_names
+    assert (
+        inspect_pt2_archive(genuine.path.read_bytes(), **LIMITS).member_names == report.member_names
+    )
     with open(genuine.path, "rb") as fh:
         assert inspect_pt2_archive(fh, **LIMITS).globals_seen == report.globals_seen
 
@@ -286,7 +307,9 @@ def test_genuine_archive_loads_and_matches_model(genuine: Genuine) -> None:
     x = torch.randn(1, 3, 8, 8)
     with torch.no_grad():
         torch.testing.assert_close(ep.module()(x), genuine.model(x))
-    assert torch.load is not None and torch.load.__module__ == "torch.serialization"  # hooks removed
+    assert (
+        torch.load is not None and torch.load.__module__ == "torch.serialization"
+    )  # hooks removed
 
 
 def test_genuine_dynamic_archive_loads(dynamic_pt2: Path) -> None:
@@ -299,10 +322,11 @@ def test_genuine_dynamic_archive_loads(dynamic_pt2: Path) -> None:
 
 @pytest.mark.parametrize("name", sorted(PAYLOADS))
 def test_payloads_are_live(name: str, marker: Path) -> None:
-    """Control: each payload really runs under a plain unpickler (so the refusals below mean something)."""
+    """Control: each payload really runs under a plain unpickler (so the refusals below mean
+    something)."""
     try:
         pickle.loads(PAYLOADS[name](marker))
-    except Exception:
+    except Exception:  # noqa: BLE001 - only the marker file matters
         pass
     assert marker.exists()
 
@@ -343,12 +367,19 @@ def test_scan_pickle_refuses_extension_registry_and_object_opcodes() -> None:
         scan_pickle(inst_allowed_class)
     with pytest.raises(ModelError, match="opcode BUILD"):
         scan_pickle(b"\x80\x02ccollections\nOrderedDict\n)R}b.")
-    with pytest.raises(ModelError, match="not a plain string literal"):  # STACK_GLOBAL on computed operands
+    with pytest.raises(
+        ModelError, match="not a plain string literal"
+    ):  # STACK_GLOBAL on computed operands
         scan_pickle(b"\x80\x04ccollections\nOrderedDict\n)R" + _sbu("x") + b"\x93.")
 
 
 def test_scan_pickle_malformed_is_bad_pt2() -> None:
-    for data in (b"\x80\x02(X\x05\x00\x00\x00ab", b"\x80\x02N", b"\x80\x02t.", b"\x80\x02N.trailing"):
+    for data in (
+        b"\x80\x02(X\x05\x00\x00\x00ab",
+        b"\x80\x02N",
+        b"\x80\x02t.",
+        b"\x80\x02N.trailing",
+    ):
         with pytest.raises(ModelError) as info:
             scan_pickle(data, member="x")
         assert info.value.code == "bad_pt2", data
@@ -361,15 +392,23 @@ def test_allowlist_is_within_torch_weights_only_allowlist() -> None:
     assert {f"{m}.{n}" for m, n in ALLOWED_GLOBALS} <= set(torch_allowed)
 
 
-@pytest.mark.parametrize("name", ["reduce_open_p2", "protocol0_global", "stack_global_memo", "getattr_gadget"])
-def test_malicious_sample_inputs_refused(name: str, genuine: Genuine, tmp_path: Path, marker: Path) -> None:
+@pytest.mark.parametrize(
+    "name", ["reduce_open_p2", "protocol0_global", "stack_global_memo", "getattr_gadget"]
+)
+def test_malicious_sample_inputs_refused(
+    name: str, genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
     path = sample_inputs_attack(genuine, tmp_path / "evil.pt2", PAYLOADS[name](marker))
     expect_refusal(path, "unsafe_pickle", marker, "data/sample_inputs/model.pt", "forbidden global")
 
 
-def test_malicious_data_pkl_inside_nested_torch_save_refused(genuine: Genuine, tmp_path: Path, marker: Path) -> None:
+def test_malicious_data_pkl_inside_nested_torch_save_refused(
+    genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
     path = rewrite(
-        genuine.path, tmp_path / "evil.pt2", {"data/sample_inputs/model.pt": replace_nested_data_pkl(system_payload(marker))}
+        genuine.path,
+        tmp_path / "evil.pt2",
+        {"data/sample_inputs/model.pt": replace_nested_data_pkl(system_payload(marker))},
     )
     expect_refusal(path, "unsafe_pickle", marker, "model.pt!archive/data.pkl", "posix.system")
 
@@ -379,7 +418,9 @@ def test_malicious_pickled_weight_refused(genuine: Genuine, tmp_path: Path, mark
     expect_refusal(path, "unsafe_pickle", marker, "data/weights/weight_0", "io.open")
 
 
-def test_pickled_weight_location_with_protocol0_pickle_refused(genuine: Genuine, tmp_path: Path, marker: Path) -> None:
+def test_pickled_weight_location_with_protocol0_pickle_refused(
+    genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
     path = weights_attack(genuine, tmp_path / "evil.pt2", protocol0_inst(marker))
     expect_refusal(path, "unsafe_pickle", marker, "weight_0", "os.system")
 
@@ -390,19 +431,30 @@ def test_opaque_object_constant_refused(genuine: Genuine, tmp_path: Path, marker
 
 
 @pytest.mark.parametrize("rel", ["extra/notes.txt", "data/weights/weight_99", "version2"])
-def test_extra_member_with_innocent_name_refused(rel: str, genuine: Genuine, tmp_path: Path, marker: Path) -> None:
+def test_extra_member_with_innocent_name_refused(
+    rel: str, genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
     path = rewrite(genuine.path, tmp_path / "evil.pt2", add={rel: system_payload(marker)})
     expect_refusal(path, "unsafe_pickle", marker, rel, "posix.system")
 
 
-def test_extra_member_pkl_name_with_protocol0_refused(genuine: Genuine, tmp_path: Path, marker: Path) -> None:
-    path = rewrite(genuine.path, tmp_path / "evil.pt2", add={"extra/readme.pkl": protocol0_global(marker)})
+def test_extra_member_pkl_name_with_protocol0_refused(
+    genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
+    path = rewrite(
+        genuine.path, tmp_path / "evil.pt2", add={"extra/readme.pkl": protocol0_global(marker)}
+    )
     expect_refusal(path, "unsafe_pickle", marker, "extra/readme.pkl")
 
 
-def test_unreferenced_protocol0_text_member_is_inert(genuine: Genuine, tmp_path: Path, marker: Path) -> None:
-    """Not scanned (it does not look like a pickle and torch never unpickles extra files): loads, never runs."""
-    path = rewrite(genuine.path, tmp_path / "ok.pt2", add={"extra/notes.txt": protocol0_global(marker)})
+def test_unreferenced_protocol0_text_member_is_inert(
+    genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
+    """Not scanned (it does not look like a pickle and torch never unpickles extra files): loads,
+    never runs."""
+    path = rewrite(
+        genuine.path, tmp_path / "ok.pt2", add={"extra/notes.txt": protocol0_global(marker)}
+    )
     load_exported_program(path)
     assert not marker.exists()
 
@@ -427,12 +479,15 @@ ATTACKS: dict[str, Callable[[Genuine, Path, Path], Path]] = {
 
 
 @pytest.mark.parametrize("attack", sorted(ATTACKS))
-def test_torch_alone_executes_the_attack(attack: str, genuine: Genuine, tmp_path: Path, marker: Path) -> None:
-    """Control: plain torch.export.load (2.13) runs these payloads -- hence the scanner and the hooks."""
+def test_torch_alone_executes_the_attack(
+    attack: str, genuine: Genuine, tmp_path: Path, marker: Path
+) -> None:
+    """Control: plain torch.export.load (2.13) runs these payloads -- hence the scanner and the
+    hooks."""
     path = ATTACKS[attack](genuine, tmp_path / "evil.pt2", marker)
     try:
         torch.export.load(path)
-    except Exception:
+    except Exception:  # noqa: BLE001 - only the marker file matters
         pass
     assert marker.exists()
 
@@ -453,14 +508,14 @@ def test_bypassed_scanner_message_mentions_weights_only(
     expect_refusal(path, "bad_pt2", marker, "weights-only unpickler")
 
 
-# --------------------------------------------------------------------- code in the JSON (not pickle)
+# -------------------------------------------------------------------- code in the JSON (not pickle)
 
 
 def test_sympy_expression_injection(dynamic_pt2: Path, tmp_path: Path, marker: Path) -> None:
     path = rewrite(dynamic_pt2, tmp_path / "evil.pt2", {"models/model.json": inject_expr(marker)})
     try:  # control: torch evaluates expr_str with sympy.sympify (eval) while loading
         torch.export.load(path)
-    except Exception:
+    except Exception:  # noqa: BLE001 - only the marker file matters
         pass
     assert marker.exists()
     marker.unlink()
@@ -489,13 +544,20 @@ def test_any_member_under_models_is_checked(genuine: Genuine, tmp_path: Path, ma
     with zipfile.ZipFile(genuine.path) as zf:
         doc = json.loads(zf.read(f"{genuine.root}/models/model.json"))
     doc["guards_code"] = [f"__import__('builtins').open('{marker}', 'w') is None"]
-    path = rewrite(genuine.path, tmp_path / "evil.pt2", add={"models/notes.txt": json.dumps(doc).encode()})
+    path = rewrite(
+        genuine.path, tmp_path / "evil.pt2", add={"models/notes.txt": json.dumps(doc).encode()}
+    )
     expect_refusal(path, "unsafe_pt2", marker, "models/notes.txt")
 
 
 @pytest.mark.parametrize(
     "guard",
-    ["L['x'].size()[0] <= 64", "L['x'].size()[1] == 3", "2 <= L['args'][0].size()[0]", "math.floor(L['x'].size()[0] / 2) == 4"],
+    [
+        "L['x'].size()[0] <= 64",
+        "L['x'].size()[1] == 3",
+        "2 <= L['args'][0].size()[0]",
+        "math.floor(L['x'].size()[0] / 2) == 4",
+    ],
 )
 def test_plain_guards_accepted(guard: str) -> None:
     pt2_safety.validate_guard_code(guard)
@@ -503,7 +565,13 @@ def test_plain_guards_accepted(guard: str) -> None:
 
 @pytest.mark.parametrize(
     "guard",
-    ["torch.load('x') is None", "L['x'].__class__ == 1", "(lambda: 1)() == 1", "L[\"x\"] == 1", "open('x') == 1"],
+    [
+        "torch.load('x') is None",
+        "L['x'].__class__ == 1",
+        "(lambda: 1)() == 1",
+        'L["x"] == 1',
+        "open('x') == 1",
+    ],
 )
 def test_executable_guards_refused(guard: str) -> None:
     with pytest.raises(ModelError) as info:
@@ -512,7 +580,9 @@ def test_executable_guards_refused(guard: str) -> None:
 
 
 def test_aotinductor_payload_refused(genuine: Genuine, tmp_path: Path) -> None:
-    path = rewrite(genuine.path, tmp_path / "aoti.pt2", add={"data/aotinductor/model/model.so": b"\x7fELF"})
+    path = rewrite(
+        genuine.path, tmp_path / "aoti.pt2", add={"data/aotinductor/model/model.so": b"\x7fELF"}
+    )
     expect_refusal(path, "unsafe_pt2", None, "data/aotinductor/model/model.so")
 
 
@@ -543,7 +613,9 @@ def test_zip_bomb_by_ratio(genuine: Genuine, tmp_path: Path) -> None:
     with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(path, "w") as zout:
         for name in zin.namelist():
             zout.writestr(name, zin.read(name))
-        zout.writestr(f"{genuine.root}/extra/bomb", b"\0" * (16 * 1024**2), compress_type=zipfile.ZIP_DEFLATED)
+        zout.writestr(
+            f"{genuine.root}/extra/bomb", b"\0" * (16 * 1024**2), compress_type=zipfile.ZIP_DEFLATED
+        )
     expect_refusal(path, "pt2_too_large", None, "zip bomb", "extra/bomb")
 
 
@@ -579,7 +651,10 @@ def test_too_many_members(genuine: Genuine, tmp_path: Path) -> None:
     assert info.value.code == "pt2_too_many_members"
 
 
-@pytest.mark.parametrize("name", ["tiny/../evil", "../evil", "/etc/evil", "tiny/a/../../evil", "C:/evil", "tiny\\..\\evil"])
+@pytest.mark.parametrize(
+    "name",
+    ["tiny/../evil", "../evil", "/etc/evil", "tiny/a/../../evil", "C:/evil", "tiny\\..\\evil"],
+)
 def test_path_traversal_member(name: str, genuine: Genuine, tmp_path: Path) -> None:
     path = tmp_path / "trav.pt2"
     with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(path, "w") as zout:
@@ -603,11 +678,17 @@ def test_member_outside_archive_folder(genuine: Genuine, tmp_path: Path) -> None
 
 def test_duplicate_member(genuine: Genuine, tmp_path: Path) -> None:
     path = tmp_path / "dup.pt2"
-    with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(path, "w") as zout, warnings.catch_warnings():
+    with (
+        zipfile.ZipFile(genuine.path) as zin,
+        zipfile.ZipFile(path, "w") as zout,
+        warnings.catch_warnings(),
+    ):
         warnings.simplefilter("ignore")
         for member in zin.namelist():
             zout.writestr(member, zin.read(member))
-        zout.writestr(f"{genuine.root}/data/sample_inputs/model.pt", open_payload(Path("/nonexistent")))
+        zout.writestr(
+            f"{genuine.root}/data/sample_inputs/model.pt", open_payload(Path("/nonexistent"))
+        )
     expect_refusal(path, "pt2_bad_member_name", None, "twice")
 
 
@@ -626,13 +707,16 @@ def test_symlink_member(genuine: Genuine, tmp_path: Path) -> None:
 def test_prepended_data(genuine: Genuine, tmp_path: Path) -> None:
     """Python's zipfile would compensate for a shifted archive, torch's reader would not: refuse."""
     data = genuine.path.read_bytes()
-    first = data[: data.index(b"PK\x03\x04", 4)]  # first local member (header + data), a valid start
+    # the first local member (header + data), a valid start
+    first = data[: data.index(b"PK\x03\x04", 4)]
     path = tmp_path / "shifted.pt2"
     path.write_bytes(first + data)
     expect_refusal(path, "bad_pt2", None, "offsets")
 
 
-def test_zip64_end_records_are_read_without_zipfile_internals(genuine: Genuine, tmp_path: Path) -> None:
+def test_zip64_end_records_are_read_without_zipfile_internals(
+    genuine: Genuine, tmp_path: Path
+) -> None:
     """torch writes zip64 end records even for small archives; a genuine one has no shift.
 
     The check parses the end records itself: Python releases carrying the CVE-2025-8291 fix
@@ -675,16 +759,17 @@ def test_torch_failure_is_a_clean_bad_pt2(genuine: Genuine, tmp_path: Path) -> N
     assert "nope.pt2" in missing.message
 
 
-# ------------------------------------------------------------------ hard-coded facts about torch 2.13
+# ---------------------------------------------------------------- hard-coded facts about torch 2.13
 
 
 def test_layout_constants_match_torch() -> None:
     from torch.export.pt2_archive import constants as c
 
     for name in (
-        "ARCHIVE_FORMAT_PATH", "ARCHIVE_FORMAT_VALUE", "ARCHIVE_VERSION_PATH", "MODELS_DIR", "WEIGHTS_DIR",
-        "CONSTANTS_DIR", "SAMPLE_INPUTS_DIR", "AOTINDUCTOR_DIR", "EXECUTORCH_DIR",
-        "TENSOR_CONSTANT_FILENAME_PREFIX", "CUSTOM_OBJ_FILENAME_PREFIX", "OPAQUE_OBJ_FILENAME_PREFIX",
+        "ARCHIVE_FORMAT_PATH", "ARCHIVE_FORMAT_VALUE", "ARCHIVE_VERSION_PATH", "MODELS_DIR",
+        "WEIGHTS_DIR", "CONSTANTS_DIR", "SAMPLE_INPUTS_DIR", "AOTINDUCTOR_DIR", "EXECUTORCH_DIR",
+        "TENSOR_CONSTANT_FILENAME_PREFIX", "CUSTOM_OBJ_FILENAME_PREFIX",
+        "OPAQUE_OBJ_FILENAME_PREFIX",
     ):  # fmt: skip
         assert getattr(pt2_safety, name) == getattr(c, name), name
 
@@ -704,7 +789,9 @@ def test_torch_sympy_function_list_matches_torch() -> None:
 
 
 @pytest.mark.parametrize("deflated", [False, True], ids=["stored", "deflated"])
-def test_member_whose_header_understates_its_size_is_refused(genuine: Genuine, tmp_path: Path, deflated: bool) -> None:
+def test_member_whose_header_understates_its_size_is_refused(
+    genuine: Genuine, tmp_path: Path, deflated: bool
+) -> None:
     path = understated_member(genuine, tmp_path / "understated.pt2", deflated=deflated)
     with zipfile.ZipFile(path) as zf:  # what the old scanner relied on: zipfile reads it as valid
         assert len(zf.read(f"{genuine.root}/extra/payload")) == (4096 if deflated else 10)
@@ -722,7 +809,9 @@ def test_zip_bomb_message_never_shows_a_temp_file_name(genuine: Genuine, tmp_pat
     with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(staged, "w") as zout:
         for name in zin.namelist():
             zout.writestr(name, zin.read(name))
-        zout.writestr(f"{genuine.root}/extra/bomb", b"\0" * (16 * 1024**2), compress_type=zipfile.ZIP_DEFLATED)
+        zout.writestr(
+            f"{genuine.root}/extra/bomb", b"\0" * (16 * 1024**2), compress_type=zipfile.ZIP_DEFLATED
+        )
     for source, kwargs, shown in [
         (staged, {"display_name": "bomb.pt2"}, "bomb.pt2"),
         (staged.read_bytes(), {}, "<upload>"),

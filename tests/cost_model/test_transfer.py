@@ -59,6 +59,7 @@ def tuned(tmp_path_factory, example_model):
     storage.close()
 
 
+@pytest.mark.slow
 def test_training_set_persist_and_reload(tuned) -> None:
     storage, target, _, _ = tuned
     target_row = storage.get_target(target.key)
@@ -80,17 +81,25 @@ def test_training_set_persist_and_reload(tuned) -> None:
     assert loaded is not None and loaded.model_id == model_id
     assert loaded.n_samples == records and loaded.objective == "rank"
     np.testing.assert_array_equal(
-        predict(loaded.booster, training_set.features), predict(model.booster, training_set.features)
+        predict(loaded.booster, training_set.features),
+        predict(model.booster, training_set.features),
     )
     # Too few new records since that model: no retraining.
     assert maybe_retrain(storage, target) is None
 
 
+@pytest.mark.slow
 def test_tune_with_transferred_model(tuned, example_model) -> None:
     storage, target, _, work = tuned
     if load_model(storage, target) is None:
-        save_model(storage, target, train(extend_training_set(storage, storage.get_target(target.key)),
-                                          BoosterConfig(rounds=20)))
+        save_model(
+            storage,
+            target,
+            train(
+                extend_training_set(storage, storage.get_target(target.key)),
+                BoosterConfig(rounds=20),
+            ),
+        )
     prepared = prepare_model(example_model("mlp", "onnx"), target)
     summary = tune_model(storage, prepared, trials=8, output_dir=work / "mlp", search=FAST_SEARCH,
                          seed=0, cost_model="transfer")
@@ -136,6 +145,7 @@ def _backwards_model(context, candidates, costs: np.ndarray):
     return backwards, model
 
 
+@pytest.mark.slow
 def test_feature_cache_extracts_each_schedule_once(tuned) -> None:
     storage, target, _, _ = tuned
     context, candidates, _ = _candidates(storage, target)
@@ -187,6 +197,7 @@ def test_guard_waits_until_the_gap_exceeds_chance() -> None:
     assert prefers_cold(even, cold, True, margin=0.03, z=1.5, min_pairs=20)
 
 
+@pytest.mark.slow
 def test_guard_decides_for_the_whole_family(tuned) -> None:
     """Evidence from one task's batch moves its siblings (same family, other shapes) to the cold
     model at once; a task of another family keeps the transferred one."""
@@ -208,6 +219,7 @@ def test_guard_decides_for_the_whole_family(tuned) -> None:
     assert not np.allclose(model.predict(sibling, sibling_candidates), expected_sibling)
 
 
+@pytest.mark.slow
 def test_guard_falls_back_to_cold_model_when_transfer_ranks_backwards(tuned) -> None:
     storage, target, _, _ = tuned
     context, candidates, costs = _candidates(storage, target)
@@ -227,6 +239,7 @@ def _cli(*args: str) -> subprocess.CompletedProcess:
                           capture_output=True, env={**os.environ}, timeout=600)
 
 
+@pytest.mark.slow
 def test_cli_train_and_refusals(tuned, tmp_path, example_model) -> None:
     _, _, url, _ = tuned
     done = _cli("cost-model", "train", "--db", url, "--json")
@@ -245,6 +258,7 @@ def test_cli_train_and_refusals(tuned, tmp_path, example_model) -> None:
     assert db.open_storage(empty).count_jobs() == 0
 
 
+@pytest.mark.slow
 def test_no_base_booster_learns_from_the_run_alone(tuned) -> None:
     """Without a transferred booster: random scores until the first fit, then the run's order."""
     storage, target, _, work = tuned

@@ -53,7 +53,9 @@ def model(api, model_path) -> dict:
 def running_job(dash_server, api, model) -> Iterator[tuple[dict, RecordWriter]]:
     """A job of ``model`` claimed by a record writer (see job_records.py), no records yet.
     High priority: it is the next queued job even if a test left other jobs queued."""
-    response = api.post("/jobs", json={"model_id": model["id"], "trial_budget": 1000, "priority": 100})
+    response = api.post(
+        "/jobs", json={"model_id": model["id"], "trial_budget": 1000, "priority": 100}
+    )
     assert response.status_code == 201, response.text
     job = response.json()
     with dash_server.storage() as storage:

@@ -9,6 +9,8 @@ import pytest
 
 from tests.onnx_factory import matmul_model
 
+pytestmark = pytest.mark.browser
+
 
 def _chart_state(page) -> dict:
     return page.eval_on_selector("#charts", "el => ({...el.dataset})")
@@ -68,7 +70,10 @@ def test_job_page_fills_the_table_and_plots_and_follows_new_records(
     page.wait_for_selector("#charts[data-trials='256']", timeout=20_000)
     newer = api.get(f"/jobs/{job['id']}/history").json()
     assert int(_chart_state(page)["points"]) == len(newer["points"]) >= len(history["points"])
-    trials = [r.query_selector_all("td")[6].inner_text() for r in page.query_selector_all("#task-table tbody tr")]
+    trials = [
+        r.query_selector_all("td")[6].inner_text()
+        for r in page.query_selector_all("#task-table tbody tr")
+    ]
     detail = api.get(f"/jobs/{job['id']}").json()
     assert trials == [str(t["trials_done"]) for t in detail["tasks"]]
     assert sum(int(t) for t in trials) == 256
@@ -84,7 +89,9 @@ def test_upload_from_the_page_and_start_a_job(dash_server, api, token, new_page,
     page.goto(f"{dash_server.url}/dashboard/models")
     page.set_input_files("#model-file", str(path))
     page.click("#upload-button")
-    page.wait_for_function("document.querySelector('#upload-note').textContent.startsWith('model #')")
+    page.wait_for_function(
+        "document.querySelector('#upload-note').textContent.startsWith('model #')"
+    )
     created = [m for m in api.get("/models").json()["data"] if m["id"] not in before]
     assert len(created) == 1 and created[0]["filename"] == "matmul.onnx"
     model_id = created[0]["id"]
@@ -139,7 +146,9 @@ def test_jobs_workers_and_database_pages(dash_server, api, token, running_job, n
     assert stats["schema_revision"] in page.inner_text("#stats")
 
 
-def test_pages_need_no_token_and_nothing_from_elsewhere(dash_server, token, running_job, new_page) -> None:
+def test_pages_need_no_token_and_nothing_from_elsewhere(
+    dash_server, token, running_job, new_page
+) -> None:
     import httpx
 
     job, writer = running_job
@@ -151,7 +160,9 @@ def test_pages_need_no_token_and_nothing_from_elsewhere(dash_server, token, runn
         response = httpx.get(dash_server.url + path)
         assert response.status_code == 200 and "<title>TuneHub</title>" in response.text, path
     assert httpx.get(f"{dash_server.url}/dashboard/nowhere").status_code == 404
-    assert httpx.get(f"{dash_server.url}/dashboard/static/vendor/uPlot.iife.min.js").status_code == 200
+    assert (
+        httpx.get(f"{dash_server.url}/dashboard/static/vendor/uPlot.iife.min.js").status_code == 200
+    )
 
     page = new_page(token)
     requested: list[str] = []

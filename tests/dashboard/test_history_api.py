@@ -69,7 +69,9 @@ def test_history_is_the_running_best_and_polls_incrementally(api, running_job) -
     newer = api.get(url, params={"after": full["last_id"]}).json()
     assert (newer["after"], newer["trials_before"], newer["records"]) == (full["last_id"], 200, 48)
     records = _records(api, job["id"])
-    assert {p[0] for p in _running_min(records) if p[0] > full["last_id"]} <= {p["id"] for p in newer["points"]}
+    assert {p[0] for p in _running_min(records) if p[0] > full["last_id"]} <= {
+        p["id"] for p in newer["points"]
+    }
     assert _merge(full, newer) == pytest.approx(_merge(api.get(url).json()))
     again = api.get(url, params={"after": newer["last_id"]}).json()
     assert (again["records"], again["last_id"], again["points"]) == (0, newer["last_id"], [])

@@ -97,7 +97,9 @@ def test_onnx_matches_torch(name: str, exported: Callable[[str, str], Path]) -> 
 
     inputs, expected = _reference(spec)
     session = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    (actual,) = session.run([ex.ONNX_OUTPUT_NAME], {i.name: t.numpy() for i, t in zip(spec.inputs, inputs)})
+    (actual,) = session.run(
+        [ex.ONNX_OUTPUT_NAME], {i.name: t.numpy() for i, t in zip(spec.inputs, inputs)}
+    )
     _assert_close(actual, expected)
 
 
@@ -126,7 +128,9 @@ def _assert_main_signature(mod: object, spec: ExampleSpec) -> None:
     """The Relax ``main`` takes the example's inputs first, with their static shapes and dtypes."""
     params = mod["main"].params[: len(spec.inputs)]  # type: ignore[index]
     assert [tuple(int(d) for d in p.ty.shape) for p in params] == [i.shape for i in spec.inputs]
-    assert [str(p.ty.dtype) for p in params] == [str(i.dtype).removeprefix("torch.") for i in spec.inputs]
+    assert [str(p.ty.dtype) for p in params] == [
+        str(i.dtype).removeprefix("torch.") for i in spec.inputs
+    ]
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -145,6 +149,7 @@ def test_tvm_imports_pt2(name: str, exported: Callable[[str, str], Path]) -> Non
     _assert_main_signature(mod, EXAMPLES[name])
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 def test_tvm_runs_small_cnn(fmt: str, exported: Callable[[str, str], Path]) -> None:
     import tvm
@@ -154,7 +159,11 @@ def test_tvm_runs_small_cnn(fmt: str, exported: Callable[[str, str], Path]) -> N
 
     spec = EXAMPLES["small_cnn"]
     path = exported("small_cnn", fmt)
-    mod = from_onnx(onnx.load(path)) if fmt == "onnx" else from_exported_program(torch.export.load(path))
+    mod = (
+        from_onnx(onnx.load(path))
+        if fmt == "onnx"
+        else from_exported_program(torch.export.load(path))
+    )
     mod, params = relax.frontend.detach_params(mod)
     vm = relax.VirtualMachine(tvm.compile(mod, target="llvm"), tvm.cpu())
     inputs, expected = _reference(spec)
@@ -176,7 +185,9 @@ def test_export_all_rejects_unknown_before_writing(tmp_path: Path) -> None:
     assert list(tmp_path.iterdir()) == []
 
 
-def test_failed_export_keeps_old_file_and_leaves_no_temp(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_failed_export_keeps_old_file_and_leaves_no_temp(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     target = tmp_path / "mlp.pt2"
     target.write_bytes(b"old")
 

@@ -43,7 +43,12 @@ def test_negative_budget_is_refused() -> None:
 def test_allotments_add_up_and_follow_the_work() -> None:
     from tuner.plan import allot_trials, task_batch_size
 
-    tasks = [task("big", 1000), task("mid", 100, weight=3), task("tiny", 1), task("skip", 5, tunable=False)]
+    tasks = [
+        task("big", 1000),
+        task("mid", 100, weight=3),
+        task("tiny", 1),
+        task("skip", 5, tunable=False),
+    ]
     for budget in (12, 13, 64, 301):
         plan = plan_tuning(tasks, budget)
         allot = allot_trials(plan)

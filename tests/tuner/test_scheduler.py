@@ -1,6 +1,6 @@
-"""tuner.task_scheduler.gradient: every batch is committed to the database before the next one is sent, so a
-killed run loses at most the batch in flight (MetaSchedule's own gradient scheduler sends a batch
-of every task before it commits any)."""
+"""tuner.task_scheduler.gradient: every batch is committed to the database before the next one is
+sent, so a killed run loses at most the batch in flight (MetaSchedule's own gradient scheduler sends
+a batch of every task before it commits any)."""
 from __future__ import annotations
 
 import pytest
@@ -36,6 +36,7 @@ def storage(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_each_batch_is_committed_before_the_next_is_sent(
     storage, example_model, tmp_path, monkeypatch
 ) -> None:

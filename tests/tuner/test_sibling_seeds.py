@@ -1,5 +1,5 @@
-"""tuner.task_scheduler.sibling_seeds: a task's search starts from its siblings' best schedules, refitted to its
-shapes and measured within the trial budget."""
+"""tuner.task_scheduler.sibling_seeds: a task's search starts from its siblings' best schedules,
+refitted to its shapes and measured within the trial budget."""
 from __future__ import annotations
 
 import dataclasses
@@ -16,11 +16,11 @@ from tvm.s_tir import meta_schedule as ms
 import db
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from tuner.siblings import workload_family
 from db.metaschedule_database import MetaScheduleDatabase, record_as_json
 from tuner.intrinsics import load_tensor_intrinsics
 from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
+from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
 
 REPO = Path(__file__).resolve().parents[2]
@@ -61,6 +61,7 @@ def cnn_db(tmp_path_factory, example_model):
     storage.close()
 
 
+@pytest.mark.slow
 def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
     storage, target, prepared, _ = cnn_db
     target_id = storage.get_target(target.key).id
@@ -104,6 +105,7 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
     assert no_flops.candidates(0, context) == []
 
 
+@pytest.mark.slow
 def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     """The MLP's last layer (``matmul + add``) is a sibling of the CNN's classifier: seeded from
     the database. Its two ``matmul + add + relu`` layers seed each other within the run."""
@@ -132,6 +134,7 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     assert summary["trials_measured"] > 0 and summary["sibling_seeds"] is None
 
 
+@pytest.mark.slow
 def test_population_gives_siblings_refitted_schedules_through_the_search_database(cnn_db) -> None:
     """The primed view answers ``get_top_k`` with the task's own records plus its siblings' best
     schedules replayed on the task's own module (tiles refitted), unmeasured and never stored."""

@@ -1,7 +1,10 @@
-"""tuner.search_strategy.skip_stored: a run never measures again a schedule the database already holds."""
+"""tuner.search_strategy.skip_stored: a run never measures again a schedule the database already
+holds."""
 from __future__ import annotations
 
 import dataclasses
+
+import pytest
 
 import db
 from compiler.prepare import prepare_model
@@ -10,11 +13,13 @@ from tuner.job import tune_model
 from tuner.search import FAST_SEARCH
 
 
+@pytest.mark.slow
 def test_a_continued_run_measures_only_new_schedules(tmp_path, example_model) -> None:
     storage = db.open_storage(f"sqlite:///{tmp_path / 'skip.db'}", upgrade=True)
     try:
         prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
-        # No seeds: they are checked against the database separately (tuner.task_scheduler.sibling_seeds).
+        # No seeds: they are checked against the database separately
+        # (tuner.task_scheduler.sibling_seeds).
         search = dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False)
         first = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "a",
                            search=search, seed=0, cost_model="cold")

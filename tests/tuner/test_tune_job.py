@@ -46,6 +46,7 @@ def storage(tmp_path):
     store.close()
 
 
+@pytest.mark.slow
 def test_tune_then_reuse_across_models(storage, example_model, tmp_path) -> None:
     target = cpu_target()
     onnx_model = prepare_model(example_model("mlp", "onnx"), target)
@@ -69,7 +70,9 @@ def test_tune_then_reuse_across_models(storage, example_model, tmp_path) -> None
 
     # The same network exported by torch shares every task: zero measurements.
     pt2_model = prepare_model(example_model("mlp", "pt2"), target)
-    second = tune_model(storage, pt2_model, trials=12, output_dir=tmp_path / "b", search=FAST_SEARCH)
+    second = tune_model(
+        storage, pt2_model, trials=12, output_dir=tmp_path / "b", search=FAST_SEARCH
+    )
     assert second.tasks_reused == 3
     assert second.trials_this_run == 0 and second.trials_measured == 0
     assert second.verification["passed"] and second.verification["reference"] == "torch"
@@ -88,6 +91,7 @@ def test_tune_then_reuse_across_models(storage, example_model, tmp_path) -> None
     assert result.stdout.strip() == "(1, 10)"
 
 
+@pytest.mark.slow
 def test_continue_tunes_known_tasks_again(storage, example_model, tmp_path) -> None:
     model = prepare_model(example_model("mlp", "onnx"), cpu_target())
     tune_model(storage, model, trials=12, output_dir=tmp_path / "a", search=FAST_SEARCH)
@@ -102,6 +106,7 @@ def test_continue_tunes_known_tasks_again(storage, example_model, tmp_path) -> N
     assert again.trials_this_run > 0
 
 
+@pytest.mark.slow
 def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
     model_path = example_model("small_cnn", "onnx")
     url = f"sqlite:///{tmp_path / 'resume.db'}"
@@ -160,6 +165,7 @@ def test_cli_refuses_bad_budget_and_nonempty_output(tmp_path, example_model) -> 
     assert sorted(p.name for p in out_dir.iterdir()) == ["keep.txt"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["small_cnn", "mlp", "resnet18", "mobilenetv2", "bert"])
 def test_every_example_tunes_in_both_formats(storage, example_model, tmp_path, name) -> None:
     """A few trials per format: ONNX tunes the heaviest task, the .pt2 export reuses it and tunes

@@ -8,13 +8,14 @@ has few records yet starts almost entirely from random schedules, although its s
 fused operators on other shapes, :mod:`tuner.task_scheduler.sibling_seeds`) may hold many fast ones.
 
 :class:`SiblingPrimedDatabase` is what the search strategy is given instead of the run's database
-(:class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` passes it to the strategy's ``pre_tuning``): its
-``get_top_k`` returns the task's own best records plus, in up to ``share`` of the slots, sibling
-schedules refitted to the task (:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.population`). They are
-not measured and never stored: the cost model scores them with the rest of the population,
-mutation explores around them, and only the candidates the search then picks are measured (and
-counted as trials). Everything else, commits included, goes to the run's database unchanged; the
-final build reads the run's database, never this view.
+(:class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` passes it to the strategy's
+``pre_tuning``): its ``get_top_k`` returns the task's own best records plus, in up to ``share`` of
+the slots, sibling schedules refitted to the task
+(:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.population`). They are not measured and
+never stored: the cost model scores them with the rest of the population, mutation explores around
+them, and only the candidates the search then picks are measured (and counted as trials). Everything
+else, commits included, goes to the run's database unchanged; the final build reads the run's
+database, never this view.
 
 Off by default (``SearchConfig.sibling_population``): in an A/B pair of warm ResNet-18 runs
 (322 trials, batches of 8, sibling seeds in both) the run with primed populations ended at

@@ -5,8 +5,8 @@ records and keeps from measurement only what it measured itself in this run (its
 ``measured_workloads_``; the source says "TODO: add records from the database to avoid
 re-measuring"). A cost model that ranks well scores those stored best schedules first, so they
 are measured again: in a ``--continue`` run of ResNet-18 with the transferred model, 25 of 40
-trials re-measured stored schedules, and a sibling seed (:mod:`tuner.task_scheduler.sibling_seeds`) was measured
-a second time by the search in 27 of 31 cases.
+trials re-measured stored schedules, and a sibling seed (:mod:`tuner.task_scheduler.sibling_seeds`)
+was measured a second time by the search in 27 of 31 cases.
 
 :class:`SkipStoredSchedules` wraps the strategy and drops, from each batch it generates, every
 candidate of which the database holds a record (:meth:`MetaScheduleDatabase.holds
@@ -42,7 +42,7 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self._mod = context.mod
-        self.inner._initialize_with_tune_context(context)
+        self.inner._initialize_with_tune_context(context)  # noqa: SLF001 - MetaSchedule's hook
 
     def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None,
                    cost_model=None) -> None:

@@ -4,8 +4,9 @@ A CUDA library is compiled with the best record of each task and DLight's defaul
 for tasks without records (``compile_relax``). Without a record of the default schedule, a short
 search whose candidates are all slower than DLight would still replace it: tuning would make the
 library slower. Each task's DLight schedule is built and timed with the same builder and
-runner as the search and committed as an ordinary record, so the best record of a task is never slower than its untuned schedule, and the evolutionary search
-starts from a known good measurement (it seeds its population from the database's best records).
+runner as the search and committed as an ordinary record, so the best record of a task is never
+slower than its untuned schedule, and the evolutionary search starts from a known good measurement
+(it seeds its population from the database's best records).
 :class:`DefaultScheduleSeeds` offers it as a seed (:mod:`tuner.task_scheduler.seeds`) the first
 time the scheduler picks the task, so it is measured, stored and reported (uploaded, by a lease
 worker) like any candidate and counts as one trial. Tasks that already have a valid record for
@@ -28,7 +29,7 @@ logger = logging.getLogger(__name__)
 def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Any | None:
     """DLight's default GPU schedule of the single-function workload ``mod`` (a ``Schedule`` with
     its trace), or ``None`` when no DLight rule applies or the schedule cannot be made."""
-    from tvm.s_tir import dlight as dl
+    from tvm.s_tir import dlight as dl  # noqa: PLC0415 - GPU targets only
 
     rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
              dl.gpu.Fallback())

@@ -14,9 +14,9 @@ most one batch, and that progress (measure callbacks) follows each batch. The pr
 measurement of one batch no longer overlaps the search for the next (on a machine whose cores
 all serve the search, the two competed anyway; throughput in ``bench/results/models_*.md``).
 
-With ``seeding`` (:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.seed`), the task chosen is first offered
-its siblings' best schedules, measured and committed before its batch is made, so that the
-batch's population can start from them. Seeds count as trials: with ``max_trials`` the scheduler
+With ``seeding`` (:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.seed`), the task chosen is
+first offered its siblings' best schedules, measured and committed before its batch is made, so that
+the batch's population can start from them. Seeds count as trials: with ``max_trials`` the scheduler
 stops once batches and seeds together reach it (MetaSchedule's own limit counts batches only).
 """
 from __future__ import annotations

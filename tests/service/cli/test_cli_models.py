@@ -36,7 +36,9 @@ def compiled(example_model, tmp_path_factory):
     def get(name: str, fmt: str) -> dict:
         if (name, fmt) not in cache:
             out = tmp_path_factory.mktemp(f"{name}-{fmt}") / "artifact"
-            code, summary = run_cli("compile", str(example_model(name, fmt)), "-o", str(out), "--json")
+            code, summary = run_cli(
+                "compile", str(example_model(name, fmt)), "-o", str(out), "--json"
+            )
             assert code == 0
             assert (out / "model.so").is_file() and (out / "manifest.json").is_file()
             manifest = json.loads((out / "manifest.json").read_text())
@@ -48,6 +50,7 @@ def compiled(example_model, tmp_path_factory):
     return get
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fmt", ["onnx", "pt2"])
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_compile_verifies_every_example(compiled, name: str, fmt: str) -> None:
@@ -74,6 +77,7 @@ def _heavy_keys(summary: dict) -> set[str]:
     }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", EXAMPLES)
 def test_onnx_and_pt2_share_conv_and_matmul_keys(compiled, name: str) -> None:
     onnx_keys = _heavy_keys(compiled(name, "onnx"))
@@ -140,7 +144,9 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
     _assert_refused(capsys, tmp_path, example_model("mlp", "onnx"), "over the limit of 1000 bytes")
     monkeypatch.delenv("TUNEHUB_MAX_MODEL_BYTES")
     # A symbolic input works once given a value.
-    code, summary = run_cli("inspect", str(tmp_path / "sym.onnx"), "--input-shape", "x=3,16", "--json")
+    code, summary = run_cli(
+        "inspect", str(tmp_path / "sym.onnx"), "--input-shape", "x=3,16", "--json"
+    )
     assert code == 0 and summary["model"]["inputs"][0]["shape"] == [3, 16]
 
 
