@@ -1,0 +1,106 @@
+"""Property test of the worker protocol (issue 18): random and malformed bodies (hypothesis)
+against a real server's worker routes, with a worker token holding a real tune lease. No answer
+is a server error, and a refused upload stores nothing; a batch that is accepted stores only
+records that are valid and replay, failures, or held records, all attributed to the worker."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from tests.service.trust_helpers import job_records, job_with_lease, matmul_file, records_for
+
+EXAMPLES = 60
+
+scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    max_leaves=16,
+)
+run_times = st.none() | st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(),
+                                 max_size=4) | json_values
+
+
+@pytest.fixture(scope="module")
+def lease(serve, tmp_path_factory):
+    server = serve(workers=0)
+    folder = tmp_path_factory.mktemp("fuzz")
+    user = server.client(server.token("fuzz-user"))
+    worker = server.client(server.token("fuzz-pool", kind="worker"))
+    leased = job_with_lease(server, user, worker, "fuzz-pool-1", matmul_file(folder, 4, 8, 8),
+                            budget=64, cores=5)
+    good = records_for(leased.offer["mod_json"], 7)
+    yield server, worker, leased, good
+    user.close()
+    worker.close()
+
+
+def _send(worker, method: str, path: str, body) -> int:
+    text = json.dumps(body)  # NaN and Infinity as Python writes them: not valid JSON
+    reply = worker.request(method, path, content=text, headers={"content-type": "application/json"})
+    assert reply.status_code < 500, (method, path, text[:500], reply.text[:500])
+    return reply.status_code
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(data=st.data())
+def test_random_batches_never_5xx_and_refusals_store_nothing(lease, data) -> None:
+    server, worker, leased, good = lease
+    lease_id = leased.offer["lease_id"]
+    kind = data.draw(st.sampled_from(["garbage", "mutated", "mixed"]))
+    if kind == "garbage":
+        body = data.draw(json_values | st.fixed_dictionaries(
+            {"batch": json_values, "records": st.lists(json_values, max_size=3)}))
+    else:
+        records = []
+        for base in data.draw(st.lists(st.sampled_from(good), min_size=0, max_size=4)):
+            record = dict(base)
+            field = data.draw(st.sampled_from(["trace", "run_secs", "args_info", "none", "extra"]))
+            if field == "run_secs":
+                record["run_secs"] = data.draw(run_times)
+            elif field in ("trace", "args_info"):
+                record[field] = data.draw(json_values)
+            elif field == "extra":
+                record[data.draw(st.text(min_size=1, max_size=8))] = data.draw(json_values)
+            records.append(record)
+        if kind == "mixed":
+            records.append(dict(data.draw(st.sampled_from(good))))
+        body = {"batch": data.draw(st.integers(min_value=-3, max_value=3)), "records": records}
+    before = len(job_records(server, leased.job_id))
+    status = _send(worker, "POST", f"/workers/leases/{lease_id}/records", body)
+    after = job_records(server, leased.job_id)
+    if status != 200:
+        assert len(after) == before, (status, body)
+    for row in after:
+        assert row.worker == "fuzz-pool-1"
+        if row.is_valid:
+            assert row.mean_secs > 0 and math.isfinite(row.mean_secs)
+
+
+@settings(max_examples=EXAMPLES, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@given(route=st.sampled_from([
+    ("POST", "/workers/register"), ("POST", "/workers/fuzz-pool-1/heartbeat"),
+    ("POST", "/workers/fuzz-pool-1/lease"), ("POST", "/workers/leases/{lease}/finish"),
+    ("GET", "/workers/leases/{lease}/context"), ("POST", "/workers/nobody/heartbeat"),
+    ("POST", "/workers/leases/{lease}/records"), ("GET", "/workers/jobs/{job}/model"),
+]), body=json_values)
+def test_random_bodies_on_every_worker_route_never_5xx(lease, route, body) -> None:
+    server, worker, leased, _good = lease
+    method, path = route
+    if path.endswith("/finish") and isinstance(body, dict) and body.get("outcome") in (
+            "done", "returned", "failed", "cancelled"):
+        body = {**body, "outcome": 7}  # keep the lease for the other examples
+    if path == "/workers/register" and isinstance(body, dict) and "name" in body:
+        body = {**body, "name": "fuzz-pool-2"}  # never replace the lease holder
+    path = path.format(lease=leased.offer["lease_id"], job=leased.job_id)
+    before = len(job_records(server, leased.job_id))
+    status = _send(worker, method, path, body)
+    if status != 200:
+        assert len(job_records(server, leased.job_id)) == before
