@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 tvm = pytest.importorskip("tvm")
+from db_test_helpers import make_records, matmul_mod  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import db  # noqa: E402
 from compiler.keys import workload_key  # noqa: E402
-from db_test_helpers import make_records, matmul_mod  # noqa: E402
 
 POISON = [["garbage"], []]  # not a trace: it does not parse
 
@@ -23,7 +23,8 @@ def _stored(storage, target, run_secs, worker: str):
     workload_id = storage.workload_ids([workload_key(matmul_mod())])[workload_key(matmul_mod())]
     target_id = storage.ensure_target(target).id
     storage.commit_records([
-        db.NewTuningRecord.from_metaschedule_json(workload_id, target_id, r.as_json(), worker=worker)
+        db.NewTuningRecord.from_metaschedule_json(workload_id, target_id, r.as_json(),
+                                                  worker=worker)
         for r in records
     ])
     return workload_id, target_id

@@ -19,7 +19,8 @@ scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2
            | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
 json_values = st.recursive(
     scalars,
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
+    lambda inner: (st.lists(inner, max_size=4)
+                   | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
     max_leaves=16,
 )
 run_times = st.none() | st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(),

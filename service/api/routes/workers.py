@@ -234,7 +234,8 @@ def lease_context(
 
 
 @router.post(
-    "/leases/{lease_id}/records", response_model=BatchAck, responses={**_OWNED, 422: {"model": ErrorBody}},
+    "/leases/{lease_id}/records", response_model=BatchAck,
+    responses={**_OWNED, 422: {"model": ErrorBody}},
     summary="Upload one measured batch of a tune lease (idempotent by batch number)",
 )
 def upload_batch(
@@ -330,8 +331,8 @@ def upload_artifact(
 
 
 def _server_check(storage, files):
-    """The server's own check of an uploaded library (:func:`tuner.finalize.check_artifact_in_child`):
-    a fresh process loads it and compares it with the reference on the job's model and inputs."""
+    """The server's own check of an uploaded library
+    (:func:`tuner.finalize.check_artifact_in_child`): a fresh process loads it and compares it with the reference on the job's model and inputs."""
 
     def check(library: FsPath, job) -> bool:
         from tuner.finalize import check_artifact_in_child  # noqa: PLC0415
