@@ -31,6 +31,7 @@ import dataclasses
 import hashlib
 import json
 import logging
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -355,15 +356,17 @@ def check_records(
     """Check a whole batch before any of it counts; return the records to store.
 
     Each record's run times must be finite and positive (or ``None``/``[1e10]`` for a failure)
-    and its argument info must be the workload's; a valid record's trace must replay on the
-    workload (:func:`tuner.finalize.replay_error`: parsing and applying it, no measuring), a
-    failed one's must at least have a trace's shape. Any refusal raises :class:`RecordRefused`.
+    and its argument info must have the workload's arguments; a valid record's trace must
+    replay on the workload (:func:`db.metaschedule_database.replay`: parsing and applying it,
+    no measuring) and its argument info must be its scheduled function's (a prepacked weight's
+    shape is its tiled layout's); a failed one's trace must at least have a trace's shape. Any refusal raises :class:`RecordRefused`.
     A valid record faster than :data:`PEAK_FLOPS` allows or :data:`IMPLAUSIBLE_SPEEDUP` times
     faster than the workload's best record of another worker is stored **held**
     (``quarantined``: no best-record query uses it). Records are attributed to ``worker``."""
     import math  # noqa: PLC0415
 
-    from tuner.finalize import expected_args_info, replay_error, tvm_module  # noqa: PLC0415
+    from db.metaschedule_database import describe_error, replay  # noqa: PLC0415
+    from tuner.finalize import expected_args_info, tvm_module  # noqa: PLC0415
 
     if not records:
         raise RecordRefused("an empty batch: upload at least one record")
@@ -382,9 +385,9 @@ def check_records(
             if any(not math.isfinite(x) or x <= 0 for x in run_secs):
                 raise RecordRefused(f"{where}: run times must be finite and positive, got "
                                     f"{run_secs[:4]}")
-        if expected is not None and not _args_match(r.args_info, expected):
-            raise RecordRefused(f"{where}: args_info {str(r.args_info)[:200]} is not the "
-                                f"workload's {expected}")
+        if expected is not None and len(r.args_info) != len(expected):
+            raise RecordRefused(f"{where}: {len(r.args_info)} arguments in args_info, the "
+                                f"workload has {len(expected)}")
         if not (len(r.trace) == 2 and all(isinstance(x, list) for x in r.trace)):
             raise RecordRefused(f"{where}: a trace is [instructions, decisions]")
         try:
@@ -395,10 +398,17 @@ def check_records(
         except (TypeError, ValueError) as err:
             raise RecordRefused(f"{where}: {err}") from None
         if new.is_valid:
-            problem = replay_error(mod, r.trace)
-            if problem is not None:
+            try:
+                scheduled = replay(mod, r.trace)
+            except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
                 raise RecordRefused(f"{where}: the trace does not replay on the workload: "
-                                    f"{problem[:300]}")
+                                    f"{describe_error(err)[:300]}") from None
+            # The arguments of the scheduled function: a prepacked weight has the tiled layout
+            # its schedule's RewriteLayout gave it, not the workload's.
+            own = expected_args_info(scheduled.mod)
+            if own is not None and not _args_match(r.args_info, own):
+                raise RecordRefused(f"{where}: args_info {str(r.args_info)[:200]} is not its "
+                                    f"schedule's {str(own)[:200]}")
             mean = new.mean_secs
             held = None
             if workload.flops and workload.flops / mean > peak:
@@ -429,10 +439,28 @@ def _workload_module(workload, load):
 
 
 def _args_match(args_info: list, expected: list) -> bool:
+    """The workload's arguments: as many, each a tensor of the same dtype whose shape is the
+    workload's or a layout rewrite of it (prepacked weights: ``RewriteLayout`` stores the
+    buffer's new shape, with as many elements, up to padding)."""
     try:
-        return json.loads(json.dumps(args_info)) == expected
+        given = json.loads(json.dumps(args_info))
     except (TypeError, ValueError):
         return False
+    if given == expected:
+        return True
+    if not isinstance(given, list) or len(given) != len(expected):
+        return False
+    for arg, want in zip(given, expected):
+        if not (isinstance(arg, list) and len(arg) == 3 and arg[:2] == want[:2]
+                and isinstance(arg[2], list)):
+            return False
+        shape = arg[2]
+        if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
+            return False
+        size, wanted = math.prod(shape), math.prod(want[2])
+        if not wanted <= size <= 2 * wanted:
+            return False
+    return True
 
 
 def accept_batch(
