@@ -51,16 +51,28 @@ logger = logging.getLogger(__name__)
 QUERY_CANDIDATES = 8
 
 
+def replay(mod: tvm.IRModule, trace: Any) -> tvm.s_tir.Schedule:
+    """The schedule of ``mod`` with the trace (``TuningRecord.as_json()[0]``) applied, its
+    postprocessing included (a ``RewriteLayout`` leaves the weights in their tiled layout):
+    nothing built or measured. Raises whatever TVM raises for a trace that does not apply."""
+    sch = tvm.s_tir.Schedule(mod)
+    tvm.s_tir.schedule.Trace.apply_json_to_schedule(trace, sch)
+    return sch
+
+
 def replay_error(mod: tvm.IRModule, trace: Any) -> str | None:
-    """Why the trace (``TuningRecord.as_json()[0]``) does not replay on ``mod``, or ``None``
-    when it does: parsed and applied to a fresh schedule, nothing built or measured."""
+    """Why the trace does not replay on ``mod`` (:func:`replay`), or ``None`` when it does."""
     try:
-        sch = tvm.s_tir.Schedule(mod)
-        tvm.s_tir.schedule.Trace.apply_json_to_schedule(trace, sch)
+        replay(mod, trace)
     except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
-        text = str(err).strip()
-        return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
+        return describe_error(err)
     return None
+
+
+def describe_error(err: BaseException) -> str:
+    """A one-line description of a TVM error (its type and last line)."""
+    text = str(err).strip()
+    return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
 
 Workload = ms.database.Workload
 TuningRecord = ms.database.TuningRecord
