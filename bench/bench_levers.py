@@ -184,10 +184,11 @@ def _kernel_timer(task: Any, target: Any, database: Any, min_ms: int) -> Callabl
     func = lowered["main"]
     rng = np.random.default_rng(0)
     dev = tvm.cpu()
-    args = [
-        tvm.runtime.tensor(rng.standard_normal([int(d) for d in func.buffer_map[p].shape])
-                           .astype(str(func.buffer_map[p].dtype)), dev)
-        for p in func.params
+    args = [  # TVM 0.27 PrimFunc params carry their buffer's shape and dtype
+        tvm.runtime.tensor(
+            rng.standard_normal([int(d) for d in param.shape]).astype(str(param.dtype)), dev
+        )
+        for param in func.params
     ]
     runtime = fast_build(sch.mod, target, None)
     evaluator = runtime.time_evaluator("main", dev, number=1, repeat=1, min_repeat_ms=min_ms)
