@@ -70,7 +70,8 @@ class DefaultScheduleSeeds:
         sch = default_schedule(mod, context.target)
         if sch is None:
             return []
-        return [ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(mod))]
+        args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+        return [ms.MeasureCandidate(sch, args)]
 
     def observe(self, task_index: int, results: Sequence[Any]) -> None:
         self.measured += len(results)

@@ -267,7 +267,10 @@ class SiblingSeeds:
             sch.enter_postproc()
             if not all(postproc.apply(sch) for postproc in context.space_generator.postprocs):
                 return None
-            return ms.MeasureCandidate(sch, ms.arg_info.ArgInfo.from_entry_func(context.mod))
+            # The scheduled function's arguments, as MetaSchedule's search takes them: a
+            # prepacked weight has the tiled layout the postprocessing (RewriteLayout) gave it.
+            args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+            return ms.MeasureCandidate(sch, args)
         except Exception:  # noqa: BLE001 - a sibling that does not replay is skipped, by contract
             return None
 
