@@ -4,9 +4,10 @@
                                             [--cores-per-worker K]
 
 For each worker count, a fresh ``tunehub serve --no-worker`` (SQLite, temporary home; PostgreSQL
-with ``--db URL``, a fresh database per run) gets ``--tasks`` one-task models (matmuls of different shapes, so no task is
-shared), each with a job of ``--trials`` trials; then N ``tunehub worker --server ... --once``
-processes lease the tasks over HTTP until the queue is empty. Measurement throughput is the
+with ``--db URL``, a fresh database per run) gets ``--tasks`` one-task models (matmuls of
+different shapes, so no task is shared), each with a job of ``--trials`` trials; then N
+``tunehub worker --server ... --once`` processes lease the tasks over HTTP until the queue is
+empty. Measurement throughput is the
 trials uploaded (counted by the coordinator) divided by the window from the first lease to the
 last tune lease's end (finalize steps and process start-up are outside the window). With
 ``--rpc K`` the workers measure through a TVM RPC tracker and K RPC servers on loopback.
@@ -150,7 +151,9 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
             assert codes == [0] * n_workers, [p.text()[-2000:] for p in procs]
             leases = []
             for job_id in jobs:
-                leases += user.get("/workers/leases", params={"job_id": job_id, "limit": 1000}).json()["data"]
+                leases += user.get(
+                    "/workers/leases", params={"job_id": job_id, "limit": 1000}
+                ).json()["data"]
                 assert user.get(f"/jobs/{job_id}").json()["status"] == "succeeded"
         tune = [x for x in leases if x["kind"] == "tune"]
         first = min(_parse_time(x["created_at"]) for x in leases)
@@ -174,7 +177,9 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
-    parser.add_argument("--tasks", type=int, default=4, help=f"one-task models (at most {len(SHAPES)})")
+    parser.add_argument(
+        "--tasks", type=int, default=4, help=f"one-task models (at most {len(SHAPES)})"
+    )
     parser.add_argument("--trials", type=int, default=8, help="trials per task")
     parser.add_argument("--population", type=int, default=64, help="search population")
     parser.add_argument("--rpc", type=int, default=0, help="measure through K RPC servers")
@@ -196,9 +201,12 @@ def main() -> int:
         for n in args.workers:
             result = run_once(n, args, Path(tmp))
             results.append(result)
-            print(f"{n} worker(s): {result['trials']} trials in {result['window']:.1f} s = "
-                  f"{result['rate']:.3f} trials/s, {result['per_cpu']:.3f} trials/CPU s, "
-                  f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}", flush=True)
+            print(
+                f"{n} worker(s): {result['trials']} trials in {result['window']:.1f} s = "
+                f"{result['rate']:.3f} trials/s, {result['per_cpu']:.3f} trials/CPU s, "
+                f"load {result['load_before'][0]:.1f} -> {result['load_after'][0]:.1f}",
+                flush=True,
+            )
     write_results(results, args)
     return 0
 
@@ -209,31 +217,40 @@ def write_results(results: list[dict], args) -> None:
     base = next((r for r in results if r["workers"] == 1), results[0])
     cores = len(os.sched_getaffinity(0))
     lines = [
-        f"# Remote tuning workers: measurement throughput with {', '.join(str(r['workers']) for r in results)} workers ({today})",
+        f"# Remote tuning workers: measurement throughput with "
+        f"{', '.join(str(r['workers']) for r in results)} workers ({today})",
         "",
-        f"- machine: {_cpu_model()}, {cores} usable cores, {platform.system()} {platform.release()}, "
-        f"Python {platform.python_version()}",
+        f"- machine: {_cpu_model()}, {cores} usable cores, "
+        f"{platform.system()} {platform.release()}, Python {platform.python_version()}",
         f"- date: {dt.datetime.now(dt.UTC).isoformat(timespec='seconds')}",
         f"- command: `{' '.join([Path(sys.executable).name, *sys.argv])}`",
         f"- work: {args.tasks} one-task jobs (matmuls of different shapes) x {args.trials} trials, "
         f"search population {args.population}; `tunehub serve --no-worker` on "
-        f"{'PostgreSQL' if args.db else 'SQLite'}; workers `tunehub worker --server ... --once` over HTTP"
-        + (f", each pinned to {args.cores_per_worker} core(s) of its own" if args.cores_per_worker
-           else "")
-        + (f", measuring through a TVM RPC tracker with {args.rpc} RPC servers on loopback" if args.rpc else
-           ", measuring locally"),
+        f"{'PostgreSQL' if args.db else 'SQLite'}; "
+        "workers `tunehub worker --server ... --once` over HTTP"
+        + (
+            f", each pinned to {args.cores_per_worker} core(s) of its own"
+            if args.cores_per_worker
+            else ""
+        )
+        + (
+            f", measuring through a TVM RPC tracker with {args.rpc} RPC servers on loopback"
+            if args.rpc
+            else ", measuring locally"
+        ),
         "- throughput: trials counted by the coordinator / window from the first lease to the last "
         "tune lease's end; CPU: user+system seconds of all worker processes and their children",
         "",
-        "| workers | trials | window (s) | trials/s | speedup | efficiency (speedup/N) | trials per CPU s | "
-        "worker CPU (s) | load avg before -> after (1 min) | workers that got leases |",
+        "| workers | trials | window (s) | trials/s | speedup | efficiency (speedup/N) | "
+        "trials per CPU s | worker CPU (s) | load avg before -> after (1 min) | "
+        "workers that got leases |",
         "|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
     ]
     for r in results:
         speedup = r["rate"] / base["rate"]
         lines.append(
-            f"| {r['workers']} | {r['trials']} | {r['window']:.1f} | {r['rate']:.3f} | {speedup:.2f} | "
-            f"{speedup / r['workers']:.2f} | {r['per_cpu']:.3f} | {r['cpu']:.0f} | "
+            f"| {r['workers']} | {r['trials']} | {r['window']:.1f} | {r['rate']:.3f} | "
+            f"{speedup:.2f} | {speedup / r['workers']:.2f} | {r['per_cpu']:.3f} | {r['cpu']:.0f} | "
             f"{r['load_before'][0]:.1f} -> {r['load_after'][0]:.1f} | {len(r['by_worker'])} |"
         )
     met = all(r["rate"] >= 0.8 * r["workers"] * base["rate"] for r in results)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from db import schema
 from db.base import TuningStorage
 from db.config import DATABASE_URL_ENV, default_database_url, resolve_database_url, tunehub_home
 from db.errors import (
@@ -25,7 +26,6 @@ from db.errors import (
     StorageError,
     StorageUnavailableError,
 )
-from db import schema
 from db.schema import check_schema, current_revision, head_revision, upgrade
 from db.storage import SQLStorage, open_storage
 from db.types import (

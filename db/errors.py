@@ -41,7 +41,9 @@ class SchemaOutdatedError(StorageError):
     ``str(err)`` names the exact command to run (``tunehub db upgrade --db <url>``).
     """
 
-    def __init__(self, url: str, current: str | None, expected: str, *, newer: bool = False) -> None:
+    def __init__(
+        self, url: str, current: str | None, expected: str, *, newer: bool = False
+    ) -> None:
         self.url = url
         self.current = current
         self.expected = expected

@@ -33,6 +33,7 @@ from typing import Any
 import tvm
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
 
 from compiler.keys import workload_key
 from compiler.target import TargetSpec, canonical_target_json
@@ -96,8 +97,6 @@ def record_as_json(record: TuningRecord) -> list[Any]:
     """``record.as_json()``, also for traces holding index maps (``transform_layout`` in
     MetaSchedule's WMMA rules and in DLight's matmul): TVM 0.27's ``TuningRecord.as_json`` raises
     ``TypeError: Not supported type: IndexMap`` for those."""
-    from tvm.s_tir.meta_schedule import _ffi_api as ms_ffi
-
     return _plain_json(ms_ffi.TuningRecordAsJSON(record))
 
 

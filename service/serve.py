@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import db
+from service.auth import ensure_local_token
 from service.settings import Settings
 
 logger = logging.getLogger("tunehub.serve")
@@ -100,7 +101,9 @@ class EmbeddedWorkers:
         work over at once."""
         try:
             with db.open_storage(self.database_url) as storage:
-                leases = storage.release_worker_leases(name, max_attempts=self.settings.lease_max_attempts)
+                leases = storage.release_worker_leases(
+                    name, max_attempts=self.settings.lease_max_attempts
+                )
         except db.StorageError as err:
             logger.warning("could not release the work of %s: %s", name, err)
             return
@@ -163,10 +166,9 @@ class Service:
     """The app, its uvicorn server and the embedded workers, started and stopped together."""
 
     def __init__(self, settings: Settings, *, workers: int = 1, log_level: str = "info") -> None:
-        import uvicorn
+        import uvicorn  # noqa: PLC0415 - worker processes import this module without the server
 
-        from service.app import create_app, open_service_storage
-        from service.auth import ensure_local_token
+        from service.app import create_app, open_service_storage  # noqa: PLC0415 - (FastAPI) same
 
         self.settings = settings
         self.database_url, self.embedded = settings.resolved_database_url()
@@ -202,7 +204,8 @@ class Service:
         """
         stop = threading.Event()
         previous = {
-            sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)
+            sig: signal.signal(sig, lambda *_: stop.set())
+            for sig in (signal.SIGINT, signal.SIGTERM)
         }
         try:
             self.start_in_thread()

@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import socket
 import tempfile
@@ -38,8 +39,17 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from compiler.errors import ModelError, VerificationError
+from service.files import FileStore
 from service.settings import Settings
-from service.worker_client import ServerUnavailable, WorkClient, WorkerApiError
+from service.worker_client import (
+    DirectClient,
+    HttpClient,
+    ServerUnavailable,
+    WorkClient,
+    WorkerApiError,
+)
+from tuner.cost_models import transfer_choice
 from tuner.work import TargetInfo, WorkOffer
 
 logger = logging.getLogger("tunehub.worker")
@@ -54,7 +64,7 @@ def default_worker_name(index: int = 0) -> str:
 
 
 def search_config(settings: Settings):
-    from tuner.search import SearchConfig
+    from tuner.search import SearchConfig  # noqa: PLC0415 - TVM only where a search runs
 
     population = settings.search_population
     return SearchConfig(population_size=population, init_min_unmeasured=min(50, population // 4))
@@ -165,7 +175,9 @@ class Worker:
         """Run one lease to its end; return how it ended (``done``, ``failed``, ``cancelled``,
         ``returned`` or ``lost``)."""
         self.current = current = _Current(offer)
-        what = f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else ""
+        what = (
+            f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else ""
+        )
         logger.info("lease %s: %s job %s%s", offer.lease_id, offer.kind, offer.job_id, what)
         try:
             if offer.kind == "tune":
@@ -200,8 +212,8 @@ class Worker:
         return outcome
 
     def _tune(self, current: _Current) -> str:
-        from tuner.finalize import tvm_module
-        from tuner.task_tuning import tune_workload
+        from tuner.finalize import tvm_module  # noqa: PLC0415 - TVM only where a lease is worked
+        from tuner.task_tuning import tune_workload  # noqa: PLC0415 - TVM
 
         offer = current.offer
         context = self.client.context(offer.lease_id, SEED_RECORDS)
@@ -272,10 +284,9 @@ class Worker:
         The model object, with its negative-transfer guard state, is kept for the task across
         the leases of it that this worker gets (:attr:`TASK_MODELS` tasks at most), so a task
         whose family the guard moved to the cold model stays there."""
-        import tvm
+        import tvm  # noqa: PLC0415 - TVM only where a lease is worked
 
-        from cost_model.store import TrainedModel
-        from tuner.cost_models import transfer_choice
+        from cost_model.store import TrainedModel  # noqa: PLC0415 - TVM and xgboost
 
         try:
             found = self.client.cost_model(offer.target.key, tvm.__version__)
@@ -297,9 +308,12 @@ class Worker:
         return model
 
     def _finalize(self, current: _Current) -> str:
-        from compiler.errors import ModelError, VerificationError
-        from compiler.prepare import prepare_model
-        from tuner.finalize import database_from_records, finalize_outcomes, publish_tuned
+        from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
+        from tuner.finalize import (  # noqa: PLC0415 - TVM
+            database_from_records,
+            finalize_outcomes,
+            publish_tuned,
+        )
 
         offer = current.offer
         with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
@@ -363,15 +377,13 @@ class Worker:
 
 
 def _rmtree(path: Path) -> None:
-    import shutil
-
     shutil.rmtree(path, ignore_errors=True)
 
 
 def _kill_children() -> None:
     """MetaSchedule's builder/runner pools are child processes: do not leave them behind."""
     try:
-        import psutil
+        import psutil  # noqa: PLC0415 - without psutil the cleanup is skipped, not the exit
     except ImportError:  # pragma: no cover - psutil is a dependency
         return
     with contextlib.suppress(Exception):
@@ -447,8 +459,6 @@ def run_worker(
 ) -> int:
     """Build the client (HTTP with ``server``, else the database of ``settings``), check the
     target, and run the loop; return the number of leases worked on."""
-    from service.worker_client import DirectClient, HttpClient
-
     watch_parent()
     target = resolve_worker_target(target_name, rpc)
     name = name or default_worker_name()
@@ -456,8 +466,7 @@ def run_worker(
         client: WorkClient = HttpClient(server, token or "", retry_secs=settings.worker_retry_secs)
         storage = None
     else:
-        from service.app import open_service_storage
-        from service.files import FileStore
+        from service.app import open_service_storage  # noqa: PLC0415 - only --db needs the server's stack
 
         storage = open_service_storage(settings)
         files = FileStore(settings.resolved_storage_dir()).ensure()
@@ -477,7 +486,7 @@ def resolve_worker_target(name: str, rpc=None):
     an RPC tracker, the devices behind it, assumed identical to this machine: the tracker does
     not describe them), ``cuda`` its GPU; a 16-hex key must be one of those targets. Raises
     ``ValueError`` otherwise."""
-    from compiler.target import resolve_target
+    from compiler.target import resolve_target  # noqa: PLC0415 - TVM only where a worker starts
 
     if len(name) == 16 and all(c in "0123456789abcdef" for c in name):
         local = []
@@ -495,5 +504,5 @@ def resolve_worker_target(name: str, rpc=None):
         )
     try:
         return resolve_target(name)
-    except Exception as err:  # ModelError: unknown target name
+    except Exception as err:  # noqa: BLE001 - ModelError for an unknown name, TVM's for a broken device
         raise ValueError(str(err)) from None

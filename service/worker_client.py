@@ -22,6 +22,7 @@ from typing import Protocol, TypeVar
 import httpx
 
 import db
+from cost_model.version import latest_model_blob
 from tuner import coordinator
 from tuner.work import (
     BatchAck,
@@ -103,7 +104,9 @@ class HttpClient:
     numbers), so a retry after a lost answer counts nothing twice.
     """
 
-    def __init__(self, server: str, token: str, *, retry_secs: float = 300.0, timeout: float = 120.0):
+    def __init__(
+        self, server: str, token: str, *, retry_secs: float = 300.0, timeout: float = 120.0
+    ):
         self.server = server.rstrip("/")
         self.retry_secs = retry_secs
         self.http = httpx.Client(
@@ -117,7 +120,9 @@ class HttpClient:
     def close(self) -> None:
         self.http.close()
 
-    def _call(self, method: str, path: str, *, retry_secs: float | None = None, **kwargs) -> httpx.Response:
+    def _call(
+        self, method: str, path: str, *, retry_secs: float | None = None, **kwargs
+    ) -> httpx.Response:
         deadline = time.monotonic() + (self.retry_secs if retry_secs is None else retry_secs)
         delay = 0.5
         while True:
@@ -141,7 +146,9 @@ class HttpClient:
                     return response
             if time.monotonic() + delay > deadline:
                 raise ServerUnavailable(f"{method} {path}: {problem}")
-            logger.warning("server %s unreachable (%s); retrying in %.1f s", self.server, problem, delay)
+            logger.warning(
+                "server %s unreachable (%s); retrying in %.1f s", self.server, problem, delay
+            )
             time.sleep(delay)
             delay = min(delay * 2, 30.0)
 
@@ -215,7 +222,11 @@ class HttpClient:
     def publish(self, lease_id: int, staged: Path) -> LeaseEnd:
         files = {
             "library": ("model.so", (staged / "model.so").read_bytes(), "application/octet-stream"),
-            "manifest": ("manifest.json", (staged / "manifest.json").read_bytes(), "application/json"),
+            "manifest": (
+                "manifest.json",
+                (staged / "manifest.json").read_bytes(),
+                "application/json",
+            ),
         }
         try:
             reply = self._call("POST", f"/workers/leases/{lease_id}/artifact", files=files)
@@ -228,7 +239,9 @@ class HttpClient:
 class DirectClient:
     """The coordinator in this process, on a storage the worker opened itself (``--db``)."""
 
-    def __init__(self, storage: db.TuningStorage, settings, files, *, retry_secs: float = 300.0) -> None:
+    def __init__(
+        self, storage: db.TuningStorage, settings, files, *, retry_secs: float = 300.0
+    ) -> None:
         self.storage = storage
         self.policy = settings.lease_policy()
         self.files = files
@@ -280,12 +293,10 @@ class DirectClient:
         return self._call(lambda: coordinator.lease_context(self.storage, lease_id, k))
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
-        from cost_model.version import latest_model_blob
-
         return self._call(lambda: latest_model_blob(self.storage, target_key, tvm_version))
 
     def retrain_cost_model(self, target) -> bool:
-        from cost_model.store import maybe_retrain
+        from cost_model.store import maybe_retrain  # noqa: PLC0415 - TVM and xgboost
 
         return self._call(lambda: maybe_retrain(self.storage, target)) is not None
 
@@ -304,7 +315,9 @@ class DirectClient:
             raise WorkerApiError(404, "not_found", f"the model of job {offer.job_id} was deleted")
         path = self.files.model_path(offer.model_sha256)
         if not path.is_file():
-            raise WorkerApiError(404, "not_found", f"the model file of job {offer.job_id} is missing")
+            raise WorkerApiError(
+                404, "not_found", f"the model file of job {offer.job_id} is missing"
+            )
         return path
 
     def staging_dir(self) -> Path:

@@ -223,7 +223,9 @@ def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolic
 
 
 def _queued_jobs(storage: TuningStorage, target_id: int) -> list[Job]:
-    queued = [j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id == target_id]
+    queued = [
+        j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id == target_id
+    ]
     return sorted(queued, key=lambda j: (-j.priority, j.id))
 
 
@@ -257,7 +259,10 @@ def offer_for(
             mod_json=workload.mod_json,
         )
     model = storage.get_model(job.model_id) if job.model_id is not None else None
-    keys = {w.id: w.key for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])}
+    keys = {
+        w.id: w.key
+        for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])
+    }
     tasks = tuple(
         JobTaskInfo(workload_key=keys.get(t.workload_id, ""), name=t.name, weight=t.weight,
                     flops=t.flops, status=t.status, trials_done=t.trials_done,
@@ -303,11 +308,11 @@ LEASE_STORED_KEYS = 20_000
 def lease_context(
     storage: TuningStorage, lease_id: int, k: int, *, token_id: int | None = None
 ) -> LeaseContext:
-    """What the search of tune lease ``lease_id`` starts from (see :class:`tuner.work.LeaseContext`):
-    the workload's ``k`` best records on the lease's target, the keys of the schedules stored
-    for it, and its faster siblings' best schedules (:func:`tuner.siblings.faster_siblings`, the
-    query ``tunehub tune`` runs too). Raises :class:`db.NotFoundError` (no lease) and
-    :class:`db.ConflictError` (a finalize lease)."""
+    """What the search of tune lease ``lease_id`` starts from (see
+    :class:`tuner.work.LeaseContext`): the workload's ``k`` best records on the lease's target,
+    the keys of the schedules stored for it, and its faster siblings' best schedules
+    (:func:`tuner.siblings.faster_siblings`, the query ``tunehub tune`` runs too). Raises
+    :class:`db.NotFoundError` (no lease) and :class:`db.ConflictError` (a finalize lease)."""
     from tuner.siblings import family_members, faster_siblings, own_rate, workload_family  # noqa: PLC0415
 
     lease = owned_lease(storage, lease_id, token_id)
@@ -336,7 +341,9 @@ def lease_context(
 
 def _schedule_keys(storage: TuningStorage, workload_id: int, target_id: int) -> list[str]:
     """The schedule keys (trace hashes) of every record of a workload on a target, oldest first."""
-    return [r.trace_hash for r in storage.iter_records(target_id=target_id, workload_id=workload_id)]
+    return [
+        r.trace_hash for r in storage.iter_records(target_id=target_id, workload_id=workload_id)
+    ]
 
 
 #: Generous FLOP/s ceilings by target kind: a record claiming more is held, not trusted.
@@ -359,7 +366,8 @@ def check_records(
     and its argument info must have the workload's arguments; a valid record's trace must
     replay on the workload (:func:`db.metaschedule_database.replay`: parsing and applying it,
     no measuring) and its argument info must be its scheduled function's (a prepacked weight's
-    shape is its tiled layout's); a failed one's trace must at least have a trace's shape. Any refusal raises :class:`RecordRefused`.
+    shape is its tiled layout's); a failed one's trace must at least have a trace's shape. Any
+    refusal raises :class:`RecordRefused`.
     A valid record faster than :data:`PEAK_FLOPS` allows or :data:`IMPLAUSIBLE_SPEEDUP` times
     faster than the workload's best record of another worker is stored **held**
     (``quarantined``: no best-record query uses it). Records are attributed to ``worker``."""
@@ -587,5 +595,7 @@ def accept_artifact(
     except BaseException:
         shutil.rmtree(destination, ignore_errors=True)
         raise
-    logger.info("job %s succeeded: artifact %s from worker %s", lease.job_id, destination, lease.worker)
+    logger.info(
+        "job %s succeeded: artifact %s from worker %s", lease.job_id, destination, lease.worker
+    )
     return destination

@@ -61,7 +61,9 @@ def plan_job(storage: TuningStorage, job: Job, *, continue_tuning: bool = False)
     for decision in plan.decisions:
         task = decision.task
         if decision.action == "tune":
-            new.append(NewJobTask(ids[task.key], task.name, task.weight, task.flops, allot[task.key]))
+            new.append(
+                NewJobTask(ids[task.key], task.name, task.weight, task.flops, allot[task.key])
+            )
         elif decision.action == "reuse":
             best = storage.best_record(ids[task.key], job.target_id)
             new.append(

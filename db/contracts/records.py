@@ -170,7 +170,9 @@ class RecordStorage(abc.ABC):
         ``limit`` (keyset pagination: pass the last id of a page to get the next)."""
 
     @abc.abstractmethod
-    def job_history(self, job_id: int, *, after_id: int = 0, limit: int = 100_000) -> JobHistoryPage:
+    def job_history(
+        self, job_id: int, *, after_id: int = 0, limit: int = 100_000
+    ) -> JobHistoryPage:
         """One page of a job's tuning history (see :class:`db.types.JobHistoryPage`): the job's
         records with ``id > after_id`` in id order, at most ``limit``, reduced to their counts and
         the records that improved their workload's best within the page.

@@ -29,7 +29,11 @@ def utc(value: Any) -> Any:
 
 def frozen(cls: type[T], row: Any) -> T:
     """Build the dataclass ``cls`` from an ORM row or a Core row with matching names."""
-    getter = row._mapping.__getitem__ if hasattr(row, "_mapping") else row.__getattribute__
+    getter = (
+        row._mapping.__getitem__  # noqa: SLF001 - Row._mapping is SQLAlchemy's public API
+        if hasattr(row, "_mapping")
+        else row.__getattribute__
+    )
     return cls(**{f.name: utc(getter(f.name)) for f in dataclasses.fields(cls)})
 
 

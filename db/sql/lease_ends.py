@@ -3,7 +3,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select, true as true_, update
+from sqlalchemy import func, select, update
+from sqlalchemy import true as true_
 
 from db.contracts.jobs import JobStorage
 from db.errors import ConflictError, InvalidTransitionError, NotFoundError, StorageError
@@ -68,7 +69,8 @@ class LeaseEndSQL(SQLBase, JobStorage):
         outcome = lease.status
         if lease.kind == "finalize":
             failed = outcome == LeaseStatus.FAILED or (
-                outcome == LeaseStatus.EXPIRED and self._attempts(session, lease.work_key) >= max_attempts
+                outcome == LeaseStatus.EXPIRED
+                and self._attempts(session, lease.work_key) >= max_attempts
             )
             if failed and job.status == JobStatus.RUNNING:
                 reason = lease.error or f"the finalize step was lost {max_attempts} times"
@@ -145,7 +147,9 @@ class LeaseEndSQL(SQLBase, JobStorage):
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
             if lease.kind != "finalize":
-                raise ConflictError(f"lease {lease_id} is a {lease.kind} lease, not a finalize lease")
+                raise ConflictError(
+                    f"lease {lease_id} is a {lease.kind} lease, not a finalize lease"
+                )
             self._end_lease(session, lease_id, LeaseStatus.DONE)
             artifact = ArtifactRow(
                 job_id=lease.job_id, path=path, sha256=sha256, size=size,

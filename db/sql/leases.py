@@ -71,7 +71,9 @@ class LeaseSQL(SQLBase, JobStorage):
     ) -> TaskLease | None:
         cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
         candidate = (
-            select(JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id)
+            select(
+                JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id
+            )
             .join(JobRow, JobRow.id == JobTaskRow.job_id)
             .where(
                 JobTaskRow.status == JobStatus.QUEUED,
@@ -254,7 +256,9 @@ class LeaseSQL(SQLBase, JobStorage):
             lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
             return LeaseBatchResult(frozen(TaskLease, lease), counted, job_status)
 
-    def _count_batch(self, session, lease, trials: int, best: float | None, lease_secs: float) -> bool:
+    def _count_batch(
+        self, session, lease, trials: int, best: float | None, lease_secs: float
+    ) -> bool:
         moved = session.execute(
             update(TaskLeaseRow)
             .where(

@@ -67,7 +67,9 @@ class ModelSQL(SQLBase, ModelStorage):
                 select(JobRow.id).where(JobRow.model_id == model_id, JobRow.status.in_(active))
             ).first()
             if busy is not None:
-                raise ConflictError(f"model {model_id} is used by job {busy[0]}, which is not finished")
+                raise ConflictError(
+                    f"model {model_id} is used by job {busy[0]}, which is not finished"
+                )
             record = frozen(ModelRecord, row)
             # Explicit rather than relying on ON DELETE (SQLite batch migrations may lose it).
             session.execute(

@@ -26,7 +26,9 @@ from db.types import (
 class RecordViewSQL(SQLBase, RecordStorage):
     """The history, browsing and statistics part of :class:`RecordStorage`."""
 
-    def job_history(self, job_id: int, *, after_id: int = 0, limit: int = 100_000) -> JobHistoryPage:
+    def job_history(
+        self, job_id: int, *, after_id: int = 0, limit: int = 100_000
+    ) -> JobHistoryPage:
         # One index-only range scan of three numbers per record; the running best per workload
         # is kept here (faster on SQLite than a window function, which sorts the page by
         # workload). Timestamps are read only for the improvements and the page's ends.

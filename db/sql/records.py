@@ -142,7 +142,9 @@ class RecordSQL(SQLBase, RecordStorage):
                 "target_id": rec.target_id,
                 "trace_hash": rec.trace_hash,
                 "trace_json": rec.trace_json,
-                "run_secs_json": dumps_compact(None if rec.run_secs is None else list(rec.run_secs)),
+                "run_secs_json": dumps_compact(
+                    None if rec.run_secs is None else list(rec.run_secs)
+                ),
                 "mean_secs": mean,
                 "is_valid": is_valid,
                 "error_text": rec.error_text,

@@ -172,7 +172,8 @@ class JobDetail(JobPublic):
         description="the fastest task's best latency so far (per-task bests are in tasks)"
     )
     estimated_latency_ms: float | None = Field(
-        description="sum of weight x best latency over the job's tasks; null while any is unmeasured"
+        description="sum of weight x best latency over the job's tasks; "
+        "null while any is unmeasured"
     )
     measured_latency_ms: float | None = Field(description="median of the verified artifact")
     reference_latency_ms: float | None = Field(

@@ -20,7 +20,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     commands = group.add_subparsers(dest="token_command", metavar="SUBCOMMAND", required=True)
 
     create = commands.add_parser("create", help="create a token and print it (once)")
-    create.add_argument("--name", required=True, help="user name (owner of models and jobs) or worker name")
+    create.add_argument(
+        "--name", required=True, help="user name (owner of models and jobs) or worker name"
+    )
     create.add_argument("--kind", choices=["user", "worker"], default="user")
     add_db_option(create)
     create.set_defaults(handler=run_create)

@@ -11,11 +11,11 @@ import sys
 
 import numpy as np
 import tvm
+from db_test_helpers import matmul_mod
 from tvm.s_tir import meta_schedule as ms
 
 import db
 from compiler.target import cpu_target
-from db_test_helpers import matmul_mod
 
 
 def main(url: str, cores: int) -> None:

@@ -34,7 +34,9 @@ def build(mod, target):
     """MetaSchedule's default build without importing tvm.s_tir.tensor_intrin."""
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock  # noqa: PLC0415
 
-    return tvm.tirx.build(RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target)
+    return tvm.tirx.build(
+        RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(mod), target=target
+    )
 
 
 @derived_object

@@ -81,7 +81,9 @@ def test_history_points_counts_and_pages(setup):
     middle = rows[5].id
     page = storage.job_history(job_id, after_id=middle, limit=4)
     assert (page.trials_before, page.records, page.more, page.last_id) == (6, 4, True, rows[9].id)
-    assert [(p.id, p.trial) for p in page.points] == [(r, n) for r, n, _, _ in _expected(rows[6:10], 6)]
+    assert [(p.id, p.trial) for p in page.points] == [
+        (r, n) for r, n, _, _ in _expected(rows[6:10], 6)
+    ]
     tail = storage.job_history(job_id, after_id=page.last_id)
     assert (tail.trials_before, tail.records, tail.more) == (10, 4, False)
     assert storage.job_history(job_id, after_id=tail.last_id).last_id == tail.last_id
@@ -96,7 +98,9 @@ def test_history_reads_the_job_index(setup, backend):
              f"WHERE job_id = {job_id} AND id > 0 ORDER BY id")
     with storage.engine.connect() as conn:
         if backend == "sqlite":
-            plan = " ".join(str(row[-1]) for row in conn.execute(text("EXPLAIN QUERY PLAN " + query)))
+            plan = " ".join(
+                str(row[-1]) for row in conn.execute(text("EXPLAIN QUERY PLAN " + query))
+            )
             assert "COVERING INDEX ix_tuning_records_job_history" in plan, plan
         else:
             conn.execute(text("SET enable_seqscan = off"))

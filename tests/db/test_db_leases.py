@@ -42,9 +42,13 @@ def test_lease_batches_finish_and_finalize(storage, target_id, workloads):
     task = {t.id: t for t in storage.list_job_tasks(job.id)}[first.task_id]
     assert task.workload_id == workloads[1] and task.status == "running" and task.leased_by == "w1"
 
-    counted = storage.record_lease_batch(first.id, batch=0, trials=2, best_mean_secs=2e-3, lease_secs=60)
+    counted = storage.record_lease_batch(
+        first.id, batch=0, trials=2, best_mean_secs=2e-3, lease_secs=60
+    )
     assert counted.counted and counted.lease.trials_done == 2 and counted.job_status == "running"
-    again = storage.record_lease_batch(first.id, batch=0, trials=2, best_mean_secs=1e-3, lease_secs=60)
+    again = storage.record_lease_batch(
+        first.id, batch=0, trials=2, best_mean_secs=1e-3, lease_secs=60
+    )
     assert not again.counted and again.lease.trials_done == 2  # a retried upload counts once
     with pytest.raises(db.ConflictError):
         storage.record_lease_batch(first.id, batch=5, trials=2, best_mean_secs=None, lease_secs=60)
@@ -76,7 +80,11 @@ def test_lease_batches_finish_and_finalize(storage, target_id, workloads):
     finished = storage.get_job(job.id)
     assert finished.status == "succeeded" and finished.worker == "w3" and artifact.verified
     assert storage.count_open_jobs(target_id=target_id) == 0
-    assert [lease.id for lease in storage.list_leases(job_id=job.id)] == [first.id, second.id, final.id]
+    assert [lease.id for lease in storage.list_leases(job_id=job.id)] == [
+        first.id,
+        second.id,
+        final.id,
+    ]
 
 
 def test_expired_lease_requeues_the_rest_once(storage, target_id, workloads):
@@ -105,7 +113,9 @@ def test_expired_lease_requeues_the_rest_once(storage, target_id, workloads):
 def test_a_task_that_keeps_losing_its_worker_fails(storage, target_id, workloads):
     job = _started_job(storage, target_id, workloads[:1], [8])
     for attempt in range(3):
-        lease = storage.claim_task_lease(f"w{attempt}", target_id=target_id, lease_secs=60, max_trials=8)
+        lease = storage.claim_task_lease(
+            f"w{attempt}", target_id=target_id, lease_secs=60, max_trials=8
+        )
         storage.finish_lease(lease.id, "failed", error="segfault", max_attempts=3)
     assert storage.list_job_tasks(job.id)[0].status == "failed"
     assert storage.claim_task_lease("w9", target_id=target_id, lease_secs=60, max_trials=8) is None
@@ -120,7 +130,9 @@ def test_cancelled_job_stops_leasing(storage, target_id, workloads):
     job = _started_job(storage, target_id, workloads[:2], [4, 4])
     lease = storage.claim_task_lease("w1", target_id=target_id, lease_secs=60, max_trials=4)
     storage.transition_job(job.id, JobStatus.CANCELLED, error="cancelled by the user")
-    result = storage.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60)
+    result = storage.record_lease_batch(
+        lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60
+    )
     assert result.job_status == "cancelled"
     assert storage.claim_task_lease("w2", target_id=target_id, lease_secs=60, max_trials=4) is None
     storage.finish_lease(lease.id, "cancelled")
@@ -136,8 +148,12 @@ def test_concurrent_claimers_never_share_work(storage, target_id, workloads, db_
 
     def claimer(name: str) -> None:
         with db.open_storage(db_url) as own:
-            while (lease := own.claim_task_lease(name, target_id=target_id, lease_secs=60, max_trials=4)):
-                own.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60)
+            while lease := own.claim_task_lease(
+                name, target_id=target_id, lease_secs=60, max_trials=4
+            ):
+                own.record_lease_batch(
+                    lease.id, batch=0, trials=4, best_mean_secs=None, lease_secs=60
+                )
                 own.finish_lease(lease.id, "done")
                 with lock:
                     leases.append(lease)
@@ -151,6 +167,8 @@ def test_concurrent_claimers_never_share_work(storage, target_id, workloads, db_
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert sorted(lease.task_id for lease in leases) == sorted(t.id for t in storage.list_job_tasks(job.id))
+    assert sorted(lease.task_id for lease in leases) == sorted(
+        t.id for t in storage.list_job_tasks(job.id)
+    )
     assert len(finals) == 1 and finals[0].job_id == job.id  # finalized exactly once
     assert storage.get_job(job.id).trials_done == 4 * len(workloads)

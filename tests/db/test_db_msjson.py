@@ -7,11 +7,11 @@ import json
 import pytest
 
 tvm = pytest.importorskip("tvm")
+from db_test_helpers import make_records, matmul_mod  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import db  # noqa: E402
 from compiler.keys import workload_key  # noqa: E402
-from db_test_helpers import make_records, matmul_mod  # noqa: E402
 
 SECS = [[4e-4], [1e-4], [3e-4, 3.2e-4], [1e10], [2e-4], [5e-4]]
 

@@ -33,7 +33,9 @@ def test_owner_filters_counts_and_pagination(storage, target_id):
 
 
 def test_delete_model_refuses_active_jobs_and_keeps_finished_ones(storage, target_id):
-    model = storage.add_model(content_hash="ab" * 32, format="onnx", filename="m", size=1, owner="u")
+    model = storage.add_model(
+        content_hash="ab" * 32, format="onnx", filename="m", size=1, owner="u"
+    )
     twin = storage.add_model(content_hash="ab" * 32, format="onnx", filename="m", size=1, owner="v")
     assert storage.find_model(owner="u", content_hash="ab" * 32) == model
     assert storage.find_model(owner="w", content_hash="ab" * 32) is None
@@ -45,7 +47,9 @@ def test_delete_model_refuses_active_jobs_and_keeps_finished_ones(storage, targe
     storage.transition_job(job.id, JobStatus.CANCELLED)
     assert storage.delete_model(model.id) == model
     assert storage.get_model(model.id) is None and storage.model_workloads(model.id) == []
-    assert storage.get_job(job.id).model_id is None and storage.get_job(job.id).status == "cancelled"
+    assert (
+        storage.get_job(job.id).model_id is None and storage.get_job(job.id).status == "cancelled"
+    )
     assert storage.model_content_in_use("ab" * 32)  # the other owner's row
     storage.delete_model(twin.id)
     assert not storage.model_content_in_use("ab" * 32)
@@ -82,7 +86,9 @@ def test_record_pages_and_workload_browse(storage, target_id, other_targets):
     assert total == 1 and [r.key for r in on_target] == ["00000000000000aa"]
     page, total = storage.browse_workloads(limit=1, offset=1)
     assert total == 3 and [r.key for r in page] == ["00000000000000bb"]
-    model = storage.add_model(content_hash="cd" * 32, format="onnx", filename="m", size=1, owner="u")
+    model = storage.add_model(
+        content_hash="cd" * 32, format="onnx", filename="m", size=1, owner="u"
+    )
     storage.set_model_workloads(model.id, [ModelWorkload(model.id, wb.id, "dense", 2)])
     by_model, total = storage.browse_workloads(model_id=model.id)
     assert total == 1 and by_model[0].key == "00000000000000bb" and by_model[0].records_valid == 1
@@ -99,7 +105,9 @@ def test_token_listing(storage):
 
 
 def test_job_progress_in_one_read(storage, target, target_id):
-    model = storage.add_model(content_hash="ef" * 32, format="onnx", filename="m", size=1, owner="u")
+    model = storage.add_model(
+        content_hash="ef" * 32, format="onnx", filename="m", size=1, owner="u"
+    )
     wa = storage.ensure_workload("00000000000000aa", "{}")
     wb = storage.ensure_workload("00000000000000bb", "{}")
     storage.set_model_workloads(model.id, [ModelWorkload(model.id, wa.id, "a", 1),

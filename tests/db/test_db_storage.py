@@ -109,7 +109,10 @@ def test_records_are_scoped_by_target(storage, ids, other_targets):
     assert storage.top_k(ids[0], other.id, 5)[0].mean_secs == 5e-4
     stats = storage.stats()
     assert stats.records_valid == 2 and stats.targets == 2 and stats.workloads == 1
-    assert {(s.target.id, s.records_valid) for s in stats.per_target} == {(ids[1], 1), (other.id, 1)}
+    assert {(s.target.id, s.records_valid) for s in stats.per_target} == {
+        (ids[1], 1),
+        (other.id, 1),
+    }
     assert [w.id for w in storage.list_workloads(target_id=other.id)] == [ids[0]]
 
 
@@ -165,7 +168,9 @@ def test_job_tasks_and_leases(storage, ids):
 
 
 def test_models_workers_artifacts_cost_models_tokens(storage, ids):
-    m = storage.add_model(content_hash="ab" * 32, format="onnx", filename="m.onnx", size=10, owner="bob")
+    m = storage.add_model(
+        content_hash="ab" * 32, format="onnx", filename="m.onnx", size=10, owner="bob"
+    )
     assert storage.add_model(
         content_hash="ab" * 32, format="onnx", filename="again.onnx", size=10, owner="bob"
     ) == m
@@ -183,7 +188,9 @@ def test_models_workers_artifacts_cost_models_tokens(storage, ids):
     a = storage.add_artifact(job_id=job.id, path="/x/model.so", sha256="cd" * 32, size=123)
     assert storage.list_artifacts(job.id) == [a] and a.verified is False
 
-    storage.save_cost_model(target_id=ids[1], blob=b"old", feature_version="v1", tvm_version="t", n_samples=1)
+    storage.save_cost_model(
+        target_id=ids[1], blob=b"old", feature_version="v1", tvm_version="t", n_samples=1
+    )
     new = storage.save_cost_model(
         target_id=ids[1], blob=b"\x00new", feature_version="v1", tvm_version="t", n_samples=9
     )

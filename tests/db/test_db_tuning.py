@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 
 tvm = pytest.importorskip("tvm")
+from db_test_helpers import matmul_mod  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import db  # noqa: E402
 from compiler.keys import workload_key  # noqa: E402
-from db_test_helpers import matmul_mod  # noqa: E402
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parents[1]

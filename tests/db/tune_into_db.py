@@ -18,11 +18,11 @@ for _name in ("cuda", "rocm"):
     _full = f"tvm.s_tir.tensor_intrin.{_name}"
     sys.modules.setdefault(_full, types.ModuleType(_full))
 
+from db_test_helpers import default_callbacks, tune_matmul  # noqa: E402
 from tvm.s_tir import meta_schedule as ms  # noqa: E402
 
 import db  # noqa: E402
 from compiler.target import cpu_target  # noqa: E402
-from db_test_helpers import default_callbacks, tune_matmul  # noqa: E402
 
 
 def main(url: str, cores: int) -> None:

@@ -140,7 +140,9 @@ def serve(tmp_path_factory) -> Iterator[Callable[..., Server]]:
         stop_server(server)
 
 
-def wait_for_job(client: httpx.Client, job_id: int, statuses: set[str], timeout: float = 400) -> dict:
+def wait_for_job(
+    client: httpx.Client, job_id: int, statuses: set[str], timeout: float = 400
+) -> dict:
     deadline = time.monotonic() + timeout
     while True:
         job = client.get(f"/jobs/{job_id}").json()

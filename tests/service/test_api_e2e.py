@@ -30,7 +30,9 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         # The same content again: the same model, no second file.
         again = upload(client, model_path)
         assert again.status_code == 200 and again.json()["id"] == model["id"]
-        assert sorted(p.name for p in (server.storage_dir / "models").iterdir()) == [model["sha256"]]
+        assert sorted(p.name for p in (server.storage_dir / "models").iterdir()) == [
+            model["sha256"]
+        ]
         assert client.get("/models").json()["count"] == 1
 
         response = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 12})

@@ -38,7 +38,9 @@ def test_services_and_commands(compose) -> None:
     assert len(urls) == 1 and urls.pop().startswith("postgresql+psycopg://tunehub:")
     for role in roles:
         assert "storage:/data/storage" in role["volumes"]
-    assert re.fullmatch(r"\$\{TUNEHUB_WORKERS:-\d+\}", str(services["worker"]["deploy"]["replicas"]))
+    assert re.fullmatch(
+        r"\$\{TUNEHUB_WORKERS:-\d+\}", str(services["worker"]["deploy"]["replicas"])
+    )
     # Published on the host's loopback only.
     assert services["api"]["ports"] == ["127.0.0.1:8470:8470"]
 

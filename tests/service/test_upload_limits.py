@@ -13,7 +13,12 @@ import httpx
 import numpy as np
 import pytest
 
-from tests.onnx_factory import add_chain_model, constant_of_shape_bomb, external_data_model, two_layer_model
+from tests.onnx_factory import (
+    add_chain_model,
+    constant_of_shape_bomb,
+    external_data_model,
+    two_layer_model,
+)
 from tests.service.conftest import upload
 
 #: The API process may grow this much while refusing a bomb (it never builds the tensor).
@@ -151,9 +156,9 @@ def test_external_data_naming_a_staged_file_is_refused(server, tmp_path) -> None
 
 @pytest.fixture(scope="module")
 def genuine(tmp_path_factory):
-    from tests.test_pt2_safety import Genuine, TinyNet
-
     import torch
+
+    from tests.pt2_factory import Genuine, TinyNet
 
     model = TinyNet().eval()
     example = torch.randn(1, 3, 8, 8)
@@ -164,7 +169,7 @@ def genuine(tmp_path_factory):
 
 @pytest.mark.parametrize("deflated", [False, True], ids=["stored", "deflated"])
 def test_pt2_member_understating_its_size_is_refused(server, genuine, tmp_path, deflated) -> None:
-    from tests.test_pt2_safety import understated_member
+    from tests.pt2_factory import understated_member
 
     path = understated_member(genuine, tmp_path / "lie.pt2", deflated=deflated)
     with _client(server, "mallory") as mallory:
@@ -175,7 +180,9 @@ def test_pt2_member_understating_its_size_is_refused(server, genuine, tmp_path, 
     _assert_clean(server)
 
 
-def test_zip_bomb_message_names_the_upload_not_a_server_temp_file(server, genuine, tmp_path) -> None:
+def test_zip_bomb_message_names_the_upload_not_a_server_temp_file(
+    server, genuine, tmp_path
+) -> None:
     path = tmp_path / "bomb.pt2"
     with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(path, "w") as zout:
         for name in zin.namelist():

@@ -67,7 +67,9 @@ def test_gives_up_after_its_retry_window() -> None:
 def test_a_refusal_is_not_retried() -> None:
     port = free_port()
     seen: list[str] = []
-    server = _serve(port, [(409, {"detail": "task lease 7 is expired", "code": "lease_lost"})], seen)
+    server = _serve(
+        port, [(409, {"detail": "task lease 7 is expired", "code": "lease_lost"})], seen
+    )
     client = HttpClient(f"http://127.0.0.1:{port}", "t", retry_secs=30)
     try:
         with pytest.raises(WorkerApiError) as info:

@@ -32,7 +32,9 @@ def _leases(client, job_id: int) -> list[dict]:
 def _records(client, job_id: int) -> list[dict]:
     data, after = [], 0
     while True:
-        page = client.get("/records", params={"job_id": job_id, "after": after, "limit": 1000}).json()
+        page = client.get(
+            "/records", params={"job_id": job_id, "after": after, "limit": 1000}
+        ).json()
         data += page["data"]
         if page["next_after"] is None:
             return data
@@ -62,7 +64,9 @@ def test_killed_worker_loses_its_lease_and_another_finishes(server, tmp_path) ->
         deadline = time.monotonic() + 400
         while len(before := _records(user, job["id"])) < 4:  # its first batch is uploaded
             assert doomed.popen.poll() is None, doomed.text()[-3000:]
-            assert time.monotonic() < deadline, f"no batch uploaded in time: {doomed.text()[-3000:]}"
+            assert time.monotonic() < deadline, (
+                f"no batch uploaded in time: {doomed.text()[-3000:]}"
+            )
             time.sleep(0.2)
         workers = {w["name"]: w for w in user.get("/workers").json()["data"]}
         lease = workers["doomed"]["current_lease"]
@@ -106,7 +110,9 @@ def test_killed_worker_loses_its_lease_and_another_finishes(server, tmp_path) ->
         # A late upload from the expired lease is still accepted, and counts nothing.
         key = model["tasks"][0]["key"]
         target = final["target_key"]
-        seeds = as_worker.get("/workers/records", params={"workload": key, "target": target, "k": 1})
+        seeds = as_worker.get(
+            "/workers/records", params={"workload": key, "target": target, "k": 1}
+        )
         trace, run_secs, _, args_info = seeds.json()["data"][0]
         late = as_worker.post(f"/workers/leases/{dead['id']}/records", json={
             "batch": dead["batches_done"],
@@ -153,7 +159,9 @@ def test_sigterm_returns_the_lease(server, tmp_path) -> None:
         detail = user.get(f"/jobs/{job['id']}").json()
         assert detail["status"] == "running" and detail["tasks"][0]["status"] == "queued"
         assert detail["tasks"][0]["trials_done"] == lease["trials_done"]  # uploads kept
-        assert {w["name"]: w for w in user.get("/workers").json()["data"]}["terminated"]["status"] == "offline"
+        assert {w["name"]: w for w in user.get("/workers").json()["data"]}["terminated"][
+            "status"
+        ] == "offline"
         assert "lease" in worker.text() and "returned" in worker.text()
         user.post(f"/jobs/{job['id']}/cancel")
 

@@ -47,7 +47,12 @@ class Proc:
 
 def start_worker(server: Server, token: str, name: str, folder: Path, *extra: str) -> Proc:
     log = folder / f"{name}.log"
-    env = {**os.environ, **WORKER_ENV, "TUNEHUB_HOME": str(folder / name), "TUNEHUB_WORKER_TOKEN": token}
+    env = {
+        **os.environ,
+        **WORKER_ENV,
+        "TUNEHUB_HOME": str(folder / name),
+        "TUNEHUB_WORKER_TOKEN": token,
+    }
     env.pop("TUNEHUB_DATABASE_URL", None)
     with open(log, "wb") as out:
         popen = subprocess.Popen(
@@ -63,7 +68,9 @@ def wait_exit(proc: Proc, timeout: float) -> int:
         return proc.popen.wait(timeout=timeout)
     except subprocess.TimeoutExpired:
         proc.stop()
-        raise AssertionError(f"worker {proc.name} did not finish in {timeout:.0f} s:\n{proc.text()[-4000:]}")
+        raise AssertionError(
+            f"worker {proc.name} did not finish in {timeout:.0f} s:\n{proc.text()[-4000:]}"
+        ) from None
 
 
 @dataclass

@@ -2,14 +2,13 @@
 cost models and API tokens.
 
 Revision ID: 0001_initial
-Revises: 
+Revises:
 Create Date: 2026-11-30
 """
 from __future__ import annotations
 
 import sqlalchemy as sa
 from alembic import op
-
 
 revision = '0001_initial'
 down_revision = None

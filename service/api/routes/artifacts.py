@@ -1,6 +1,7 @@
 """``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job."""
 from __future__ import annotations
 
+from pathlib import Path as FsPath
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, Path
@@ -39,8 +40,6 @@ def download_artifact(
         raise ApiError(
             409, "no_artifact", f"job {job_id} has no verified artifact (status: {job.status})"
         )
-    from pathlib import Path as FsPath
-
     path = FsPath(artifact.path) / name
     if not path.is_file():
         raise ApiError(404, "artifact_missing", f"the artifact file {name} of job {job_id} is gone")

@@ -95,7 +95,9 @@ def list_jobs(
     jobs = storage.list_jobs(status=status_, owner=user.name, limit=limit, offset=offset)
     keys = {t.id: t.key for t in storage.list_targets()}
     return JobsPublic(
-        data=[JobPublic.from_job(j, target_key=keys.get(j.target_id), prefix=API_PREFIX) for j in jobs],
+        data=[
+            JobPublic.from_job(j, target_key=keys.get(j.target_id), prefix=API_PREFIX) for j in jobs
+        ],
         count=storage.count_jobs(status=status_, owner=user.name),
     )
 

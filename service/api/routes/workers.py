@@ -67,7 +67,9 @@ def _forbidden(err: Exception) -> ApiError:
 _OWNED = {403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": ErrorBody}}
 
 
-@router.get("", response_model=WorkersPublic, summary="Workers, their heartbeats and current leases")
+@router.get(
+    "", response_model=WorkersPublic, summary="Workers, their heartbeats and current leases"
+)
 def list_workers(storage: StorageDep, _user: CurrentUser) -> WorkersPublic:
     rows = storage.list_workers()
     keys = {t.id: t.key for t in storage.list_targets()}
@@ -87,7 +89,9 @@ def list_leases(
     _user: CurrentUser,
     job_id: Annotated[int | None, Query(ge=1, le=MAX_ID)] = None,
     worker: Annotated[str | None, Query(pattern=NAME_PATTERN)] = None,
-    status: Annotated[str | None, Query(pattern="^(active|done|expired|returned|failed|cancelled)$")] = None,
+    status: Annotated[
+        str | None, Query(pattern="^(active|done|expired|returned|failed|cancelled)$")
+    ] = None,
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LeasesPublic:
@@ -95,7 +99,9 @@ def list_leases(
         job = storage.get_job(job_id)
         if job is None or job.owner != _user.name:
             raise not_found("job", job_id)
-    rows = storage.list_leases(job_id=job_id, worker=worker, status=status, after_id=after, limit=limit)
+    rows = storage.list_leases(
+        job_id=job_id, worker=worker, status=status, after_id=after, limit=limit
+    )
     return LeasesPublic(
         data=[LeasePublic.from_lease(r) for r in rows],
         next_after=rows[-1].id if len(rows) == limit else None,
@@ -119,7 +125,7 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
             except ValueError:
                 raise ApiError(422, "invalid_request", "target_json and fingerprint_json must be "
                                "JSON objects") from None
-        from compiler.target import TargetSpec
+        from compiler.target import TargetSpec  # noqa: PLC0415 - the API process stays free of TVM
 
         spec = TargetSpec(body.target.kind, body.target.target_json, body.target.fingerprint_json,
                           body.target.tvm_version)
@@ -332,7 +338,8 @@ def upload_artifact(
 
 def _server_check(storage, files):
     """The server's own check of an uploaded library
-    (:func:`tuner.finalize.check_artifact_in_child`): a fresh process loads it and compares it with the reference on the job's model and inputs."""
+    (:func:`tuner.finalize.check_artifact_in_child`): a fresh process loads it and compares it
+    with the reference on the job's model and inputs."""
 
     def check(library: FsPath, job) -> bool:
         from tuner.finalize import check_artifact_in_child  # noqa: PLC0415
@@ -353,5 +360,7 @@ def _save(upload: UploadFile, path: FsPath, limit: int) -> None:
         while chunk := upload.file.read(1 << 20):
             size += len(chunk)
             if size > limit:
-                raise ApiError(413, "too_large", f"{upload.filename or path.name} exceeds {limit} bytes")
+                raise ApiError(
+                    413, "too_large", f"{upload.filename or path.name} exceeds {limit} bytes"
+                )
             out.write(chunk)
