@@ -371,8 +371,6 @@ def check_records(
     A valid record faster than :data:`PEAK_FLOPS` allows or :data:`IMPLAUSIBLE_SPEEDUP` times
     faster than the workload's best record of another worker is stored **held**
     (``quarantined``: no best-record query uses it). Records are attributed to ``worker``."""
-    import math  # noqa: PLC0415
-
     from db.metaschedule_database import describe_error, replay  # noqa: PLC0415
     from tuner.finalize import expected_args_info, tvm_module  # noqa: PLC0415
 
