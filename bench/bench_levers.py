@@ -69,7 +69,6 @@ class Case:
 def _conv_model(
     cin: int, cout: int, size: int, kernel: int, groups: int, activation: str | None
 ) -> Any:
-    import onnx
     from onnx import TensorProto, helper, numpy_helper
 
     rng = np.random.default_rng(cin * 1000 + cout + size)
@@ -106,7 +105,10 @@ def _dense_model(rows: int, cin: int, cout: int) -> Any:
     weight = (rng.standard_normal((cin, cout)) * 0.05).astype("float32")
     bias = (rng.standard_normal(cout) * 0.1).astype("float32")
     graph = helper.make_graph(
-        [helper.make_node("MatMul", ["x", "w"], ["mm"]), helper.make_node("Add", ["mm", "b"], ["y"])],
+        [
+            helper.make_node("MatMul", ["x", "w"], ["mm"]),
+            helper.make_node("Add", ["mm", "b"], ["y"]),
+        ],
         "op",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [rows, cin])],
         [helper.make_tensor_value_info("y", TensorProto.FLOAT, [rows, cout])],
@@ -202,7 +204,9 @@ def _ort_session(proto: Any, threads: int) -> Any:
     options.intra_op_num_threads = threads
     options.inter_op_num_threads = 1
     options.execution_mode = ort.ExecutionMode.ORT_SEQUENTIAL
-    return ort.InferenceSession(proto.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return ort.InferenceSession(
+        proto.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
 
 
 def _ort_timer(session: Any, feed: dict[str, np.ndarray], min_ms: int) -> Callable[[], float]:
@@ -218,7 +222,9 @@ def _ort_timer(session: Any, feed: dict[str, np.ndarray], min_ms: int) -> Callab
     return sample
 
 
-def _side_by_side(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, dict[str, float]]:
+def _side_by_side(
+    timers: dict[str, Callable[[], float]], rounds: int
+) -> dict[str, dict[str, float]]:
     """Median and spread of ``rounds`` alternating samples of every timer (after one warm-up)."""
     for timer in timers.values():
         timer()
@@ -228,7 +234,11 @@ def _side_by_side(timers: dict[str, Callable[[], float]], rounds: int) -> dict[s
         for name in order:
             samples[name].append(timers[name]())
     return {
-        name: {"median_ms": statistics.median(v) * 1e3, "min_ms": min(v) * 1e3, "max_ms": max(v) * 1e3}
+        name: {
+            "median_ms": statistics.median(v) * 1e3,
+            "min_ms": min(v) * 1e3,
+            "max_ms": max(v) * 1e3,
+        }
         for name, v in samples.items()
     }
 
@@ -277,7 +287,9 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         print(f"{case.name} {label}: tuned {anchor.name} in {row['tune_secs']:.0f} s, "
               f"max abs error {row['max_abs_error']:.2e}", flush=True)
     _restore_affinity()
-    timers = {label: _kernel_timer(t, tgt, db, args.min_ms) for label, (t, tgt, db) in tuned.items()}
+    timers = {
+        label: _kernel_timer(t, tgt, db, args.min_ms) for label, (t, tgt, db) in tuned.items()
+    }
     timers["ONNX Runtime"] = _ort_timer(session, feed, args.min_ms)
     times = _side_by_side(timers, args.rounds)
     _restore_affinity()
@@ -308,8 +320,11 @@ def machine() -> dict[str, Any]:
     except OSError:
         pass
     return {
-        "cpu_model": model, "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),
-        "logical_cpus": os.cpu_count(), "tvm": tvm.__version__, "onnxruntime": onnxruntime.__version__,
+        "cpu_model": model,
+        "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),
+        "logical_cpus": os.cpu_count(),
+        "tvm": tvm.__version__,
+        "onnxruntime": onnxruntime.__version__,
     }
 
 
@@ -331,7 +346,8 @@ def render(results: list[dict[str, Any]]) -> str:
         "Runtime). Command: `python -m bench.bench_levers` "
         f"`{' '.join(cfg['argv'])}`.",
         "",
-        "| network | task | variant | ms | GFLOP/s | vs ORT | spread (min–max ms) | tune s | max abs err |",
+        "| network | task | variant | ms | GFLOP/s | vs ORT | spread (min–max ms) | tune s "
+        "| max abs err |",
         "|---|---|---|---|---|---|---|---|---|",
     ]
     for result in (r for file in results for r in file["cases"]):

@@ -134,6 +134,8 @@ def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
 def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     """Trials/s of TuneHub vs plain tune_relax (JSON database), same settings and budget, both
     starting from empty databases (a fresh folder under ``work`` each call)."""
+    from tvm.s_tir import meta_schedule as ms
+
     import db
     from compiler.build import build
     from compiler.prepare import prepare_model
@@ -143,7 +145,6 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     from tuner.measure import MeasureConfig, make_builder, make_runner
     from tuner.plan import choose_batch_size
     from tuner.search import SearchConfig
-    from tvm.s_tir import meta_schedule as ms
 
     work = Path(tempfile.mkdtemp(prefix="throughput-", dir=work))
     path = export_onnx(name, work / f"tp-{name}.onnx")

@@ -52,7 +52,7 @@ class CompileOptions:
         return {"conv_layout": self.conv_layout, "prepack": self.prepack}
 
     @staticmethod
-    def from_json(data: dict[str, Any] | None) -> "CompileOptions":
+    def from_json(data: dict[str, Any] | None) -> CompileOptions:
         """Options from a fingerprint's ``"compile"`` field; ``None`` (absent) is :data:`LEGACY`."""
         if not data:
             return LEGACY

@@ -33,7 +33,7 @@ def _all_onnx_nodes(graph: onnx.GraphProto):
 
 def unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
     """Every operator (with its domain when not the default) the Relax ONNX importer lacks."""
-    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map
+    from tvm.relax.frontend.onnx.onnx_frontend import _get_convert_map  # noqa: PLC0415 - a frontend is imported only for its format
 
     supported = set(_get_convert_map()) | {"Constant", "If"}
     missing = set()
@@ -47,7 +47,7 @@ def unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
 
 def unsupported_torch_ops(program) -> list[str]:
     """Every ``call_function`` target the Relax ``ExportedProgram`` importer lacks."""
-    from tvm.relax.frontend.torch.exported_program_translator import (
+    from tvm.relax.frontend.torch.exported_program_translator import (  # noqa: PLC0415 - a frontend is imported only for its format
         ExportedProgramImporter,
     )
 
@@ -82,7 +82,7 @@ def _import_onnx(model: LoadedModel) -> tvm.IRModule:
         raise UnsupportedOperatorsError(missing, "ONNX")
     shape_dict = {spec.name: list(spec.shape) for spec in model.inputs}
     dtype_dict = {spec.name: spec.dtype for spec in model.inputs}
-    from tvm.relax.frontend.onnx import from_onnx
+    from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415 - a frontend is imported only for its format
 
     return from_onnx(
         model.source, shape_dict=shape_dict, dtype_dict=dtype_dict, keep_params_in_input=False
@@ -90,7 +90,7 @@ def _import_onnx(model: LoadedModel) -> tvm.IRModule:
 
 
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
-    from tvm.relax.frontend.torch import from_exported_program
+    from tvm.relax.frontend.torch import from_exported_program  # noqa: PLC0415 - a frontend is imported only for its format
 
     missing = unsupported_torch_ops(model.source)
     if missing:

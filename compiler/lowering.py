@@ -54,7 +54,9 @@ def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
         )(mod)
 
 
-def _fuse_and_mark(mod: tvm.IRModule, target: tvm.target.Target, options: CompileOptions) -> tvm.IRModule:
+def _fuse_and_mark(
+    mod: tvm.IRModule, target: tvm.target.Target, options: CompileOptions
+) -> tvm.IRModule:
     fused = fuse(mod, target)
     return mark_layout_free(fused) if options.prepack else fused
 
@@ -81,14 +83,14 @@ def build_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) ->
 
     Returns TVM's ``Executable``; TVM errors propagate (the caller maps them).
     """
-    from tvm.s_tir import meta_schedule as ms
+    from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only the paths that need them
 
     tvm_target = target.tvm_target()
     if target.compile_options.is_legacy:
         return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
     # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
-    from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline
+    from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: PLC0415 - only the paths that need them
 
     scheduled = lower_with_database(mod, target, database)
     late = tvm.ir.transform.Sequential(

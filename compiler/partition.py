@@ -112,7 +112,9 @@ def partition(mod: tvm.IRModule, target: TargetSpec) -> Partition:
     fused = fused_for_target(mod, target)
     extracted = list(ms.relax_integration.extract_tasks(fused, target.tvm_target()))
     infos = [_task_info(task) for task in extracted]
-    order = sorted(range(len(infos)), key=lambda i: (-infos[i].flops * infos[i].weight, infos[i].name))
+    order = sorted(
+        range(len(infos)), key=lambda i: (-infos[i].flops * infos[i].weight, infos[i].name)
+    )
     return Partition(
         fused=fused,
         tasks=tuple(infos[i] for i in order),

@@ -245,4 +245,6 @@ def resolve_target(
                 "bad_target", "target 'cuda' needs a CUDA GPU, and TVM finds none on this machine"
             )
         return cuda_target(gpu)
-    raise ModelError("bad_target", f"unknown target {name!r}: supported targets are 'cpu' and 'cuda'")
+    raise ModelError(
+        "bad_target", f"unknown target {name!r}: supported targets are 'cpu' and 'cuda'"
+    )

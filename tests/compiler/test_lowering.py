@@ -64,14 +64,22 @@ def block():
     proto = _mobilenet_block()
     x = np.random.default_rng(1).standard_normal((1, 8, 12, 12)).astype("float32")
     session = ort.InferenceSession(proto.SerializeToString(), providers=["CPUExecutionProvider"])
-    return normalize(from_onnx(proto, keep_params_in_input=False)), x, session.run(None, {"x": x})[0]
+    return (
+        normalize(from_onnx(proto, keep_params_in_input=False)),
+        x,
+        session.run(None, {"x": x})[0],
+    )
 
 
 def _ops(mod: tvm.IRModule) -> list[str]:
     names: list[str] = []
     relax.analysis.post_order_visit(
         mod["main"],
-        lambda e: names.append(e.op.name) if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op) else None,
+        lambda e: (
+            names.append(e.op.name)
+            if isinstance(e, relax.Call) and isinstance(e.op, tvm.ir.Op)
+            else None
+        ),
     )
     return names
 
@@ -98,9 +106,15 @@ def test_nhwc_keeps_only_the_input_transpose(block) -> None:
     convs = []
     relax.analysis.post_order_visit(
         converted["main"],
-        lambda e: convs.append(e) if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d" else None,
+        lambda e: (
+            convs.append(e)
+            if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.nn.conv2d"
+            else None
+        ),
     )
-    assert {(str(c.attrs.data_layout), str(c.attrs.kernel_layout)) for c in convs} == {("NHWC", "HWIO")}
+    assert {(str(c.attrs.data_layout), str(c.attrs.kernel_layout)) for c in convs} == {
+        ("NHWC", "HWIO")
+    }
     assert "relax.clip" in _ops(mod)  # the input module is untouched
 
 
