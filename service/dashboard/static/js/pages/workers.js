@@ -2,8 +2,8 @@
 //
 // Shows what GET /workers returns: the known fields in their own columns, any other field the
 // API adds in "More" (so a newer API shows up without a dashboard change). A worker's current
-// job comes from the worker's own lease fields when the API has them, otherwise from your running
-// jobs (GET /jobs?status=running), matched on the job's worker name.
+// job comes from the worker's current lease (``current_lease`` in GET /workers) when it holds one,
+// otherwise from your running jobs (GET /jobs?status=running), matched on the job's worker name.
 
 import { api, AuthError } from "../api.js";
 import { badge, errorBox, fill, h, table } from "../dom.js";
@@ -12,7 +12,8 @@ import { poll } from "../poll.js";
 
 const POLL_MS = 5000;
 const SHOWN = new Set(["id", "name", "status", "target_id", "target_key", "hardware", "fingerprint",
-  "last_heartbeat", "current_job_id", "job_id", "lease", "lease_expires_at", "created_at"]);
+  "last_heartbeat", "current_job_id", "job_id", "lease", "current_lease", "lease_expires_at",
+  "created_at"]);
 
 export function mount(view, _params, app) {
   const problem = h("div");
@@ -35,15 +36,18 @@ export function mount(view, _params, app) {
   }
 
   function currentWork(worker, running) {
-    const jobId = worker.current_job_id ?? worker.job_id ?? worker.lease?.job_id;
+    const lease = worker.current_lease ?? worker.lease;
+    const jobId = worker.current_job_id ?? worker.job_id ?? lease?.job_id;
     const job = jobId ?? running.get(worker.name);
     const pieces = [];
     if (job !== undefined && job !== null) pieces.push(app.link(`/dashboard/jobs/${job}`, `job #${job}`));
-    if (worker.lease && typeof worker.lease === "object") {
-      const { job_id: _ignored, ...rest } = worker.lease;
-      pieces.push(" ", h("span", { class: "muted" }, Object.entries(rest).map(([k, v]) => `${k}: ${v}`).join(", ")));
+    if (lease && typeof lease === "object") {
+      const what = [`${lease.kind ?? "lease"} lease #${lease.id ?? "?"}`];
+      if (lease.kind === "tune") what.push(`${lease.trials_done ?? 0} / ${lease.trials ?? "?"} trials`);
+      pieces.push(" ", h("span", { class: "muted" }, what.join(", ")));
     }
-    if (worker.lease_expires_at) pieces.push(" ", h("span", { class: "muted" }, `lease until ${fmt.datetime(worker.lease_expires_at)}`));
+    const expires = lease?.expires_at ?? worker.lease_expires_at;
+    if (expires) pieces.push(" ", h("span", { class: "muted" }, `lease until ${fmt.datetime(expires)}`));
     return pieces.length ? pieces : fmt.DASH;
   }
 
