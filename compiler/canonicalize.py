@@ -124,7 +124,8 @@ def _clip_from_min_max(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewrite, func)
 
 
-def _static_shape(expr: relax.Expr) -> list[int] | None:
+def static_shape(expr: relax.Expr) -> list[int] | None:
+    """The integer shape of ``expr``'s tensor type, or ``None`` when it is not fully static."""
     shape = getattr(getattr(expr, "ty", None), "shape", None)
     if shape is None or not hasattr(shape, "values"):
         return None
@@ -141,7 +142,7 @@ def _flatten_linear(func: relax.Function) -> relax.Function:
     pattern = biased | product
 
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
-        shape = _static_shape(matches[data])
+        shape = static_shape(matches[data])
         w_shape = list(matches[weight].value.numpy().shape)
         if shape is None or len(shape) <= 2 or len(w_shape) != 2:
             return expr

@@ -22,18 +22,10 @@ import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
+from compiler.canonicalize import static_shape
+
 #: ``ConvertLayout``'s desired layouts: data, weights (output follows data).
 DESIRED_LAYOUTS: dict[str, list[str]] = {"relax.nn.conv2d": ["NHWC", "HWIO"]}
-
-
-def _static_shape(expr: relax.Expr) -> list[int] | None:
-    shape = getattr(getattr(expr, "ty", None), "shape", None)
-    if shape is None or not hasattr(shape, "values"):
-        return None
-    try:
-        return [int(d) for d in shape.values]
-    except TypeError:
-        return None
 
 
 def _clip_as_min_max(func: relax.Function) -> relax.Function:
@@ -60,8 +52,8 @@ def _unit_transposes_as_reshapes(func: relax.Function) -> relax.Function:
     pattern = is_op("relax.permute_dims")(data)
 
     def rewrite(expr: relax.Call, matches: dict) -> relax.Expr:
-        shape = _static_shape(matches[data])
-        out_shape = _static_shape(expr)
+        shape = static_shape(matches[data])
+        out_shape = static_shape(expr)
         axes = getattr(expr.attrs, "axes", None)
         if shape is None or out_shape is None or axes is None:
             return expr
