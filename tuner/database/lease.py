@@ -9,7 +9,7 @@ and the cost model's warm start), knows which schedules the server already holds
 so :class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` and
 :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` treat both alike. The measurements
 reach the server through the lease's measure callback
-(:class:`tuner.measure_callback.batch_upload.BatchUpload`), not through this database.
+(:class:`tuner.measure_callback.upload_batches.UploadBatches`), not through this database.
 """
 from __future__ import annotations
 
