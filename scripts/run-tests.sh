@@ -14,4 +14,4 @@ if [ -f scripts/postgres.sh ]; then
   eval "$(bash scripts/postgres.sh start)"
   trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider "$@"
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 "$@"

@@ -18,7 +18,8 @@ validation runs in a child process:
   kind and is enforced the same way on every Linux; a cgroup would need privileges the service
   does not have. glibc's per-thread malloc arenas (64 MiB of address space each) are capped at 2
   so that thread count does not eat the budget.
-* **time limit.** The parent waits at most ``timeout_secs`` and then kills the child (SIGKILL).
+* **time limit.** The parent waits at most ``timeout_secs`` from the child's start (not counting
+  a fork server still starting up) and then kills the child (SIGKILL).
 * **bounded concurrency** is the caller's (``service.api.routes.models``: at most
   ``TUNEHUB_VALIDATION_CONCURRENCY`` at once, an upload waits at most
   ``TUNEHUB_VALIDATION_QUEUE_SECS`` for a slot, then 503 with ``Retry-After``).
@@ -170,9 +171,12 @@ class _Run:
             target=_child, args=(sender, self.limits.memory_bytes, tmp, job),
             name="tunehub-validate", daemon=True,
         )
-        deadline = time.monotonic() + self.limits.timeout_secs
         try:
+            # start() returns once the fork server has forked the child; a fork server still
+            # importing the compiler (the first upload after start-up, seconds on a loaded machine)
+            # holds it here, so the time limit is counted from then: it bounds the upload's own work.
             process.start()
+            deadline = time.monotonic() + self.limits.timeout_secs
             sender.close()
             message = None
             if receiver.poll(max(0.0, deadline - time.monotonic())):
