@@ -25,6 +25,13 @@ resumes: rungs already measured are not run again and models not named keep thei
 (for a quieter moment than the tuning run had: on a shared machine, latencies measured while other
 work runs are inflated, torch's most of all).
 
+``--paths today new`` tunes each model once per compile path, side by side in one run and one
+database (their target keys differ, so nothing is shared between them): ``new`` is
+:data:`compiler.compile_options.CPU_DEFAULT` (NHWC convolutions, prepacked weights; columns
+``TuneHub <budget>``), ``today`` is :data:`compiler.compile_options.LEGACY` (NCHW, weights as
+imported: the path of ``models_2026-11-30.md``; columns ``TuneHub NCHW <budget>``). Default:
+``new`` only.
+
 ``--top-up N`` (with ``--work``/``--db`` of an earlier run): after a compiler change that gives
 some tasks of a model new keys (e.g. ``compiler/fast_math.py``), tune each named model with N
 more trials *without* ``--continue``: only the tasks the database has no records for are tuned,
@@ -44,6 +51,19 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
+#: Compile paths by name (``--paths``); see the module docstring.
+PATHS = ("today", "new")
+
+
+def rung(path: str, budget: int | str) -> str:
+    """The column label of ``path``'s rung ``budget`` (``"500"`` or ``"NCHW 500"``)."""
+    return str(budget) if path == "new" else f"NCHW {budget}"
+
+
+def path_options(path: str):
+    from compiler.compile_options import CPU_DEFAULT, LEGACY
+
+    return CPU_DEFAULT if path == "new" else LEGACY
 
 
 def _median_secs(call, repeat: int = 30, warmup: int = 3) -> float:
@@ -98,21 +118,28 @@ def baseline_row(name: str, threads: int, work: Path) -> tuple[dict, object, lis
     return row, prepared, inputs
 
 
-def tune_rung(row: dict, prepared, budget: int, work: Path, storage) -> None:
-    """Tune ``row``'s model up to ``budget`` cumulative trials and record the tuned latency."""
+def _done_key(path: str) -> str:
+    return "trials done" if path == "new" else f"trials done {path}"
+
+
+def tune_rung(row: dict, prepared, budget: int, work: Path, storage, path: str = "new") -> None:
+    """Tune ``row``'s model (``prepared`` for compile path ``path``) up to ``budget`` cumulative
+    trials of that path and record the tuned latency under the rung's label."""
     from tuner.job import tune_model
 
-    done = row.get("trials done", 0)
+    label = rung(path, budget)
+    done = row.get(_done_key(path), 0)
     start = time.perf_counter()
     summary = tune_model(
-        storage, prepared, trials=budget - done, output_dir=work / f"{row['model']}-{budget}",
+        storage, prepared, trials=budget - done,
+        output_dir=work / f"{row['model']}-{label.replace(' ', '-')}",
         continue_tuning=done > 0, filename=Path(row["path"]).name, cost_model="cold",
     )
-    row["trials done"] = done + summary.trials_this_run
-    row[f"TuneHub {budget}"] = summary.measured.median_secs if summary.measured else None
-    row[f"trials {budget}"] = row["trials done"]
-    row[f"wall {budget}"] = time.perf_counter() - start
-    row[f"verified {budget}"] = summary.verification["passed"]
+    row[_done_key(path)] = done + summary.trials_this_run
+    row[f"TuneHub {label}"] = summary.measured.median_secs if summary.measured else None
+    row[f"trials {label}"] = row[_done_key(path)]
+    row[f"wall {label}"] = time.perf_counter() - start
+    row[f"verified {label}"] = summary.verification["passed"]
 
 
 def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
@@ -183,6 +210,7 @@ def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None
 
     saved = json.loads((work / "rows.json").read_text())
     budgets = saved["budgets"]
+    labels = [rung(p, b) for p in saved.get("paths", ["new"]) for b in budgets]
     rows = []
     for old in saved["rows"]:
         (work / "retime").mkdir(exist_ok=True)
@@ -190,13 +218,13 @@ def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None
         for key, value in old.items():
             if key.startswith(("trials ", "wall ", "verified ", "tasks reused ")):
                 row[key] = value
-        for rung in [*budgets, "top-up"]:
-            library = work / f"{old['model']}-{rung}" / "model.so"
-            if f"TuneHub {rung}" in old and library.exists():
-                row[f"TuneHub {rung}"] = LoadedLibrary(library).time(inputs).median_secs
+        for label in [*labels, "top-up"]:
+            library = work / f"{old['model']}-{label.replace(' ', '-')}" / "model.so"
+            if f"TuneHub {label}" in old and library.exists():
+                row[f"TuneHub {label}"] = LoadedLibrary(library).time(inputs).median_secs
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
-    return rows, budgets, saved.get("throughput")
+    return rows, budgets, saved.get("throughput"), saved.get("paths", ["new"])
 
 
 def load_saved_rows(work: Path) -> dict:
@@ -205,9 +233,11 @@ def load_saved_rows(work: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_rows(work: Path, rows: list[dict], budgets: list[int], throughput: dict | None) -> None:
+def save_rows(work: Path, rows: list[dict], budgets: list[int], throughput: dict | None,
+              paths: list[str]) -> None:
     (work / "rows.json").write_text(json.dumps(
-        {"budgets": budgets, "rows": rows, "throughput": throughput}, default=str, indent=1
+        {"budgets": budgets, "paths": paths, "rows": rows, "throughput": throughput},
+        default=str, indent=1,
     ))
 
 
@@ -219,7 +249,7 @@ def _fmt(value) -> str:
 
 def write_report(
     rows: list[dict], budgets: list[int], throughput: dict | None, threads: int, note: str = "",
-    out: Path | None = None,
+    out: Path | None = None, paths: list[str] | None = None,
 ) -> Path:
     from bench.bench_db import machine
 
@@ -236,13 +266,14 @@ def write_report(
     if note:
         lines += [note, ""]
     columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned"]
-    columns += [f"TuneHub {b}" for b in budgets]
+    labels = [rung(p, b) for p in (paths or ["new"]) for b in budgets]
+    columns += [f"TuneHub {label}" for label in labels]
     if any("TuneHub top-up" in row for row in rows):
         columns.append("TuneHub top-up")
     lines.append("| model | tasks | " + " | ".join(columns) + " | TuneHub best / ORT |")
     lines.append("|---" * (len(columns) + 3) + "|")
     for row in rows:
-        tuned = [row.get(f"TuneHub {b}") for b in [*budgets, "top-up"]]
+        tuned = [row.get(f"TuneHub {label}") for label in [*labels, "top-up"]]
         best = min((t for t in tuned if isinstance(t, float)), default=None)
         ratio = f"{best / row['ONNX Runtime']:.2f}x" if best else "-"
         cells = [_fmt(row.get(c)) for c in columns]
@@ -250,16 +281,16 @@ def write_report(
     lines += ["", "Trials measured (cumulative) and tuning wall time per rung:", ""]
     for row in rows:
         rungs = ", ".join(
-            f"{row.get(f'trials {b}')} trials in {row.get(f'wall {b}', 0):.0f} s"
-            f" (verified: {row.get(f'verified {b}')})"
-            for b in budgets if f"trials {b}" in row
+            f"{label}: {row.get(f'trials {label}')} trials in "
+            f"{row.get(f'wall {label}', 0):.0f} s (verified: {row.get(f'verified {label}')})"
+            for label in labels if f"trials {label}" in row
         )
         if "trials top-up" in row:
             rungs += (f"; top-up: {row['trials top-up']} trials on the tasks the database lacked "
                       f"({row['tasks reused top-up']} tasks reused) in "
                       f"{row['wall top-up']:.0f} s (verified: {row['verified top-up']})")
         lines.append(f"- {row['model']}: {rungs}")
-    pending = [b for b in budgets if any(f"TuneHub {b}" not in row for row in rows)]
+    pending = [label for label in labels if any(f"TuneHub {label}" not in row for row in rows)]
     if pending:
         lines += ["", f"Not (yet) run: rungs {pending} for some models ('-' above)."]
     if throughput:
@@ -299,14 +330,17 @@ def main() -> int:
                         "bench/results/models_<date>.md)")
     parser.add_argument("--top-up", type=int, metavar="N", help="tune only the tasks of the "
                         "named models that the database lacks, with N trials (see above)")
+    parser.add_argument("--paths", nargs="+", choices=PATHS, default=["new"],
+                        help="compile paths to tune, side by side (see above)")
     parser.add_argument("--retime", type=Path, metavar="DIR",
                         help="re-measure baselines and the artifacts a --work run left in DIR")
     args = parser.parse_args()
     if args.retime:
-        rows, budgets, throughput = retime(args.retime, args.threads)
+        rows, budgets, throughput, paths = retime(args.retime, args.threads)
         print(write_report(rows, budgets, throughput, args.threads, note=(
             "Latencies re-measured in one run with `--retime` from the artifacts each rung "
-            "published (tuning itself ran earlier, see trials and wall times)."), out=args.out))
+            "published (tuning itself ran earlier, see trials and wall times)."), out=args.out,
+            paths=paths))
         return 0
     import db
 
@@ -322,33 +356,44 @@ def main() -> int:
             print(json.dumps(throughput), flush=True)
         storage = db.open_storage(args.db or f"sqlite:///{work / 'bench.db'}", upgrade=True)
         saved = load_saved_rows(work)
+        paths = [p for p in PATHS if p in args.paths or p in saved.get("paths", [])]
         if saved:
             budgets = sorted(set(budgets) | set(saved["budgets"]))
             throughput = throughput or saved.get("throughput")
         prepared = {}
         for name in args.models:
-            row, prepared[name], _ = baseline_row(name, args.threads, work)
+            row, prepared[name, "new"], _ = baseline_row(name, args.threads, work)
+            if "today" in args.paths:
+                from compiler.prepare import prepare_model
+                from compiler.target import cpu_target
+
+                prepared[name, "today"] = prepare_model(
+                    Path(row["path"]), cpu_target(args.threads, options=path_options("today"))
+                )
             old = next((r for r in saved.get("rows", []) if r["model"] == name), {})
-            row.update({k: v for k, v in old.items() if k == "trials done" or
+            row.update({k: v for k, v in old.items() if k.startswith("trials done") or
                         k.startswith(("TuneHub ", "trials ", "wall ", "verified "))})
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
-        rows += [r for r in saved.get("rows", []) if r["model"] not in prepared]
+        rows += [r for r in saved.get("rows", []) if r["model"] not in args.models]
         for budget in asked:  # rung-major: every model gets the small budget first
             for row in rows:
-                if row["model"] not in prepared or f"TuneHub {budget}" in row:
-                    continue  # not asked for this run, or measured by an earlier run
-                tune_rung(row, prepared[row["model"]], budget, work, storage)
-                print(json.dumps(row, default=str), flush=True)
-                write_report(rows, budgets, throughput, args.threads, out=args.out)
-                save_rows(work, rows, budgets, throughput)
+                for path in args.paths:  # side by side: both paths of a model at each rung
+                    if (row["model"], path) not in prepared or \
+                            f"TuneHub {rung(path, budget)}" in row:
+                        continue  # not asked for this run, or measured by an earlier run
+                    tune_rung(row, prepared[row["model"], path], budget, work, storage, path)
+                    print(json.dumps(row, default=str), flush=True)
+                    write_report(rows, budgets, throughput, args.threads, out=args.out,
+                                 paths=paths)
+                    save_rows(work, rows, budgets, throughput, paths)
         for row in rows:
-            if args.top_up and row["model"] in prepared:
-                top_up(row, prepared[row["model"]], args.top_up, work, storage)
+            if args.top_up and (row["model"], "new") in prepared:
+                top_up(row, prepared[row["model"], "new"], args.top_up, work, storage)
                 print(json.dumps(row, default=str), flush=True)
-                save_rows(work, rows, budgets, throughput)
+                save_rows(work, rows, budgets, throughput, paths)
         storage.close()
-    print(write_report(rows, budgets, throughput, args.threads, out=args.out))
+    print(write_report(rows, budgets, throughput, args.threads, out=args.out, paths=paths))
     return 0
 
 
