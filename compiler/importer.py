@@ -16,6 +16,7 @@ from tvm import relax
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.fast_math import fast_math
+from compiler.fold_constants import fold_constants
 from compiler.model_spec import LoadedModel
 
 _ONNX_DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -45,26 +46,18 @@ def unsupported_onnx_ops(model: onnx.ModelProto) -> list[str]:
     return sorted(missing)
 
 
-def unsupported_torch_ops(program) -> list[str]:
-    """Every ``call_function`` target the Relax ``ExportedProgram`` importer lacks."""
-    from tvm.relax.frontend.torch.exported_program_translator import (  # noqa: PLC0415 - a frontend is imported only for its format
-        ExportedProgramImporter,
-    )
+def unsupported_torch_ops(program, *, decomposed: bool = False) -> list[str]:
+    """Every ``call_function`` target TuneHub cannot import from ``program``: before torch's
+    decomposition (``decomposed=False``) or after it (see :mod:`compiler.pt2_ops`)."""
+    from compiler.pt2_ops import unsupported_ops  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
-    supported = ExportedProgramImporter().convert_map
-    return sorted(
-        {
-            node.target.__name__
-            for node in program.graph.nodes
-            if node.op == "call_function" and node.target.__name__ not in supported
-        }
-    )
+    return unsupported_ops(program, decomposed=decomposed)
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference-only, batch-norm-folded form shared by both frontends, fast math applied (what
     :func:`import_model` returns for a frontend's module; benchmarks call it on their own)."""
-    mod = relax.transform.FoldConstant()(mod)
+    mod = fold_constants(mod)
     mod = canonicalize(mod)
     mod = tvm.ir.transform.Sequential(
         [
@@ -76,10 +69,43 @@ def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     return fast_math(mod)
 
 
+#: ``Constant`` attributes other than ``value`` and the tensor each one means (ONNX spec).
+_CONSTANT_ATTRIBUTES = {
+    "value_float": (onnx.TensorProto.FLOAT, False),
+    "value_floats": (onnx.TensorProto.FLOAT, True),
+    "value_int": (onnx.TensorProto.INT64, False),
+    "value_ints": (onnx.TensorProto.INT64, True),
+}
+
+
+def constant_values_as_tensors(model: onnx.ModelProto) -> int:
+    """Rewrite, in place, each ``Constant`` node given by ``value_float(s)`` / ``value_int(s)``
+    into the same constant given by ``value`` (a tensor), the only form TVM's ONNX importer
+    reads ("no value in Constant"; torch's dynamo exporter writes ``value_ints`` for the shapes
+    of decoders' reshapes). The model means the same; returns how many nodes were rewritten."""
+    rewritten = 0
+    for node in _all_onnx_nodes(model.graph):
+        if node.op_type != "Constant" or node.domain not in _ONNX_DEFAULT_DOMAINS:
+            continue
+        if len(node.attribute) != 1 or node.attribute[0].name not in _CONSTANT_ATTRIBUTES:
+            continue
+        attribute = node.attribute[0]
+        dtype, is_list = _CONSTANT_ATTRIBUTES[attribute.name]
+        values = onnx.helper.get_attribute_value(attribute)
+        tensor = onnx.helper.make_tensor(
+            "value", dtype, [len(values)] if is_list else [], list(values) if is_list else [values]
+        )
+        del node.attribute[:]
+        node.attribute.append(onnx.helper.make_attribute("value", tensor))
+        rewritten += 1
+    return rewritten
+
+
 def _import_onnx(model: LoadedModel) -> tvm.IRModule:
     missing = unsupported_onnx_ops(model.source)
     if missing:
         raise UnsupportedOperatorsError(missing, "ONNX")
+    constant_values_as_tensors(model.source)
     shape_dict = {spec.name: list(spec.shape) for spec in model.inputs}
     dtype_dict = {spec.name: spec.dtype for spec in model.inputs}
     from tvm.relax.frontend.onnx import from_onnx  # noqa: PLC0415 - a frontend is imported only for its format
@@ -89,13 +115,37 @@ def _import_onnx(model: LoadedModel) -> tvm.IRModule:
     )
 
 
+def _decompose(program):
+    """``program.run_decompositions()``: the core ATen graph TVM's frontend translates."""
+    try:
+        return program.run_decompositions()
+    except Exception as err:  # noqa: BLE001 - any torch failure here is the file's, refused
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+        raise ModelError(
+            "import_failed",
+            f"torch could not decompose the torch.export program to core ATen operators "
+            f"({type(err).__name__}: {first[:300]})",
+        ) from None
+
+
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
     from tvm.relax.frontend.torch import from_exported_program  # noqa: PLC0415 - a frontend is imported only for its format
 
+    from compiler.pt2_ops import CONVERTERS  # noqa: PLC0415 - the torch frontend, for .pt2 only
+
+    # Checked before torch decomposes anything, and again on what TVM translates (the
+    # decomposition it would run itself): compiler.pt2_ops.
     missing = unsupported_torch_ops(model.source)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
-    mod = from_exported_program(model.source, keep_params_as_input=False)
+    program = _decompose(model.source)
+    missing = unsupported_torch_ops(program, decomposed=True)
+    if missing:
+        raise UnsupportedOperatorsError(missing, "torch.export")
+    mod = from_exported_program(
+        program, keep_params_as_input=False, run_ep_decomposition=False,
+        custom_convert_map=CONVERTERS,
+    )
     if model.symbol_values:
         mod = relax.transform.BindSymbolicVars(dict(model.symbol_values), "main")(mod)
     return mod

@@ -1,0 +1,135 @@
+"""Which operators a ``.pt2`` program may use: the allow-list in front of TVM's torch frontend.
+
+TVM's ``from_exported_program`` does not translate the program it is given: by default it first
+runs ``ExportedProgram.run_decompositions()`` (torch's default decomposition table, down to core
+ATen) and translates that. So an operator of the uploaded graph needs a converter only if it
+survives the decomposition; ``aten.diff`` (the packed-sequence check of every ``transformers``
+attention mask) and ``aten.to.device`` (the rotary embedding's ``inv_freq.to(x.device)``) are
+rewritten into ``slice``/``sub``/``cat`` and ``_to_copy``, which TVM converts. TuneHub checked
+the graph before decomposition against the converter table, and so refused every
+``transformers`` decoder for two operators TVM never sees.
+
+What the decoders did need are two converters of TuneHub's own (:data:`CONVERTERS`, handed to
+``from_exported_program`` as its ``custom_convert_map``), both for the attention mask, which
+``transformers`` builds from ``arange`` and ``FoldConstant`` should fold away:
+
+- ``cumsum`` of a boolean or integer tensor is ``int64`` in torch; TVM's converter keeps the
+  input dtype, and a boolean cumsum does not compile (``t.MatchesCode(kDLFloat)``);
+- ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (torch's ``&``, ``|``, ``^``, ``~`` on
+  masks) become TVM's ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module
+  verification.
+
+While one of these failed to compile, ``FoldConstant`` left the whole mask unfolded and the
+build failed.
+
+:func:`unsupported_ops` is the check, at two points of the import (:mod:`compiler.importer`):
+
+1. on the uploaded graph, before torch decomposes anything: an operator must have a TVM
+   converter or be in :data:`DECOMPOSED_OPS`, a short list of pure tensor-math operators (no
+   side effects, no data-dependent output shape, no I/O) that torch's default table rewrites into
+   core ATen. Torch's decomposition code runs only on graphs of such known operators;
+2. on the decomposed graph, the one TVM translates: every operator must have a converter (TVM's
+   or one of :data:`CONVERTERS`).
+
+Either way a program that fails is refused with one message listing every missing operator
+(:class:`~compiler.errors.UnsupportedOperatorsError`). ``tests/compiler/test_decoder_import.py``
+checks that each operator of :data:`DECOMPOSED_OPS` leaves no trace in the decomposed graph and
+imports to the same values as torch, and that each converter matches torch.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from tvm import relax
+
+__all__ = ["CONVERTERS", "DECOMPOSED_OPS", "supported_ops", "unsupported_ops"]
+
+#: Operators (``OpOverload.__name__``) without a converter that torch's default
+#: decomposition table rewrites into core ATen operators TVM converts. Each is pure tensor math.
+DECOMPOSED_OPS: frozenset[str] = frozenset(
+    {
+        # x[..., 1:] - x[..., :-1] (with optional prepend/append: cat); transformers' masks
+        "diff.default",
+        # a dtype/device cast: _to_copy (TVM: astype, or nothing for a device-only change)
+        "to.device",
+        # where(cond, x, scalar): where.self with a scalar tensor; Gemma-2's and Bloom's masks
+        "where.ScalarOther",
+        # x.T: permute; Falcon's attention
+        "numpy_T.default",
+        # repeat_interleave(x, n, dim): unsqueeze/expand/reshape; GPT-J's rotary embedding
+        "repeat_interleave.self_int",
+    }
+)
+
+
+def _dtype(expr: relax.Expr) -> str:
+    return str(expr.ty.dtype)
+
+
+def _cumsum(node: Any, importer: Any) -> relax.Expr:
+    """``aten.cumsum(x, dim, dtype=None)`` with torch's dtype rule: an integral or boolean ``x``
+    sums to ``int64`` unless ``dtype`` says otherwise."""
+    x = importer.env[node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs["dim"]
+    dtype = node.kwargs.get("dtype")
+    if dtype is not None:
+        out = str(dtype).removeprefix("torch.")
+    elif _dtype(x) == "bool" or _dtype(x).startswith(("int", "uint")):
+        out = "int64"
+    else:
+        out = _dtype(x)
+    if _dtype(x) != out:
+        x = importer.block_builder.emit(relax.op.astype(x, out))
+    return importer.block_builder.emit(relax.op.cumsum(x, dim))
+
+
+def _bitwise(
+    bitwise: Callable[..., relax.Expr], logical: Callable[..., relax.Expr]
+) -> Callable[[Any, Any], relax.Expr]:
+    """A converter for a ``bitwise_*.Tensor`` (or ``bitwise_not``) overload: ``logical`` when
+    every operand is boolean, else ``bitwise`` (TVM's own conversion of these overloads)."""
+
+    def convert(node: Any, importer: Any) -> relax.Expr:
+        operands = [importer.env[arg] for arg in node.args]
+        op = logical if all(_dtype(x) == "bool" for x in operands) else bitwise
+        return importer.block_builder.emit(op(*operands))
+
+    return convert
+
+
+#: TuneHub's converters (``custom_convert_map`` of ``from_exported_program``), by operator.
+CONVERTERS: dict[str, Callable[[Any, Any], relax.Expr]] = {
+    "cumsum.default": _cumsum,
+    "bitwise_and.Tensor": _bitwise(relax.op.bitwise_and, relax.op.logical_and),
+    "bitwise_or.Tensor": _bitwise(relax.op.bitwise_or, relax.op.logical_or),
+    "bitwise_xor.Tensor": _bitwise(relax.op.bitwise_xor, relax.op.logical_xor),
+    "bitwise_not.default": _bitwise(relax.op.bitwise_not, relax.op.logical_not),
+}
+
+
+def supported_ops() -> frozenset[str]:
+    """The operators with a converter: TVM's ``ExportedProgram`` translator's (its
+    ``convert_map``) and :data:`CONVERTERS`."""
+    from tvm.relax.frontend.torch.exported_program_translator import (  # noqa: PLC0415 - the torch frontend, for .pt2 files only
+        ExportedProgramImporter,
+    )
+
+    return frozenset(ExportedProgramImporter().convert_map) | frozenset(CONVERTERS)
+
+
+def unsupported_ops(program: Any, *, decomposed: bool) -> list[str]:
+    """Every ``call_function`` target of ``program`` TuneHub cannot import, sorted.
+
+    ``decomposed=False``: the uploaded graph (allowed: :func:`supported_ops` and
+    :data:`DECOMPOSED_OPS`); ``decomposed=True``: the graph after ``run_decompositions()``
+    (allowed: :func:`supported_ops` only).
+    """
+    allowed = supported_ops() if decomposed else supported_ops() | DECOMPOSED_OPS
+    return sorted(
+        {
+            node.target.__name__
+            for node in program.graph.nodes
+            if node.op == "call_function" and node.target.__name__ not in allowed
+        }
+    )
