@@ -12,6 +12,7 @@ from __future__ import annotations
 import onnx
 import tvm
 from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
@@ -54,11 +55,30 @@ def unsupported_torch_ops(program, *, decomposed: bool = False) -> list[str]:
     return unsupported_ops(program, decomposed=decomposed)
 
 
+def _squeeze_axes_non_negative(func: relax.Function) -> relax.Function:
+    """``squeeze(x, axis=[-1])`` as ``squeeze(x, axis=[rank - 1])``: TVM 0.27's ``ConvertLayout``
+    (the CPU targets' NHWC step) dies with ``std::bad_alloc`` on a negative squeeze axis (the
+    ONNX import of Mixtral's ``batched_mm`` experts has one)."""
+    pattern = is_op("relax.squeeze")(wildcard())
+
+    def rewrite(expr: relax.Call, matches: dict) -> relax.Expr:
+        axes = expr.attrs.axis
+        rank = getattr(getattr(expr.args[0], "ty", None), "ndim", -1)
+        if axes is None or rank < 0 or all(int(a) >= 0 for a in axes):
+            return expr
+        return relax.op.squeeze(expr.args[0], [int(a) % rank for a in axes])
+
+    return rewrite_call(pattern, rewrite, func)
+
+
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
     """Inference-only, batch-norm-folded form shared by both frontends, fast math applied (what
     :func:`import_model` returns for a frontend's module; benchmarks call it on their own)."""
     mod = fold_constants(mod)
     mod = canonicalize(mod)
+    for gvar, func in list(mod.functions_items()):
+        if isinstance(func, relax.Function):
+            mod[gvar] = _squeeze_axes_non_negative(func)
     mod = tvm.ir.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),

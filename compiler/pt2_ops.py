@@ -59,6 +59,8 @@ DECOMPOSED_OPS: frozenset[str] = frozenset(
         "numpy_T.default",
         # repeat_interleave(x, n, dim): unsqueeze/expand/reshape; GPT-J's rotary embedding
         "repeat_interleave.self_int",
+        # x /= y on an intermediate: functionalized to div.Tensor; Mixtral's top-k router weights
+        "div_.Tensor",
     }
 )
 

@@ -155,8 +155,12 @@ EXTRA_DECODERS: dict[str, DecoderSpec] = {
               vocab_size=512, hidden_size=64, ffn_dim=128, num_hidden_layers=2,
               num_attention_heads=4, max_position_embeddings=128, word_embed_proj_dim=64),
         _spec("mixtral", "MixtralForCausalLM", "MixtralConfig",
-              "mixture of experts (4 experts, top-2 routing), grouped-query attention",
+              "mixture of experts (4 experts, top-2), transformers' default grouped_mm experts",
               **_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2),
+        _spec("mixtral_batched_mm", "MixtralForCausalLM", "MixtralConfig",
+              "the same mixture of experts with experts_implementation='batched_mm'",
+              **_SMALL, num_key_value_heads=2, num_local_experts=4, num_experts_per_tok=2,
+              experts_implementation="batched_mm"),
     )
 }  # fmt: skip
 """More definitions, for the benchmark's table of what imports and what is refused."""
