@@ -3,9 +3,13 @@
 ``import_model`` promises a Relax ``IRModule`` with one ``main`` function whose parameters are the
 user inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded
 into the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network
-produce the same convolution and matmul workloads), and float32 ``erf`` / ``exp`` / ``tanh`` /
-``softmax`` / GELU as TVM's vectorizable approximations (:mod:`compiler.fast_math`). Operators
-the importer does not support raise one :class:`UnsupportedOperatorsError` that lists all of them.
+produce the same convolution and matmul workloads), everything computed from constants alone
+folded (attention masks built from ``arange`` included: :mod:`compiler.fold_constants`), and
+float32 ``erf`` / ``exp`` / ``tanh`` / ``softmax`` / GELU as TVM's vectorizable approximations
+(:mod:`compiler.fast_math`). Operators the importer does not support raise one
+:class:`UnsupportedOperatorsError` that lists all of them: for ``.pt2``, checked on the uploaded
+graph and again on the graph torch's decomposition makes of it, the one TVM translates
+(:mod:`compiler.pt2_ops`, with TuneHub's converters).
 """
 from __future__ import annotations
 

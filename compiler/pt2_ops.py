@@ -9,25 +9,26 @@ rewritten into ``slice``/``sub``/``cat`` and ``_to_copy``, which TVM converts. T
 the graph before decomposition against the converter table, and so refused every
 ``transformers`` decoder for two operators TVM never sees.
 
-What the decoders did need are two converters of TuneHub's own (:data:`CONVERTERS`, handed to
-``from_exported_program`` as its ``custom_convert_map``), both for the attention mask, which
-``transformers`` builds from ``arange`` and ``FoldConstant`` should fold away:
+What the decoders did need are converters of TuneHub's own (:data:`CONVERTERS`, handed to
+``from_exported_program`` as its ``custom_convert_map``), both for the attention mask:
 
 - ``cumsum`` of a boolean or integer tensor is ``int64`` in torch; TVM's converter keeps the
-  input dtype, and a boolean cumsum does not compile (``t.MatchesCode(kDLFloat)``);
+  input dtype (a boolean running sum, which is wrong and does not compile:
+  ``t.MatchesCode(kDLFloat)``);
 - ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (torch's ``&``, ``|``, ``^``, ``~`` on
   masks) become TVM's ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module
   verification.
 
-While one of these failed to compile, ``FoldConstant`` left the whole mask unfolded and the
-build failed.
+Without them ``FoldConstant`` could not fold the mask (:mod:`compiler.fold_constants` does the
+rest) and the build failed.
 
 :func:`unsupported_ops` is the check, at two points of the import (:mod:`compiler.importer`):
 
-1. on the uploaded graph, before torch decomposes anything: an operator must have a TVM
-   converter or be in :data:`DECOMPOSED_OPS`, a short list of pure tensor-math operators (no
-   side effects, no data-dependent output shape, no I/O) that torch's default table rewrites into
-   core ATen. Torch's decomposition code runs only on graphs of such known operators;
+1. on the uploaded graph, before torch decomposes anything: an operator must have a converter
+   (TVM's or TuneHub's) or be in :data:`DECOMPOSED_OPS`, a short list of pure tensor-math
+   operators (no side effects, no data-dependent output shape, no I/O) that torch's default
+   table rewrites into core ATen. Torch's decomposition code runs only on graphs of such known
+   operators;
 2. on the decomposed graph, the one TVM translates: every operator must have a converter (TVM's
    or one of :data:`CONVERTERS`).
 

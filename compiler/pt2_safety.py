@@ -77,6 +77,8 @@ Error codes (all :class:`~compiler.errors.ModelError`)
 unsafe member name; ``pt2_symlink``; ``unsafe_pickle`` a pickle that references a global outside the
 allowlist or uses a non-data opcode; ``unsafe_pt2`` code-bearing content that is not a pickle
 (AOTInductor library, TorchScript, executable expressions in the JSON).
+``unsupported_ops`` the graph calls an operator PyTorch does not define (one that a library such as
+``transformers`` registers when imported), so torch cannot load it.
 
 Residual trust: ``torch._C.PyTorchFileReader`` (miniz) still parses the zip, and the weights-only
 unpickler and JSON deserializer still run on the (checked) content; attribute look-ups of dotted
@@ -1359,6 +1361,27 @@ def _describe_load_failure(exc: BaseException) -> str:
     )
 
 
+_NODE_TARGET = re.compile(r"Failed deserializing node Node\(target='torch\.ops\.([\w.]+)'")
+
+
+def _unknown_operator(exc: BaseException) -> str | None:
+    """``ns.op.overload`` when torch failed to load a graph node calling an operator it does not
+    know (one a library registers at import, like ``transformers::grouped_mm_fallback``)."""
+    import torch
+
+    match = _NODE_TARGET.search(str(exc))
+    if match is None:
+        return None
+    name = match.group(1)
+    namespace, _, rest = name.partition(".")
+    try:
+        packet = getattr(getattr(torch.ops, namespace), rest.partition(".")[0])
+        getattr(packet, rest.partition(".")[2] or "default")
+    except (AttributeError, RuntimeError):
+        return name
+    return None
+
+
 def _check_loaded_program(ep: torch.export.ExportedProgram) -> None:
     """Defense in depth on the loaded graph: operator targets and guard code (run by
     ``ep.module()``)."""
@@ -1425,6 +1448,14 @@ def load_exported_program(
                 cause = capture.cause or exc
                 if isinstance(cause, ModelError):
                     raise cause from None
+                unknown = _unknown_operator(cause)
+                if unknown is not None:
+                    raise ModelError(
+                        "unsupported_ops",
+                        f"torch.export model calls {unknown}, an operator PyTorch itself does "
+                        "not define: a library registers it when it is imported, and TuneHub "
+                        "runs no code from uploads. Export the model with PyTorch operators",
+                    ) from cause
                 raise ModelError("bad_pt2", _describe_load_failure(cause)) from cause
     _check_loaded_program(ep)
     return ep
