@@ -5,6 +5,8 @@ that concern one resource are stated in its module:
 
 - :mod:`db.contracts.records`: targets, workloads and tuning records ("Records are
   append-mostly", "Failed candidates"), their history, browsing and counts;
+- :mod:`db.contracts.remeasurements`: re-measurements of top records ("Re-measurements are
+  additive");
 - :mod:`db.contracts.models`: uploaded models and their tuning tasks;
 - :mod:`db.contracts.jobs`: jobs, job tasks, task leases and artifacts ("Ownership of running
   work", "Task leases", "Cancellation", "Allowed state transitions");
@@ -34,13 +36,15 @@ from db.contracts import (
     JobStorage,
     ModelStorage,
     RecordStorage,
+    RemeasurementStorage,
     TokenStorage,
     WorkerStorage,
 )
 
 
 class TuningStorage(
-    RecordStorage, ModelStorage, JobStorage, WorkerStorage, TokenStorage, CostModelStorage
+    RecordStorage, RemeasurementStorage, ModelStorage, JobStorage, WorkerStorage, TokenStorage,
+    CostModelStorage,
 ):
     """The tuning database (see the module docstring for the contract)."""
 

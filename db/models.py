@@ -115,6 +115,30 @@ class TuningRecordModel(Base):
     quarantined: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
 
 
+class RemeasurementRow(Base):
+    """A record's schedule measured again side by side with its task's other top records before a
+    final build (:mod:`tuner.remeasure`): the mean run time of each round, their median and
+    spread. Never changes the record's own measurement."""
+
+    __tablename__ = "remeasurements"
+    __table_args__ = (Index("ix_remeasurements_record", "record_id"),
+                      Index("ix_remeasurements_job", "job_id"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    record_id: Mapped[int] = mapped_column(
+        ForeignKey("tuning_records.id", ondelete="CASCADE"), nullable=False
+    )
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    worker: Mapped[str | None] = mapped_column(String(128))
+    rounds_json: Mapped[str] = mapped_column(Text, nullable=False)
+    median_secs: Mapped[float] = mapped_column(Float, nullable=False)
+    spread: Mapped[float] = mapped_column(Float, nullable=False)
+    chosen: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    measured_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
 class IdFloorRow(Base):
     """The highest id ever handed out of a table whose rows are deleted (SQLite reuses the
     highest rowid after a delete; see migration 0006)."""

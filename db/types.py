@@ -216,6 +216,64 @@ class TuningRecordRow:
 
 
 @dataclass(frozen=True)
+class NewRemeasurement:
+    """A stored record's schedule measured again (the input of
+    :meth:`TuningStorage.add_remeasurements`): ``rounds_secs`` holds the mean run time of each
+    round (all finite and positive), ``chosen`` whether the final build used this schedule."""
+
+    record_id: int
+    rounds_secs: tuple[float, ...]
+    chosen: bool = False
+    job_id: int | None = None
+    worker: str | None = None
+
+    def __post_init__(self) -> None:
+        values = tuple(float(x) for x in self.rounds_secs)
+        if not values or any(not math.isfinite(v) or v <= 0.0 for v in values):
+            raise ValueError("a re-measurement needs at least one finite, positive round time")
+        object.__setattr__(self, "rounds_secs", values)
+
+    @property
+    def median_secs(self) -> float:
+        return _median(self.rounds_secs)
+
+    @property
+    def spread(self) -> float:
+        """``(max - min) / median`` of the rounds: 0.0 for one round."""
+        return (max(self.rounds_secs) - min(self.rounds_secs)) / self.median_secs
+
+
+def _median(values: Sequence[float]) -> float:
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+
+
+@dataclass(frozen=True)
+class Remeasurement:
+    """A stored re-measurement of record ``record_id`` (see :class:`NewRemeasurement`)."""
+
+    id: int
+    record_id: int
+    rounds_secs: tuple[float, ...]
+    median_secs: float
+    spread: float
+    chosen: bool
+    job_id: int | None = None
+    worker: str | None = None
+    measured_at: datetime | None = None
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "id": self.id, "record_id": self.record_id, "rounds": len(self.rounds_secs),
+            "rounds_ms": [s * 1e3 for s in self.rounds_secs], "median_ms": self.median_secs * 1e3,
+            "spread": self.spread, "chosen": self.chosen, "job_id": self.job_id,
+            "worker": self.worker,
+            "measured_at": self.measured_at.isoformat() if self.measured_at else None,
+        }
+
+
+@dataclass(frozen=True)
 class WorkloadSummary:
     """A workload without its module text, with its records (on one target, if asked for one)."""
 

@@ -173,8 +173,9 @@ class _Run:
         )
         try:
             # start() returns once the fork server has forked the child; a fork server still
-            # importing the compiler (the first upload after start-up, seconds on a loaded machine)
-            # holds it here, so the time limit is counted from then: it bounds the upload's own work.
+            # importing the compiler (the first upload after start-up, seconds on a loaded
+            # machine) holds it here, so the time limit is counted from then: it bounds the
+            # upload's own work.
             process.start()
             deadline = time.monotonic() + self.limits.timeout_secs
             sender.close()

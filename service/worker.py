@@ -310,10 +310,11 @@ class Worker:
     def _finalize(self, current: _Current) -> str:
         from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
         from tuner.finalize import (  # noqa: PLC0415 - TVM
-            database_from_records,
+            choose_winners,
             finalize_outcomes,
             publish_tuned,
         )
+        from tuner.remeasure import RemeasureConfig  # noqa: PLC0415 - TVM
 
         offer = current.offer
         with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
@@ -328,18 +329,22 @@ class Worker:
                 )
             except ModelError as err:
                 return self._end(offer, "failed", f"model refused: {err}")
+            remeasure = RemeasureConfig.from_env()
             best = {
-                task.key: self.client.records(task.key, offer.target.key, 1)
+                task.key: self.client.records(task.key, offer.target.key, max(1, remeasure.top))
                 for task in prepared.partition.tasks
             }
-            database = database_from_records(prepared, best)
-            outcomes = finalize_outcomes(prepared, offer.tasks, best)
             staged = self.client.staging_dir()
             out_dir = staged / "artifact"
             try:
+                # The top records re-measured side by side; the build uses each task's winner,
+                # and the manifest carries the re-measurements for the server to store.
+                winners = choose_winners(prepared, best, remeasure, rpc=self.rpc)
+                outcomes = winners.outcomes(finalize_outcomes(prepared, offer.tasks, best))
                 publish_tuned(
-                    prepared, database, out_dir, job_id=offer.job_id,
+                    prepared, winners.database, out_dir, job_id=offer.job_id,
                     trials_measured=offer.job_trials_done, outcomes=outcomes,
+                    remeasured=winners.to_json(),
                 )
             except VerificationError as err:
                 _rmtree(staged)

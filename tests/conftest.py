@@ -15,6 +15,12 @@ from pathlib import Path
 
 import pytest
 
+# Every job's final build re-measures its tasks' top records (tuner/remeasure.py; defaults top 3,
+# 5 rounds, ~0.2 s a candidate a round). Tests tune a few trials: two candidates, two rounds are
+# enough to exercise it everywhere (servers and CLI children started by tests inherit these).
+os.environ.setdefault("TUNEHUB_REMEASURE_TOP", "2")
+os.environ.setdefault("TUNEHUB_REMEASURE_ROUNDS", "2")
+
 #: Test modules that tune whole models end to end through a server (marked ``slow`` as a whole).
 SLOW_MODULES = frozenset({"tests/service/test_api_e2e.py", "tests/service/test_workers_remote.py"})
 

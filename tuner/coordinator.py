@@ -36,6 +36,7 @@ import shutil
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from db import (
@@ -52,6 +53,7 @@ from db import (
     Worker,
 )
 from tuner.planning import plan_job, record_search
+from tuner.remeasure_store import store_remeasurements
 from tuner.work import (
     BatchAck,
     JobTaskInfo,
@@ -538,6 +540,21 @@ def end_lease(
                     job_status=job.status if job is not None else JobStatus.FAILED)
 
 
+def _store_remeasurements(storage: TuningStorage, lease: TaskLease, entries: Any) -> None:
+    """The re-measurements a finalize lease's manifest reports, stored beside their records
+    (checked entry by entry: :func:`tuner.remeasure_store.store_remeasurements`)."""
+    if not entries:
+        return
+    job = storage.get_job(lease.job_id)
+    workload_ids = {}
+    for task in storage.list_job_tasks(lease.job_id):
+        workload = storage.get_workload_by_id(task.workload_id)
+        if workload is not None:
+            workload_ids[workload.key] = workload.id
+    store_remeasurements(storage, entries, target_id=job.target_id, job_id=job.id,
+                         workload_ids=workload_ids, worker=lease.worker)
+
+
 def accept_artifact(
     storage: TuningStorage, lease_id: int, staged: Path, destination: Path,
     *, token_id: int | None = None, check=None,
@@ -593,6 +610,7 @@ def accept_artifact(
     except BaseException:
         shutil.rmtree(destination, ignore_errors=True)
         raise
+    _store_remeasurements(storage, lease, manifest.get("remeasured"))
     logger.info(
         "job %s succeeded: artifact %s from worker %s", lease.job_id, destination, lease.worker
     )

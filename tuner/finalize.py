@@ -1,4 +1,7 @@
-"""The last step of a job: compile with the best schedules, verify, publish.
+"""The last step of a job: re-measure the top schedules, compile with the winners, verify, publish.
+
+:func:`choose_winners` re-measures each task's top records side by side (:mod:`tuner.remeasure`)
+and gives the database the build uses; both callers below run it first.
 
 :func:`publish_tuned` is shared by a job run in one process (:func:`tuner.job.run_job`, database:
 the SQL adapter) and by a distributed worker's finalize lease (database:
@@ -9,6 +12,7 @@ verified against the reference framework from disk before anything is published;
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 from collections.abc import Mapping, Sequence
@@ -24,8 +28,16 @@ from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
-from db.metaschedule_database import replay_error
+from db.metaschedule_database import record_as_json, replay_error
 from db.types import measurement
+from tuner.measure import MeasureConfig, RpcConfig
+from tuner.remeasure import (
+    RemeasureConfig,
+    TaskRemeasure,
+    records_for_build,
+    remeasure_tasks,
+    remeasurements_json,
+)
 
 logger = logging.getLogger("tunehub.finalize")
 
@@ -131,6 +143,59 @@ def estimated_secs(outcomes: Sequence[TaskOutcome]) -> float | None:
     return sum(o.weight * o.best_secs for o in outcomes)  # type: ignore[operator]
 
 
+def top_records(
+    prepared: PreparedModel, database: Any, k: int
+) -> dict[str, list[list[Any]]]:
+    """Per task key, the ``k`` best valid records ``database`` (any MetaSchedule database, e.g.
+    the SQL adapter) holds for the task, best first, as ``TuningRecord.as_json()`` lists."""
+    out: dict[str, list[list[Any]]] = {}
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        mod = extracted.dispatched[0]
+        if not database.has_workload(mod):
+            continue
+        workload = database.commit_workload(mod)
+        out[task.key] = [record_as_json(r) for r in database.get_top_k(workload, k)]
+    return out
+
+
+@dataclass(frozen=True)
+class Winners:
+    """What the final build uses: ``database`` holds, per task, the re-measured winner (or the
+    best stored records of a task that was not re-measured); ``remeasured`` by task key."""
+
+    database: Any
+    remeasured: Mapping[str, TaskRemeasure]
+
+    def outcomes(self, outcomes: Sequence[TaskOutcome]) -> list[TaskOutcome]:
+        """``outcomes`` with each re-measured task's best time replaced by its winner's
+        re-measured median (what the build's schedule measured side by side)."""
+        out = []
+        for outcome in outcomes:
+            task = self.remeasured.get(outcome.key)
+            winner = task.winner if task is not None else None
+            if winner is not None:
+                outcome = dataclasses.replace(outcome, best_secs=winner.median_secs)
+            out.append(outcome)
+        return out
+
+    def to_json(self) -> list[dict[str, Any]]:
+        return remeasurements_json(self.remeasured)
+
+
+def choose_winners(
+    prepared: PreparedModel,
+    records: Mapping[str, Sequence[Sequence[Any]]],
+    config: RemeasureConfig,
+    measure: MeasureConfig | None = None,
+    rpc: RpcConfig | None = None,
+) -> Winners:
+    """Re-measure each task's top ``records`` side by side (:mod:`tuner.remeasure`) and return
+    the database the final build uses. With ``config`` off, the database holds ``records``."""
+    remeasured = remeasure_tasks(prepared, records, config, measure, rpc)
+    return Winners(database_from_records(prepared, records_for_build(records, remeasured)),
+                   remeasured)
+
+
 def publish_tuned(
     prepared: PreparedModel,
     database: Any,
@@ -140,10 +205,12 @@ def publish_tuned(
     trials_measured: int,
     outcomes: Sequence[TaskOutcome],
     force: bool = False,
+    remeasured: list[dict[str, Any]] | None = None,
 ) -> tuple[dict[str, Any], Timing]:
     """Build ``prepared`` with ``database``'s best schedules, verify and time it, write
-    ``out_dir`` (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes`` and
-    ``estimated_ms`` :func:`estimated_secs` of them); return the manifest and the timing."""
+    ``out_dir`` (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes``,
+    ``estimated_ms`` :func:`estimated_secs` of them and ``remeasured`` what
+    :meth:`Winners.to_json` reported); return the manifest and the timing."""
     timing: dict[str, Timing] = {}
     schedules = [o.to_json() for o in outcomes]
     estimate = estimated_secs(outcomes)
@@ -158,6 +225,7 @@ def publish_tuned(
             "estimated_ms": None if estimate is None else estimate * 1e3,
             "measured": timing["t"].to_json(),
             "reference": reference_timing(prepared),
+            "remeasured": remeasured or [],
         }
 
     executable = build(prepared.mod, prepared.target, database)

@@ -9,10 +9,11 @@
   the batch that was being measured;
 - tasks already tuned for this target and hardware (by any job, for any model) are reused without
   measurements unless ``continue_tuning``; a model whose tasks are all known compiles with zero;
-- the artifact is built from the best records, verified against the reference framework from
-  disk, and published only if verification passes (otherwise the job fails, nothing is written);
-  its manifest records the library's measured latency and, on CPU targets, the reference
-  framework's on the same inputs (``reference``).
+- the artifact is built from each task's re-measured winner (its top records measured again side
+  by side, :mod:`tuner.remeasure`; the re-measurements are stored), verified against the
+  reference framework from disk, and published only if verification passes (otherwise the job
+  fails, nothing is written); its manifest records the library's measured latency and, on CPU
+  targets, the reference framework's on the same inputs (``reference``).
 """
 from __future__ import annotations
 
@@ -31,11 +32,19 @@ from compiler.runner import Timing
 from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.cost_models import CostModelChoice, resolve_cost_model
-from tuner.finalize import TaskOutcome, estimated_secs, publish_tuned
+from tuner.finalize import (
+    TaskOutcome,
+    choose_winners,
+    estimated_secs,
+    publish_tuned,
+    top_records,
+)
 from tuner.measure import MeasureConfig
 from tuner.plan import TuningPlan, plan_tuning
 from tuner.planning import plan_job, record_search
 from tuner.progress import ProgressCallback, ProgressListener, RunState
+from tuner.remeasure import RemeasureConfig
+from tuner.remeasure_store import store_remeasurements
 from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
 from tuner.siblings import workload_family
@@ -360,12 +369,21 @@ def _run_job(
         )
         for d in plan.decisions
     )
+    remeasure = RemeasureConfig.from_env()
+    winners = choose_winners(
+        prepared, top_records(prepared, database, max(1, remeasure.top)), remeasure, measure
+    )
+    outcomes = tuple(winners.outcomes(outcomes))
     estimated = estimated_secs(outcomes)
     measured_total = storage.count_records(job_id=job.id)
     out_dir = output_dir or default_artifact_dir(job.id)
     manifest, timing = publish_tuned(
-        prepared, database, out_dir, job_id=job.id, trials_measured=measured_total,
-        outcomes=outcomes, force=force,
+        prepared, winners.database, out_dir, job_id=job.id, trials_measured=measured_total,
+        outcomes=outcomes, force=force, remeasured=winners.to_json(),
+    )
+    store_remeasurements(
+        storage, manifest["remeasured"], target_id=target_row.id, job_id=job.id,
+        workload_ids=workload_ids, worker=job.owner,
     )
     library = out_dir / LIBRARY_NAME
     storage.add_artifact(

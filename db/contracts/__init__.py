@@ -10,6 +10,7 @@ from db.contracts.cost_models import CostModelStorage
 from db.contracts.jobs import JobStorage
 from db.contracts.models import ModelStorage
 from db.contracts.records import RecordStorage
+from db.contracts.remeasurements import RemeasurementStorage
 from db.contracts.tokens import TokenStorage
 from db.contracts.workers import WorkerStorage
 
@@ -18,6 +19,7 @@ __all__ = [
     "JobStorage",
     "ModelStorage",
     "RecordStorage",
+    "RemeasurementStorage",
     "TokenStorage",
     "WorkerStorage",
 ]

@@ -12,6 +12,7 @@ from db.sql.leases import LeaseSQL
 from db.sql.models import ModelSQL
 from db.sql.record_views import RecordViewSQL
 from db.sql.records import RecordSQL
+from db.sql.remeasurements import RemeasurementSQL
 from db.sql.targets import TargetSQL
 from db.sql.tokens import TokenSQL
 from db.sql.workers import WorkerSQL
@@ -24,6 +25,7 @@ __all__ = [
     "ModelSQL",
     "RecordSQL",
     "RecordViewSQL",
+    "RemeasurementSQL",
     "SQLBase",
     "TargetSQL",
     "TokenSQL",

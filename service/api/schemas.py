@@ -345,6 +345,34 @@ class WorkloadsPublic(BaseModel):
     count: int
 
 
+class RemeasurementPublic(BaseModel):
+    """A record's schedule measured again side by side with its task's other top records before
+    a final build (``tuner/remeasure.py``)."""
+
+    rounds_ms: list[float] = Field(description="the mean run time of each round")
+    median_ms: float
+    spread: float = Field(description="(max - min) / median of the rounds")
+    chosen: bool = Field(description="the final build used this schedule for its task")
+    job_id: int | None
+    worker: str | None
+    measured_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: db.Remeasurement) -> RemeasurementPublic:
+        return cls(rounds_ms=[s * 1e3 for s in row.rounds_secs], median_ms=row.median_secs * 1e3,
+                   spread=row.spread, chosen=row.chosen, job_id=row.job_id, worker=row.worker,
+                   measured_at=row.measured_at)
+
+
+def _spread(values: list[float] | None) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    middle = len(ordered) // 2
+    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+    return (ordered[-1] - ordered[0]) / median if median > 0 else None
+
+
 class RecordPublic(BaseModel):
     id: int
     workload_id: int
@@ -359,10 +387,19 @@ class RecordPublic(BaseModel):
     job_id: int | None
     quarantined: bool = Field(False, description="held as implausible or quarantined: not "
                               "used by any best record or build (its claimed times in run_ms)")
+    repeats: int = Field(0, description="how many timings run_ms holds (the runner's repeats)")
+    spread: float | None = Field(None, description="(max - min) / median of run_ms")
+    remeasurements: list[RemeasurementPublic] = Field(
+        default_factory=list, description="this schedule measured again before final builds")
     trace: Any | None = Field(None, description="the schedule trace (with include_trace=true)")
 
     @classmethod
-    def from_row(cls, row: db.TuningRecordRow, *, include_trace: bool) -> RecordPublic:
+    def from_row(
+        cls, row: db.TuningRecordRow, *, include_trace: bool,
+        remeasurements: list[db.Remeasurement] = (),  # type: ignore[assignment]
+    ) -> RecordPublic:
+        run_ms = (None if row.run_secs is None or not (row.is_valid or row.quarantined)
+                  else [s * 1e3 for s in row.run_secs])
         return cls(
             id=row.id,
             workload_id=row.workload_id,
@@ -370,8 +407,10 @@ class RecordPublic(BaseModel):
             trace_hash=row.trace_hash,
             is_valid=row.is_valid,
             mean_ms=_ms(row.mean_secs),
-            run_ms=None if row.run_secs is None or not (row.is_valid or row.quarantined)
-            else [s * 1e3 for s in row.run_secs],
+            run_ms=run_ms,
+            repeats=len(run_ms or ()),
+            spread=_spread(run_ms),
+            remeasurements=[RemeasurementPublic.from_row(r) for r in remeasurements],
             error_text=row.error_text,
             measured_at=row.measured_at,
             worker=row.worker,

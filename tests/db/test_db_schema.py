@@ -10,11 +10,12 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0006_trust"
+HEAD = "0007_remeasurements"
 EXPECTED_TABLES = {
     "workloads",
     "targets",
     "tuning_records",
+    "remeasurements",
     "models",
     "model_workloads",
     "jobs",

@@ -68,6 +68,15 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         assert records["count"] >= 12 and len(records["data"]) == 5 and records["next_after"]
         page2 = client.get("/records", params={"job_id": job["id"], "after": records["next_after"]})
         assert page2.json()["data"][0]["id"] > records["next_after"]
+        # A record carries its repeat count and spread, and the re-measurements the job's final
+        # build made of it (the worker's manifest, stored by the server): one chosen per task.
+        every = client.get("/records", params={"job_id": job["id"], "limit": 1000}).json()["data"]
+        valid = [r for r in every if r["is_valid"]]
+        assert valid and all(r["repeats"] == len(r["run_ms"]) and r["spread"] >= 0 for r in valid)
+        again = [m for r in every for m in r["remeasurements"]]
+        assert again and all(m["job_id"] == job["id"] and len(m["rounds_ms"]) == 2 for m in again)
+        assert 1 <= sum(m["chosen"] for m in again) <= len(manifest["remeasured"])
+        assert {t["key"] for t in manifest["remeasured"]} <= {w["key"] for w in workloads["data"]}
         key = workloads["data"][0]["key"]
         assert client.get(f"/workloads/{key}").json()["key"] == key
         assert client.get("/stats").json()["jobs_by_status"]["succeeded"] == 1

@@ -103,3 +103,15 @@ def test_rest_job_and_cli_run_share_the_engine(seeded_db, example_model, tmp_pat
     rest_job, rest_tasks = _job_rows(f"sqlite:///{home / 'tunehub.db'}", rest["id"])
     assert cli_job == rest_job
     assert cli_tasks == rest_tasks
+
+    # Both final builds re-measured the tasks' top records and stored the re-measurements
+    # (the REST job's through its artifact's manifest, checked by the server).
+    for url, job_id in ((f"sqlite:///{cli_db}", cli["job_id"]),
+                        (f"sqlite:///{home / 'tunehub.db'}", rest["id"])):
+        storage = db.open_storage(url)
+        try:
+            stored = storage.list_remeasurements(job_id=job_id)
+        finally:
+            storage.close()
+        assert stored, url
+        assert any(r.chosen for r in stored) and all(len(r.rounds_secs) == 2 for r in stored)

@@ -125,8 +125,12 @@ def list_records(
     total = storage.count_records(
         target_id=target_id, workload_id=workload_id, valid=valid, job_id=job_id
     )
+    again: dict[int, list[db.Remeasurement]] = {}
+    for item in storage.list_remeasurements(record_ids=[r.id for r in rows]) if rows else ():
+        again.setdefault(item.record_id, []).append(item)
     return RecordsPublic(
-        data=[RecordPublic.from_row(r, include_trace=include_trace) for r in rows],
+        data=[RecordPublic.from_row(r, include_trace=include_trace,
+                                    remeasurements=again.get(r.id, [])) for r in rows],
         count=total,
         next_after=rows[-1].id if len(rows) == limit else None,
     )

@@ -1,0 +1,105 @@
+"""Noise-proof winners (issue 19): before the final build each task's top records are measured
+again side by side, the build uses the re-measured winner, and the re-measurements are stored
+beside their records, for a job run in one process and (through the manifest) for a worker's
+finalize lease. Real MetaSchedule measurements, a few trials."""
+from __future__ import annotations
+
+import json
+import statistics
+
+import pytest
+
+import db
+from compiler.prepare import prepare_model
+from compiler.target import cpu_target
+from tuner.job import tune_model
+from tuner.remeasure import RemeasureConfig
+from tuner.remeasure_store import parse_remeasurements
+from tuner.search import FAST_SEARCH
+
+
+@pytest.fixture(scope="module")
+def tuned(example_model, tmp_path_factory):
+    """The MLP tuned once (12 trials: each task gets at least two valid records)."""
+    folder = tmp_path_factory.mktemp("remeasure")
+    storage = db.open_storage(f"sqlite:///{folder / 'tune.db'}", upgrade=True)
+    prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
+    summary = tune_model(storage, prepared, trials=12, output_dir=folder / "art",
+                         search=FAST_SEARCH, seed=3)
+    manifest = json.loads((folder / "art" / "manifest.json").read_text())
+    yield storage, prepared, summary, manifest
+    storage.close()
+
+
+@pytest.mark.slow
+def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
+    storage, prepared, summary, manifest = tuned
+    assert manifest["verification"]["passed"]
+    config = RemeasureConfig.from_env()
+    remeasured = manifest["remeasured"]
+    # Every task with two or more valid records was re-measured: config.top candidates each.
+    target = storage.get_target(prepared.target.key)
+    ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
+    expected = {key for key, wid in ids.items() if len(storage.top_k(wid, target.id, 2)) == 2}
+    assert expected and {t["key"] for t in remeasured} == expected
+    schedules = {s["key"]: s for s in manifest["schedules"]}
+    for task in remeasured:
+        candidates = task["candidates"]
+        assert len(candidates) == config.top
+        recorded = [c["recorded_ms"] for c in candidates]
+        assert recorded == sorted(recorded)  # best recorded first
+        for c in candidates:
+            assert len(c["rounds_ms"]) == config.rounds
+            assert c["median_ms"] == pytest.approx(statistics.median(c["rounds_ms"]))
+            assert c["spread"] >= 0
+        chosen = [c for c in candidates if c["chosen"]]
+        assert len(chosen) == 1
+        assert chosen[0]["median_ms"] == min(c["median_ms"] for c in candidates)
+        assert task["changed"] == (chosen[0] is not candidates[0])
+        # The schedule table reports the winner's re-measured time, not its recorded one.
+        assert schedules[task["key"]]["best_ms"] == pytest.approx(chosen[0]["median_ms"])
+    # Stored beside their records, tagged with the job; the records themselves are unchanged.
+    stored = storage.list_remeasurements(job_id=summary.job_id)
+    assert len(stored) == sum(len(t["candidates"]) for t in remeasured)
+    assert sum(r.chosen for r in stored) == len(remeasured)
+    for row in stored:
+        (record,) = storage.get_records([row.record_id])
+        assert record.is_valid and record.job_id == summary.job_id
+        assert len(row.rounds_secs) == config.rounds
+    # The estimate adds up the re-measured times.
+    assert summary.estimated_secs == pytest.approx(
+        sum(t.weight * t.best_secs for t in summary.tasks)
+    )
+
+
+@pytest.mark.slow
+def test_manifest_entries_are_checked_one_by_one(tuned):
+    """What a worker's manifest says is checked before it is stored: unknown tasks, records that
+    are not stored, and times that are not finite and positive are dropped and counted."""
+    storage, prepared, summary, manifest = tuned
+    target = storage.get_target(prepared.target.key)
+    ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
+    good = manifest["remeasured"][0]
+    bad_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": [1.0, -2.0]}]}
+    nan_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": ["nan"]}]}
+    unknown_record = {**good, "candidates": [{**good["candidates"][0], "trace_hash": "0" * 64}]}
+    too_many = {**good, "candidates": good["candidates"] * 9}
+    entries = [good, {"key": "nope", "candidates": good["candidates"]}, bad_times, nan_times,
+               unknown_record, too_many, "junk", {"key": good["key"]}]
+    items, dropped = parse_remeasurements(
+        storage, entries, target_id=target.id, job_id=summary.job_id, workload_ids=ids,
+        worker="w",
+    )
+    assert len(items) == len(good["candidates"]) and dropped == 7
+    assert parse_remeasurements(storage, {"not": "a list"}, target_id=target.id,
+                                job_id=summary.job_id, workload_ids=ids, worker="w") == ([], 1)
+
+
+def test_settings_are_checked(monkeypatch):
+    monkeypatch.setenv("TUNEHUB_REMEASURE_TOP", "x")
+    with pytest.raises(ValueError, match="TUNEHUB_REMEASURE_TOP"):
+        RemeasureConfig.from_env()
+    monkeypatch.setenv("TUNEHUB_REMEASURE_TOP", "1")
+    assert not RemeasureConfig.from_env().enabled
+    with pytest.raises(ValueError, match="finite, positive"):
+        db.NewRemeasurement(record_id=1, rounds_secs=(0.0,))

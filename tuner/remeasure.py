@@ -1,0 +1,235 @@
+"""Noise-proof winners: re-measure each task's top records side by side before the final build.
+
+A record's time was measured once, at some moment of a shared machine; the same schedule measured
+hours apart here differs by 15-50 % (``bench/results/cost_model_2026-12-01.md``), so a task's best
+record is often a lucky measurement rather than the fastest schedule. Before a job's final build,
+:func:`remeasure_tasks` takes each task's top records (``top``, default 3), builds them with the
+tuner's builder and times them with the tuner's runner, all tasks' candidates in one list per
+round and the order rotated each round, ``rounds`` rounds (default 5): every candidate of a task is
+timed under the same conditions, and each round's value is the mean of the runner's repeats. The
+winner of a task is the candidate with the lowest median over rounds; the build uses it
+(:func:`records_for_build`), and the re-measurements are stored beside their records
+(:class:`db.NewRemeasurement`, never changing a record's own measurement).
+
+Both ways a job finishes use it: a job run in one process (:func:`tuner.job.run_job`, records from
+the SQL database) and a worker's finalize lease (records fetched from the server; the
+re-measurements travel in the artifact's manifest and the server stores them when it accepts the
+artifact). A candidate that no longer builds or runs is left out of its task's choice; a task
+whose candidates all fail keeps its best record.
+
+Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: off) and ``TUNEHUB_REMEASURE_ROUNDS``.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from tvm.s_tir import meta_schedule as ms
+
+from db.metaschedule_database import replay
+from db.types import canonical_trace_json, measurement, trace_hash
+from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
+from tuner.measurements import mean_run_secs
+
+logger = logging.getLogger("tunehub.remeasure")
+
+
+@dataclass(frozen=True)
+class RemeasureConfig:
+    """How many top records of a task are re-measured (``top``; below 2 turns it off: there is
+    nothing to choose between) and in how many rounds."""
+
+    top: int = 3
+    rounds: int = 5
+
+    @property
+    def enabled(self) -> bool:
+        return self.top >= 2 and self.rounds >= 1
+
+    @staticmethod
+    def from_env() -> RemeasureConfig:
+        """From ``TUNEHUB_REMEASURE_TOP`` / ``TUNEHUB_REMEASURE_ROUNDS`` (defaults 3 and 5).
+        Raises ``ValueError`` for a value that is not a non-negative integer."""
+        values = []
+        for name, default in (("TUNEHUB_REMEASURE_TOP", 3), ("TUNEHUB_REMEASURE_ROUNDS", 5)):
+            text = os.environ.get(name, str(default)).strip()
+            if not text.isdigit():
+                raise ValueError(f"{name} must be a non-negative integer, got {text!r}")
+            values.append(int(text))
+        return RemeasureConfig(top=values[0], rounds=values[1])
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """One stored record of a task, re-measured: ``record`` is its ``TuningRecord.as_json()``
+    list, ``rounds_secs`` the mean run time of each round (empty: it failed to build or run)."""
+
+    trace_hash: str
+    record: tuple[Any, ...]
+    recorded_secs: float
+    rounds_secs: tuple[float, ...]
+
+    @property
+    def median_secs(self) -> float | None:
+        return statistics.median(self.rounds_secs) if self.rounds_secs else None
+
+    @property
+    def spread(self) -> float | None:
+        """``(max - min) / median`` of the rounds."""
+        median = self.median_secs
+        if median is None:
+            return None
+        return (max(self.rounds_secs) - min(self.rounds_secs)) / median
+
+    def to_json(self, chosen: bool) -> dict[str, Any]:
+        return {
+            "trace_hash": self.trace_hash,
+            "recorded_ms": self.recorded_secs * 1e3,
+            "rounds_ms": [s * 1e3 for s in self.rounds_secs],
+            "median_ms": None if self.median_secs is None else self.median_secs * 1e3,
+            "spread": self.spread,
+            "chosen": chosen,
+        }
+
+
+@dataclass(frozen=True)
+class TaskRemeasure:
+    """A task's candidates, best *recorded* first, and the re-measured winner."""
+
+    key: str
+    name: str
+    candidates: tuple[Candidate, ...]
+
+    @property
+    def winner(self) -> Candidate | None:
+        """The candidate with the lowest re-measured median (``None``: none could be timed)."""
+        timed = [c for c in self.candidates if c.median_secs is not None]
+        return min(timed, key=lambda c: c.median_secs) if timed else None  # type: ignore[arg-type, return-value]
+
+    @property
+    def changed(self) -> bool:
+        """Whether the re-measured winner is not the best recorded record."""
+        winner = self.winner
+        return winner is not None and winner is not self.candidates[0]
+
+    def to_json(self) -> dict[str, Any]:
+        winner = self.winner
+        return {
+            "key": self.key,
+            "name": self.name,
+            "changed": self.changed,
+            "candidates": [c.to_json(c is winner) for c in self.candidates],
+        }
+
+
+def _hash_of(entry: Sequence[Any]) -> str:
+    return trace_hash(canonical_trace_json(entry[0]))
+
+
+def _inputs(mod: Any, entry: Sequence[Any], tvm_target: Any) -> tuple[Any, Any]:
+    """The builder input and argument info of one record's schedule, as MetaSchedule measures
+    it (postprocessing replayed; weights in the layout the schedule reads)."""
+    sch = replay(mod, entry[0])
+    args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
+    return ms.builder.BuilderInput(sch.mod, tvm_target), args
+
+
+def remeasure_tasks(
+    prepared: Any,
+    records: Mapping[str, Sequence[Sequence[Any]]],
+    config: RemeasureConfig,
+    measure: MeasureConfig | None = None,
+    rpc: RpcConfig | None = None,
+) -> dict[str, TaskRemeasure]:
+    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks.
+
+    ``records[task key]``: ``TuningRecord.as_json()`` lists, best recorded first (extra ones are
+    ignored). Only tasks with at least two valid records are re-measured. Returns the re-measured
+    tasks by key, timed with ``measure`` (default: the target kind's) on this machine or through
+    ``rpc``'s tracker, like the search's candidates. Never raises for a candidate that does not
+    replay, build or run (it gets no rounds); returns ``{}`` when ``config`` is off."""
+    if not config.enabled:
+        return {}
+    target = prepared.target
+    tvm_target = target.tvm_target()
+    jobs: list[tuple[str, str, Sequence[Any], Any, Any]] = []  # key, name, entry, input, args
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]]
+        entries = entries[: config.top]
+        if len(entries) < 2:
+            continue
+        mod = extracted.dispatched[0]
+        for entry in entries:
+            try:
+                built_input, args = _inputs(mod, entry, tvm_target)
+            except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
+                logger.warning("task %s: a record does not replay (%s)", task.name, err)
+                built_input, args = None, None
+            jobs.append((task.key, task.name, entry, built_input, args))
+    if not jobs:
+        return {}
+    measure = measure or MeasureConfig.for_target(target.kind)
+    builder, runner = make_builder(measure), make_runner(measure, rpc)
+    buildable = [i for i, job in enumerate(jobs) if job[3] is not None]
+    built = dict(zip(buildable, builder.build([jobs[i][3] for i in buildable])))
+    runnable = [i for i in buildable if built[i].error_msg is None]
+    rounds: dict[int, list[float]] = {i: [] for i in range(len(jobs))}
+    for round_index in range(config.rounds if runnable else 0):
+        shift = round_index % max(1, len(runnable))
+        order = runnable[shift:] + runnable[:shift]
+        futures = runner.run([
+            ms.runner.RunnerInput(built[i].artifact_path, target.device, jobs[i][4])
+            for i in order
+        ])
+        for i, future in zip(order, futures):
+            secs = mean_run_secs(future.result())
+            if secs is not None:
+                rounds[i].append(secs)
+    for i in buildable:
+        if built[i].artifact_path:
+            _remove(built[i].artifact_path)
+    out: dict[str, list[Candidate]] = {}
+    names: dict[str, str] = {}
+    for i, (key, name, entry, _, _) in enumerate(jobs):
+        names[key] = name
+        out.setdefault(key, []).append(Candidate(
+            trace_hash=_hash_of(entry), record=tuple(entry),
+            recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=tuple(rounds[i]),
+        ))
+    result = {key: TaskRemeasure(key, names[key], tuple(c)) for key, c in out.items()}
+    changed = sum(t.changed for t in result.values())
+    logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed",
+                len(jobs), len(result), config.rounds, changed)
+    return result
+
+
+def _remove(path: str) -> None:
+    import shutil  # noqa: PLC0415
+
+    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
+
+
+def records_for_build(
+    records: Mapping[str, Sequence[Sequence[Any]]], remeasured: Mapping[str, TaskRemeasure]
+) -> dict[str, list[list[Any]]]:
+    """Per task key, the records the final build uses: a re-measured task's winner alone, its
+    run times replaced by the rounds' times (what it measured side by side); any other task's
+    stored records unchanged."""
+    out: dict[str, list[list[Any]]] = {key: [list(e) for e in v] for key, v in records.items()}
+    for key, task in remeasured.items():
+        winner = task.winner
+        if winner is None:
+            continue
+        entry = list(winner.record)
+        entry[1] = list(winner.rounds_secs)
+        out[key] = [entry]
+    return out
+
+
+def remeasurements_json(remeasured: Mapping[str, TaskRemeasure]) -> list[dict[str, Any]]:
+    """The manifest's ``remeasured`` list (one entry a re-measured task)."""
+    return [task.to_json() for task in remeasured.values()]
