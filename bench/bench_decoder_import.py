@@ -116,6 +116,7 @@ def check_file(path: str, fmt: str, vocab: int, seq: int) -> dict[str, Any]:
     result["tasks"] = [
         {
             "name": t.name,
+            "key": t.key,
             "weight": t.weight,
             "flops": t.flops,
             "tunable": t.tunable,
@@ -247,6 +248,25 @@ def render(rows: list[dict[str, Any]], seq: int, command: str) -> str:
         lines.append(
             f"| {row['name']} | {_cell(row['features'])} | {row['format']} | {result} | "
             f"{tasks} | {error} | {_cell(note)} |"
+        )
+    lines += ["", "## Tasks the two formats share", "",
+              "Tasks are keyed by the structural hash of their TIR (`compiler.keys`): a task of "
+              "the `.pt2` import with the key of an ONNX import's task is tuned once for both.",
+              "", "| decoder | .pt2 tasks | ONNX tasks | shared | share of the .pt2 FLOPs | "
+              "shared parts |", "|---|---|---|---|---|---|"]
+    by_model = {(row["name"], row["format"]): row for row in rows if "tasks" in row}
+    for name in dict.fromkeys(row["name"] for row in rows):
+        pt2, onnx_row = by_model.get((name, "pt2")), by_model.get((name, "onnx"))
+        if pt2 is None or onnx_row is None:
+            continue
+        keys = {task["key"] for task in onnx_row["tasks"]}
+        shared = [task for task in pt2["tasks"] if task["key"] in keys]
+        total = sum(task["flops"] * task["weight"] for task in pt2["tasks"]) or 1.0
+        flops = sum(task["flops"] * task["weight"] for task in shared) / total
+        parts = ", ".join(sorted({task["role"] for task in shared}))
+        lines.append(
+            f"| {name} | {len(pt2['tasks'])} | {len(onnx_row['tasks'])} | {len(shared)} | "
+            f"{flops:.0%} | {parts} |"
         )
     lines += ["", "## Tasks", "",
               "Each imported model's tasks as `compiler.partition` lists them (heaviest first): "

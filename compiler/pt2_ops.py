@@ -94,7 +94,12 @@ def _bitwise(
     every operand is boolean, else ``bitwise`` (TVM's own conversion of these overloads)."""
 
     def convert(node: Any, importer: Any) -> relax.Expr:
-        operands = [importer.env[arg] for arg in node.args]
+        operands = list(importer.retrieve_args(node))
+        tensors = [x for x in operands if isinstance(x, relax.Expr)]
+        if not tensors:
+            raise ValueError(f"{node.target.__name__} without a tensor operand")
+        dtype = _dtype(tensors[0])
+        operands = [x if isinstance(x, relax.Expr) else relax.const(x, dtype) for x in operands]
         op = logical if all(_dtype(x) == "bool" for x in operands) else bitwise
         return importer.block_builder.emit(op(*operands))
 
