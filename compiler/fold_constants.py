@@ -1,21 +1,21 @@
 """Constant folding that also gets through the operators TVM's ``FoldConstant`` stops at.
 
 ``relax.transform.FoldConstant`` evaluates an operator on constant operands by legalizing it to
-one ``call_tir`` and running that. Three operators of every ``transformers`` attention mask
-(built from ``arange``, so constant for a static shape) do not get through:
+one ``call_tir`` and running that. Two operators do not get through:
 
-- ``relax.arange`` legalizes to a constant, not a ``call_tir``, which ``FoldConstant`` skips;
 - ``relax.cumsum`` has no legalization of its own (``DispatchSortScan`` lowers it, later);
 - ``relax.index_tensor``'s legalization reads its indices through ``TupleGetItem`` bindings,
   which are not constants, so the ``call_tir`` it yields is never evaluated.
 
-Everything downstream of them (the causal and sliding-window comparisons, the ``where`` that
-turns the mask into ``0``/``-inf``) then stayed in the model too: small tasks that recomputed a
-constant mask on every call. :func:`fold_constants` runs ``FoldConstant``, evaluates those
-three operators with numpy where all their operands are constants (numpy's ``arange``,
-``cumsum`` and integer-array indexing compute exactly what the ops define), and runs
-``FoldConstant`` again, until a round evaluates nothing. A module without such calls comes back
-as ``FoldConstant`` alone leaves it.
+Both are how attention masks and position tables are built (a running sum over positions,
+positions gathered by index); whatever is computed from them stayed in the model too, as small
+tasks recomputing a constant on every call. (A ``.pt2`` program's values that depend on no
+placeholder at all, ``arange`` and the masks built from it, are computed by torch at translation:
+:func:`compiler.pt2_ops.translate`; this module catches what depends on constants: a buffer, an
+ONNX initializer.) :func:`fold_constants` runs ``FoldConstant``, evaluates those two operators
+with numpy where all their operands are constants (numpy's ``cumsum`` and integer-array
+indexing compute exactly what the ops define), and runs ``FoldConstant`` again, until a round
+evaluates nothing. A module without such calls comes back as ``FoldConstant`` alone leaves it.
 """
 from __future__ import annotations
 
@@ -29,15 +29,9 @@ def _constant_value(expr: relax.Expr) -> np.ndarray | None:
     return expr.value.numpy() if isinstance(expr, GenericConst) else None
 
 
-def _scalar(expr: object) -> int | float | None:
-    """The number of an ``IntImm`` / ``FloatImm`` argument (how 0.27 passes ``arange``'s)."""
-    value = getattr(expr, "value", None)
-    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 @relax.expr_functor.mutator
 class _EvaluateConstantCalls(relax.PyExprMutator):
-    """Replace ``arange`` / ``cumsum`` / ``index_tensor`` calls on constants by their value."""
+    """Replace ``cumsum`` / ``index_tensor`` calls on constants by their value."""
 
     def __init__(self, mod: tvm.IRModule | None = None) -> None:
         super().__init__(mod)
@@ -51,11 +45,6 @@ class _EvaluateConstantCalls(relax.PyExprMutator):
 
     def _evaluate(self, call: relax.Call) -> np.ndarray | None:
         name = call.op.name
-        if name == "relax.arange":
-            bounds = [_scalar(arg) for arg in call.args]
-            if any(bound is None for bound in bounds):
-                return None
-            return np.arange(*bounds, dtype=str(call.ty.dtype))
         if name == "relax.cumsum":
             data = self._constant(call.args[0])
             if data is None or bool(call.attrs.exclusive):
@@ -93,8 +82,7 @@ class _EvaluateConstantCalls(relax.PyExprMutator):
 
 
 def fold_constants(mod: tvm.IRModule, max_rounds: int = 8) -> tvm.IRModule:
-    """``FoldConstant``, plus constant ``arange`` / ``cumsum`` / ``index_tensor`` calls, repeated
-    while a round
+    """``FoldConstant``, plus constant ``cumsum`` / ``index_tensor`` calls, repeated while a round
     evaluates any (at most ``max_rounds``; see the module docstring). ``mod`` is not modified."""
     mod = relax.transform.FoldConstant()(mod)
     for _ in range(max_rounds):

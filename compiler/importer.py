@@ -153,9 +153,7 @@ def _decompose(program):
 
 
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
-    from tvm.relax.frontend.torch import from_exported_program  # noqa: PLC0415 - a frontend is imported only for its format
-
-    from compiler.pt2_ops import CONVERTERS  # noqa: PLC0415 - the torch frontend, for .pt2 only
+    from compiler.pt2_ops import translate  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
     # Checked before torch decomposes anything, and again on what TVM translates (the
     # decomposition it would run itself): compiler.pt2_ops.
@@ -166,10 +164,7 @@ def _import_pt2(model: LoadedModel) -> tvm.IRModule:
     missing = unsupported_torch_ops(program, decomposed=True)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
-    mod = from_exported_program(
-        program, keep_params_as_input=False, run_ep_decomposition=False,
-        custom_convert_map=CONVERTERS,
-    )
+    mod = translate(program)
     if model.symbol_values:
         mod = relax.transform.BindSymbolicVars(dict(model.symbol_values), "main")(mod)
     return mod

@@ -1,4 +1,4 @@
-"""Which operators a ``.pt2`` program may use: the allow-list in front of TVM's torch frontend.
+"""Which operators a ``.pt2`` program may use, and how it is handed to TVM's torch frontend.
 
 TVM's ``from_exported_program`` does not translate the program it is given: by default it first
 runs ``ExportedProgram.run_decompositions()`` (torch's default decomposition table, down to core
@@ -9,18 +9,19 @@ rewritten into ``slice``/``sub``/``cat`` and ``_to_copy``, which TVM converts. T
 the graph before decomposition against the converter table, and so refused every
 ``transformers`` decoder for two operators TVM never sees.
 
-What the decoders did need are converters of TuneHub's own (:data:`CONVERTERS`, handed to
-``from_exported_program`` as its ``custom_convert_map``), both for the attention mask:
+What the decoders did need:
 
-- ``cumsum`` of a boolean or integer tensor is ``int64`` in torch; TVM's converter keeps the
-  input dtype (a boolean running sum, which is wrong and does not compile:
-  ``t.MatchesCode(kDLFloat)``);
-- ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (torch's ``&``, ``|``, ``^``, ``~`` on
-  masks) become TVM's ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module
-  verification.
-
-Without them ``FoldConstant`` could not fold the mask (:mod:`compiler.fold_constants` does the
-rest) and the build failed.
+- their attention mask and position ids are built from ``arange``: constants, at a static shape,
+  which reached Relax as ~40 operators that ``FoldConstant`` compiled one by one (3–4 s of a tiny
+  decoder's import) or could not fold at all (``arange``, ``cumsum``, ``index_tensor``: small
+  tasks recomputed the mask on every call). :func:`translate` has torch compute every value that
+  depends on no placeholder (:func:`input_free_values`) and hands it to TVM as a constant;
+- TVM converts two operators of those masks wrongly, which matters once a mask depends on an
+  input (a padding mask) or a buffer; TuneHub's converters (:data:`CONVERTERS`) replace TVM's:
+  ``cumsum`` of a boolean or integer tensor is ``int64`` in torch, TVM's keeps the input dtype (a
+  boolean running sum: wrong, and it does not compile, ``t.MatchesCode(kDLFloat)``);
+  ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (``&``, ``|``, ``^``, ``~`` on masks)
+  become ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module verification.
 
 :func:`unsupported_ops` is the check, at two points of the import (:mod:`compiler.importer`):
 
@@ -39,12 +40,19 @@ imports to the same values as torch, and that each converter matches torch.
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+import torch
+from torch import fx
 from tvm import relax
 
-__all__ = ["CONVERTERS", "DECOMPOSED_OPS", "supported_ops", "unsupported_ops"]
+__all__ = [
+    "CONVERTERS", "DECOMPOSED_OPS", "input_free_values", "supported_ops", "translate",
+    "unsupported_ops",
+]
 
 #: Operators (``OpOverload.__name__``) without a converter that torch's default
 #: decomposition table rewrites into core ATen operators TVM converts. Each is pure tensor math.
@@ -140,4 +148,66 @@ def unsupported_ops(program: Any, *, decomposed: bool) -> list[str]:
             for node in program.graph.nodes
             if node.op == "call_function" and node.target.__name__ not in allowed
         }
+    )
+
+
+_NUMPY_DTYPES = frozenset(
+    {torch.bool, torch.int8, torch.int16, torch.int32, torch.int64, torch.uint8, torch.float16,
+     torch.float32, torch.float64}
+)  # fmt: skip
+
+
+def input_free_values(program: Any) -> dict[fx.Node, torch.Tensor]:
+    """The value of every graph node that depends on no placeholder (no user input, parameter,
+    buffer or constant): ``arange``, ``full`` and what is computed from them alone, like the
+    attention mask of a static shape and the position ids. Computed by torch on the operators
+    of the graph (``program`` has passed :func:`unsupported_ops`: tensor math only); tensors
+    only. Their sizes are bounded before anything runs
+    (:func:`compiler.pt2_loader.check_pt2_graph_limits`)."""
+    values: dict[Any, Any] = {}
+    with torch.no_grad():
+        for node in program.graph.nodes:
+            if node.op != "call_function" or any(
+                arg not in values for arg in node.all_input_nodes
+            ):
+                continue
+            args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
+            values[node] = node.target(*args, **kwargs)
+    return {
+        node: value
+        for node, value in values.items()
+        if isinstance(value, torch.Tensor) and value.dtype in _NUMPY_DTYPES
+    }
+
+
+def translate(program: Any) -> Any:
+    """TVM's translation of the decomposed ``program`` (``from_exported_program``, with
+    :data:`CONVERTERS` in place of TVM's converters of those operators), every
+    :func:`input_free_values` node a constant of torch's value (see the module docstring)."""
+    from tvm.relax.frontend.torch.exported_program_translator import (  # noqa: PLC0415 - the torch frontend, for .pt2 files only
+        ExportedProgramImporter,
+    )
+
+    constants = input_free_values(program)
+    importer = ExportedProgramImporter()
+
+    def folded(convert: Callable[[Any], relax.Expr]) -> Callable[[Any], relax.Expr]:
+        def run(node: Any) -> relax.Expr:
+            value = constants.get(node)
+            if value is None:
+                return convert(node)
+            return relax.const(np.ascontiguousarray(value.numpy()))
+
+        return run
+
+    table = dict(importer.convert_map)
+    for name, convert in CONVERTERS.items():
+        table[name] = functools.partial(convert, importer=importer)
+    importer.convert_map = {name: folded(convert) for name, convert in table.items()}
+    return importer.from_exported_program(
+        program,
+        keep_params_as_input=False,
+        unwrap_unit_return_tuple=False,
+        no_bind_return_tuple=False,
+        custom_convert_map=None,
     )

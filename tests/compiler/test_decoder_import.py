@@ -222,6 +222,44 @@ def test_converters_match_torch_on_inputs(fn, ops: set[str], tmp_path: Path) -> 
     assert result.passed, result.message
 
 
+class _BufferMask(torch.nn.Module):
+    """A running sum and a gather over buffers: constants, but not input-free (placeholders)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.register_buffer("positions", torch.arange(8))
+        self.register_buffer("rows", torch.tensor([[0], [3], [5]]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + (self.positions > 2).cumsum(0)[self.rows].float()
+
+
+def _cumsum_of_initializer() -> onnx.ModelProto:
+    ramp = onnx.numpy_helper.from_array(np.arange(8, dtype=np.int64), "ramp")
+    axis = onnx.numpy_helper.from_array(np.array(0, dtype=np.int64), "axis")
+    nodes = [
+        helper.make_node("CumSum", ["ramp", "axis"], ["sums"]),
+        helper.make_node("Cast", ["sums"], ["sums_f"], to=onnx.TensorProto.FLOAT),
+        helper.make_node("Add", ["x", "sums_f"], ["y"]),
+    ]
+    return make_model(nodes, [float_input("x", [8])], [float_input("y", [8])], [ramp, axis])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_cumsum_and_index_of_constants_are_folded(fmt: str, tmp_path: Path) -> None:
+    """compiler.fold_constants: what FoldConstant cannot fold (cumsum, index_tensor) is no task."""
+    path = tmp_path / f"m.{fmt}"
+    if fmt == "pt2":
+        _pt2(_BufferMask(), torch.randn(3, 1), path)
+    else:
+        path.write_bytes(_cumsum_of_initializer().SerializeToString())
+    model = prepare_model(path, TARGET, allow_external_data=False)
+    assert [task.name for task in model.partition.tasks] == ["add1"]
+    library = LoadedLibrary.from_executable(build(model.mod, TARGET))
+    result = verify(model.model, library.run)
+    assert result.passed, result.message
+
+
 def test_onnx_constants_given_by_value_attributes_import(tmp_path: Path) -> None:
     """``Constant`` nodes with ``value_ints`` / ``value_floats`` / ``value_float`` /
     ``value_int`` (what torch's dynamo exporter writes for decoders' reshapes) import."""
