@@ -9,9 +9,13 @@ tests did not run.
 """
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -71,3 +75,67 @@ def example_model(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, st
         return cache[(name, fmt)]
 
     return get
+
+
+@dataclass(frozen=True)
+class TunedDatabase:
+    """A SQLite tuning database written once per session by a real tuning run, closed after it.
+
+    Tests never open :attr:`path` itself: each takes its own :meth:`copy` (``shutil.copy`` of the
+    file), so what one test writes never reaches another.
+    """
+
+    path: Path
+    model: Path  # the model file that was tuned
+    artifact_dir: Path
+    summary: Any  # tuner.job.TuneSummary of the run
+
+    def copy(self, dest: Path) -> str:
+        """Copy the database to the file ``dest``; returns the copy's SQLite URL."""
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(self.path, dest)
+        return f"sqlite:///{dest}"
+
+
+def _tune_once(folder: Path, model: Path, **kwargs: Any) -> TunedDatabase:
+    import db
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from tuner.job import tune_model
+
+    path = folder / "tuned.db"
+    storage = db.open_storage(f"sqlite:///{path}", upgrade=True)
+    try:
+        prepared = prepare_model(model, cpu_target())
+        summary = tune_model(storage, prepared, output_dir=folder / "artifact", **kwargs)
+    finally:
+        storage.close()
+    return TunedDatabase(path, model, folder / "artifact", summary)
+
+
+@pytest.fixture(scope="session")
+def tuned_small_cnn(tmp_path_factory, example_model) -> TunedDatabase:
+    """The small CNN (ONNX) tuned once, cold, 24 trials (one batch for each of its 6 tasks),
+    sibling seeds off: the database of tests/tuner/test_one_engine.py,
+    tests/tuner/test_sibling_seeds.py and tests/cost_model/test_transfer.py."""
+    from tuner.search import FAST_SEARCH
+
+    return _tune_once(
+        tmp_path_factory.mktemp("tuned-small-cnn"), example_model("small_cnn", "onnx"),
+        trials=24, seed=0, cost_model="cold",
+        search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False),
+    )
+
+
+@pytest.fixture(scope="session")
+def tuned_mlp(tmp_path_factory, example_model) -> TunedDatabase:
+    """The MLP (ONNX) tuned once, 12 trials with FAST_SEARCH, seed 3 (each of its 3 tasks gets
+    at least two valid records): the first run of tests/tuner/test_tune_job.py's reuse and
+    continue tests and tests/tuner/test_skip_stored.py, and what tests/tuner/test_remeasure.py
+    checks."""
+    from tuner.search import FAST_SEARCH
+
+    return _tune_once(
+        tmp_path_factory.mktemp("tuned-mlp"), example_model("mlp", "onnx"),
+        trials=12, search=FAST_SEARCH, seed=3,
+    )

@@ -2,15 +2,16 @@
 ``tunehub tune`` run of the same model on the same database state get the same search features
 and leave the same job rows.
 
-The database holds the small CNN tuned without seeds; the MLP's last layer (``matmul + add``) is
+The database holds the small CNN tuned without seeds (``tuned_small_cnn``, tests/conftest.py:
+one tuning shared with other modules, copied per run); the MLP's last layer (``matmul + add``) is
 a sibling of the CNN's classifier, so both runs must measure sibling seeds taken from the
 database (the lease worker gets them from the server with its lease context).
 """
 from __future__ import annotations
 
-import dataclasses
 import json
-import shutil
+import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -18,31 +19,11 @@ from pathlib import Path
 import pytest
 
 import db
-from compiler.prepare import prepare_model
-from compiler.target import cpu_target
 from tests.service.conftest import start_server, stop_server, upload, wait_for_job
-from tuner.job import tune_model
-from tuner.search import FAST_SEARCH
 
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 16
 POPULATION = 16
-
-
-@pytest.fixture(scope="module")
-def seeded_db(tmp_path_factory, example_model) -> Path:
-    """An SQLite file holding the small CNN tuned once, sibling seeds off."""
-    work = tmp_path_factory.mktemp("one-engine")
-    path = work / "seeded.db"
-    storage = db.open_storage(f"sqlite:///{path}", upgrade=True)
-    try:
-        prepared = prepare_model(example_model("small_cnn", "onnx"), cpu_target())
-        tune_model(storage, prepared, trials=24, output_dir=work / "cnn", seed=0,
-                   cost_model="cold",
-                   search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False))
-    finally:
-        storage.close()
-    return path
 
 
 def _job_rows(url: str, job_id: int) -> tuple[dict, list[tuple]]:
@@ -59,36 +40,44 @@ def _job_rows(url: str, job_id: int) -> tuple[dict, list[tuple]]:
 
 
 @pytest.mark.slow
-def test_rest_job_and_cli_run_share_the_engine(seeded_db, example_model, tmp_path) -> None:
+def test_rest_job_and_cli_run_share_the_engine(tuned_small_cnn, example_model, tmp_path) -> None:
     mlp = example_model("mlp", "onnx")
 
-    # `tunehub tune` on one copy of the database.
+    # `tunehub tune` on one copy of the database, in the background while the REST job runs
+    # (separate copies: the two runs never see each other's records).
     cli_db = tmp_path / "cli.db"
-    shutil.copy(seeded_db, cli_db)
-    run = subprocess.run(
-        [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", str(TRIALS),
-         "--population", str(POPULATION), "--cost-model", "cold",
-         "--db", f"sqlite:///{cli_db}", "-o", str(tmp_path / "cli-out"), "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    cli = json.loads(run.stdout)
-
-    # A REST job, run by the service's embedded lease worker, on another copy.
-    home = tmp_path / "home"
-    home.mkdir()
-    shutil.copy(seeded_db, home / "tunehub.db")
-    server = start_server(home, workers=1,
-                          env={"TUNEHUB_SEARCH_POPULATION": str(POPULATION),
-                               "TUNEHUB_COST_MODEL_RETRAIN_SECS": "100000"})
+    tuned_small_cnn.copy(cli_db)
+    stdout, stderr = tmp_path / "cli.out", tmp_path / "cli.err"
+    with open(stdout, "wb") as out, open(stderr, "wb") as err:  # files: no pipe to fill up
+        run = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", str(TRIALS),
+             "--population", str(POPULATION), "--cost-model", "cold",
+             "--db", f"sqlite:///{cli_db}", "-o", str(tmp_path / "cli-out"), "--json"],
+            cwd=REPO, stdout=out, stderr=err, start_new_session=True)
     try:
-        with server.client(server.local_token()) as client:
-            model = upload(client, mlp).json()
-            job = client.post("/jobs", json={"model_id": model["id"],
-                                             "trial_budget": TRIALS}).json()
-            rest = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"},
-                                timeout=900)
+        # A REST job, run by the service's embedded lease worker, on another copy.
+        home = tmp_path / "home"
+        home.mkdir()
+        tuned_small_cnn.copy(home / "tunehub.db")
+        server = start_server(home, workers=1,
+                              env={"TUNEHUB_SEARCH_POPULATION": str(POPULATION),
+                                   "TUNEHUB_COST_MODEL_RETRAIN_SECS": "100000"})
+        try:
+            with server.client(server.local_token()) as client:
+                model = upload(client, mlp).json()
+                job = client.post("/jobs", json={"model_id": model["id"],
+                                                 "trial_budget": TRIALS}).json()
+                rest = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"},
+                                    timeout=900)
+        finally:
+            stop_server(server)
+        run.wait(timeout=900)
     finally:
-        stop_server(server)
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+            run.wait()
+    assert run.returncode == 0, stderr.read_text()[-3000:]
+    cli = json.loads(stdout.read_text())
     assert rest["status"] == "succeeded", rest
 
     # The same search features in both summaries.
