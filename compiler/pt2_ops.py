@@ -162,8 +162,9 @@ def input_free_values(program: Any) -> dict[fx.Node, torch.Tensor]:
     buffer or constant): ``arange``, ``full`` and what is computed from them alone, like the
     attention mask of a static shape and the position ids. Computed by torch on the operators
     of the graph (``program`` has passed :func:`unsupported_ops`: tensor math only); tensors
-    only. Their sizes are bounded before anything runs
-    (:func:`compiler.pt2_loader.check_pt2_graph_limits`)."""
+    only; a node torch fails to compute is left to TVM. Their sizes are bounded before anything
+    runs (:func:`compiler.pt2_loader.check_pt2_graph_limits`; running out of memory is
+    ``out_of_memory``, :func:`compiler.constant_limits.bounded_folding`)."""
     values: dict[Any, Any] = {}
     with torch.no_grad():
         for node in program.graph.nodes:
@@ -172,7 +173,12 @@ def input_free_values(program: Any) -> dict[fx.Node, torch.Tensor]:
             ):
                 continue
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
-            values[node] = node.target(*args, **kwargs)
+            try:
+                values[node] = node.target(*args, **kwargs)
+            except MemoryError:
+                raise
+            except Exception:  # noqa: BLE001 - torch refused it: TVM translates the node itself
+                continue
     return {
         node: value
         for node, value in values.items()
