@@ -1,6 +1,7 @@
 """The transferred cost model on a real tuning database (a few real MetaSchedule trials).
 
-One small CNN is tuned cold into a SQLite database once for the module; the tests then extract
+One small CNN tuned cold into a SQLite database once per session (``tuned_small_cnn``, shared
+with other modules and copied here); the tests then extract
 features from its records, train and persist a model, tune another model with it, check that
 the negative-transfer guard falls back to MetaSchedule's cold model when the transferred one
 ranks backwards, and drive the CLI.
@@ -45,16 +46,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-def tuned(tmp_path_factory, example_model):
-    """A database holding one cold tuning run of the small CNN (6 tasks, ~24 trials)."""
+def tuned(tmp_path_factory, tuned_small_cnn):
+    """A database holding one cold tuning run of the small CNN (6 tasks, 24 trials): this
+    module's copy of the session's ``tuned_small_cnn`` (tests/conftest.py)."""
+    assert tuned_small_cnn.summary.extra["cost_model"]["kind"] == "cold"
     work = tmp_path_factory.mktemp("cost-model")
-    url = f"sqlite:///{work / 'tune.db'}"
-    storage = db.open_storage(url, upgrade=True)
+    url = tuned_small_cnn.copy(work / "tune.db")
+    storage = db.open_storage(url)
     target = cpu_target()
-    prepared = prepare_model(example_model("small_cnn", "onnx"), target)
-    summary = tune_model(storage, prepared, trials=24, output_dir=work / "cnn", search=FAST_SEARCH,
-                         seed=0, cost_model="cold")
-    assert summary.extra["cost_model"]["kind"] == "cold"
     yield storage, target, url, work
     storage.close()
 
