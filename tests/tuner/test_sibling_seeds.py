@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -48,15 +50,13 @@ def test_refit_tiles_keeps_the_extent_and_the_inner_factors_that_divide() -> Non
 
 
 @pytest.fixture(scope="module")
-def cnn_db(tmp_path_factory, example_model):
-    """The small CNN tuned once without seeds (3 ``conv2d + add + relu`` tasks: siblings)."""
+def cnn_db(tmp_path_factory, tuned_small_cnn):
+    """The small CNN tuned once without seeds (3 ``conv2d + add + relu`` tasks: siblings): this
+    module's copy of the session's ``tuned_small_cnn`` (tests/conftest.py)."""
     work = tmp_path_factory.mktemp("seeds")
-    storage = db.open_storage(f"sqlite:///{work / 'seeds.db'}", upgrade=True)
+    storage = db.open_storage(tuned_small_cnn.copy(work / "seeds.db"))
     target = cpu_target()
-    prepared = prepare_model(example_model("small_cnn", "onnx"), target)
-    tune_model(storage, prepared, trials=24, output_dir=work / "cnn", seed=0, cost_model="cold",
-               search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False,
-                                          sibling_population=False))
+    prepared = prepare_model(tuned_small_cnn.model, target)
     yield storage, target, prepared, work
     storage.close()
 
@@ -109,15 +109,30 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
 
 
 @pytest.mark.slow
-def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
+def test_tuning_measures_seeds_within_the_budget(cnn_db, tuned_small_cnn, example_model) -> None:
     """The MLP's last layer (``matmul + add``) is a sibling of the CNN's classifier: seeded from
     the database. Its two ``matmul + add + relu`` layers seed each other within the run."""
     storage, target, _, work = cnn_db
-    prepared = prepare_model(example_model("mlp", "onnx"), target)
-    budget = 16
-    summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp", seed=0,
-                         search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
-                         cost_model="cold")
+    # The CLI turns them off: a run on another copy of the same CNN database (seeds on offer for
+    # the classifier's sibling and within the run), in the background meanwhile.
+    off_db = tuned_small_cnn.copy(work / "off" / "seeds.db")
+    with open(work / "off.out", "wb") as out, open(work / "off.err", "wb") as err:
+        off = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "tune", str(example_model("mlp", "onnx")),
+             "--trials", "8", "--population", "16", "--continue", "--no-sibling-seeds",
+             "--cost-model", "cold", "--db", off_db, "-o", str(work / "mlp-off"), "--json"],
+            cwd=REPO, stdout=out, stderr=err, start_new_session=True)
+    try:
+        prepared = prepare_model(example_model("mlp", "onnx"), target)
+        budget = 16
+        summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp", seed=0,
+                             search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
+                             cost_model="cold")
+        off.wait(timeout=600)
+    finally:
+        if off.poll() is None:
+            os.killpg(off.pid, signal.SIGKILL)
+            off.wait()
     seeded = summary.extra["sibling_seeds"]
     assert seeded["measured"] >= 1 and seeded["valid"] >= 1
     assert seeded["in_populations"] >= 1  # turned on here: siblings' schedules in populations
@@ -126,14 +141,8 @@ def test_tuning_measures_seeds_within_the_budget(cnn_db, example_model) -> None:
     assert seeded["measured"] < job.trials_done <= budget + 4
     assert summary.verification["passed"]
 
-    # The CLI turns them off.
-    off = subprocess.run(
-        [sys.executable, "-m", "service.cli", "tune", str(example_model("mlp", "onnx")),
-         "--trials", "8", "--population", "16", "--continue", "--no-sibling-seeds",
-         "--cost-model", "cold", "--db", storage.url, "-o", str(work / "mlp-off"), "--json"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, check=False)
-    assert off.returncode == 0, off.stderr
-    summary = json.loads(off.stdout)
+    assert off.returncode == 0, (work / "off.err").read_text()[-3000:]
+    summary = json.loads((work / "off.out").read_text())
     assert summary["trials_measured"] > 0 and summary["sibling_seeds"] is None
 
 
