@@ -12,22 +12,19 @@ import pytest
 import db
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from tuner.job import tune_model
 from tuner.remeasure import RemeasureConfig
 from tuner.remeasure_store import parse_remeasurements
-from tuner.search import FAST_SEARCH
 
 
 @pytest.fixture(scope="module")
-def tuned(example_model, tmp_path_factory):
-    """The MLP tuned once (12 trials: each task gets at least two valid records)."""
+def tuned(tuned_mlp, tmp_path_factory):
+    """The MLP tuned once (12 trials: each task gets at least two valid records): this module's
+    copy of the session's ``tuned_mlp`` (tests/conftest.py), whose run made the final build."""
     folder = tmp_path_factory.mktemp("remeasure")
-    storage = db.open_storage(f"sqlite:///{folder / 'tune.db'}", upgrade=True)
-    prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
-    summary = tune_model(storage, prepared, trials=12, output_dir=folder / "art",
-                         search=FAST_SEARCH, seed=3)
-    manifest = json.loads((folder / "art" / "manifest.json").read_text())
-    yield storage, prepared, summary, manifest
+    storage = db.open_storage(tuned_mlp.copy(folder / "tune.db"))
+    prepared = prepare_model(tuned_mlp.model, cpu_target())
+    manifest = json.loads((tuned_mlp.artifact_dir / "manifest.json").read_text())
+    yield storage, prepared, tuned_mlp.summary, manifest
     storage.close()
 
 

@@ -14,18 +14,20 @@ from tuner.search import FAST_SEARCH
 
 
 @pytest.mark.slow
-def test_a_continued_run_measures_only_new_schedules(tmp_path, example_model) -> None:
-    storage = db.open_storage(f"sqlite:///{tmp_path / 'skip.db'}", upgrade=True)
+def test_a_continued_run_measures_only_new_schedules(tmp_path, tuned_mlp) -> None:
+    # The first run: the session's MLP tuned 12 trials (tests/conftest.py), copied here.
+    storage = db.open_storage(tuned_mlp.copy(tmp_path / "skip.db"))
     try:
-        prepared = prepare_model(example_model("mlp", "onnx"), cpu_target())
+        prepared = prepare_model(tuned_mlp.model, cpu_target())
+        first = tuned_mlp.summary
         # No seeds: they are checked against the database separately
         # (tuner.task_scheduler.sibling_seeds).
         search = dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False)
-        first = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "a",
-                           search=search, seed=0, cost_model="cold")
         stored = storage.count_records()
+        assert stored >= first.trials_measured >= 12
+        # The first run's seed: its random samples come again, and must be skipped too.
         again = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "b",
-                           search=search, seed=0, cost_model="cold", continue_tuning=True)
+                           search=search, seed=3, cost_model="cold", continue_tuning=True)
         # The second run starts its populations from the first run's best records (MetaSchedule
         # does that) but measures none of them again: every trial it counts is a new record.
         job = storage.get_job(again.job_id)
