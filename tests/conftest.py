@@ -1,4 +1,6 @@
-"""Shared fixtures (example models exported once per test session, at run time) and the marks.
+"""Shared fixtures (example models exported once per test session, at run time; two tuning
+databases written once per session, ``tuned_small_cnn`` and ``tuned_mlp``, that tests copy) and
+the marks.
 
 Marks (registered in ``pyproject.toml``): ``slow``, ``browser`` and ``gpu`` are written on the
 tests; ``postgres`` is added here to every test that gets a PostgreSQL database (the
