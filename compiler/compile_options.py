@@ -12,8 +12,11 @@ always produce the same task keys.
 ``emeraldrapids``, 64 trials per variant, random cost model, one seed): ResNet-18's 3x3 conv
 64→64 at 56² ran 0.939 ms in NCHW, 0.879 prepacked, 0.802 in NHWC and 0.441 in NHWC prepacked,
 against 0.498 in ONNX Runtime, side by side; an earlier run (``../shared/STACK.md``) had the
-256→256 conv at 14² 2.8–2.9x faster in NHWC or prepacked than in NCHW. The MobileNetV2 and BERT
-cases of the benchmark were not measured yet. It is one constant for all CPU targets (only one
+256→256 conv at 14² 2.8–2.9x faster in NHWC or prepacked than in NCHW. MobileNetV2's depthwise
+3x3 (144 ch, 56²) was about equal in every variant (NCHW 0.059 ms, NHWC prepacked 0.064, ONNX
+Runtime 0.131), so one global layout costs it nothing. Whole ResNet-18 on a 2-thread Zen 3, 100
+trials per path side by side (``bench/results/models_2026-12-01.md``): 162.5 ms NCHW, 78.1 ms NHWC
+prepacked. BERT's dense case is not measured yet. It is one constant for all CPU targets (only one
 CPU has been measured); a target's options are fixed when its spec is made, so tuning and the
 final build always agree. A stored target without the
 ``"compile"`` field (made before these options existed) means :data:`LEGACY`: NCHW, no
