@@ -329,7 +329,10 @@ class Worker:
                 )
             except ModelError as err:
                 return self._end(offer, "failed", f"model refused: {err}")
-            remeasure = RemeasureConfig.from_env()
+            try:
+                remeasure = RemeasureConfig.from_env()
+            except ValueError as err:  # a bad TUNEHUB_REMEASURE_* setting: say so, keep serving
+                return self._end(offer, "failed", str(err))
             best = {
                 task.key: self.client.records(task.key, offer.target.key, max(1, remeasure.top))
                 for task in prepared.partition.tasks
