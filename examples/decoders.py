@@ -30,10 +30,9 @@ from typing import Any
 
 import onnx
 import torch
-from onnxscript import ir
 from torch import nn
 
-from examples.export import ONNX_OPSET, _atomic_write, _tidy_onnx
+from examples.export import ONNX_OPSET, _atomic_write, onnx_from_program
 from examples.networks import WEIGHT_SEED
 
 DEFAULT_SEQ = 16
@@ -188,22 +187,8 @@ def _onnx_from_program(
 ) -> onnx.ModelProto:
     # The dynamo exporter logs a warning per export about torchvision ops it cannot register.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    with torch.no_grad():
-        onnx_program = torch.onnx.export(
-            program,
-            (example,),
-            dynamo=True,
-            opset_version=opset,
-            optimize=False,
-            input_names=[INPUT_NAME],
-            output_names=[OUTPUT_NAME],
-            verbose=False,
-        )
-    assert onnx_program is not None  # dynamo=True without f= always returns the ONNXProgram
-    _tidy_onnx(onnx_program.model)
-    proto = ir.serde.serialize_model(onnx_program.model)
-    onnx.checker.check_model(proto)
-    return proto
+    return onnx_from_program(program, (example,), input_names=[INPUT_NAME],
+                             output_names=[OUTPUT_NAME], opset=opset)
 
 
 def to_onnx_proto(name: str, seq: int = DEFAULT_SEQ, opset: int = ONNX_OPSET) -> onnx.ModelProto:

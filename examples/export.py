@@ -94,20 +94,21 @@ def to_exported_program(name: str) -> torch.export.ExportedProgram:
     return torch.export.export(spec.build(), spec.make_inputs(seed=0))
 
 
-def _onnx_from_program(
-    program: torch.export.ExportedProgram, spec: ExampleSpec, opset: int
+def onnx_from_program(
+    program: torch.export.ExportedProgram, args: tuple, *, input_names: list[str],
+    output_names: list[str], opset: int = ONNX_OPSET,
 ) -> onnx.ModelProto:
-    """Translate ``program`` (an export of ``spec``) to a checked ONNX model; ``program`` is not
-    modified."""
+    """Translate ``program`` (exported on ``args``) with torch's dynamo exporter to a checked
+    ONNX model (constants as initializers, no optimizer passes); ``program`` is not modified."""
     with torch.no_grad():
         onnx_program = torch.onnx.export(
             program,
-            spec.make_inputs(seed=0),
+            args,
             dynamo=True,
             opset_version=opset,
             optimize=False,
-            input_names=[i.name for i in spec.inputs],
-            output_names=[ONNX_OUTPUT_NAME],
+            input_names=input_names,
+            output_names=output_names,
             verbose=False,
         )
     assert onnx_program is not None  # dynamo=True without f= always returns the ONNXProgram
@@ -115,6 +116,15 @@ def _onnx_from_program(
     proto = ir.serde.serialize_model(onnx_program.model)
     onnx.checker.check_model(proto)
     return proto
+
+
+def _onnx_from_program(
+    program: torch.export.ExportedProgram, spec: ExampleSpec, opset: int
+) -> onnx.ModelProto:
+    """``program`` (an export of ``spec``) as a checked ONNX model."""
+    return onnx_from_program(program, spec.make_inputs(seed=0),
+                             input_names=[i.name for i in spec.inputs],
+                             output_names=[ONNX_OUTPUT_NAME], opset=opset)
 
 
 def to_onnx_proto(name: str, opset: int = ONNX_OPSET) -> onnx.ModelProto:
