@@ -36,48 +36,21 @@ class Remeasured:
     b_secs: float | None
 
 
-def _schedule(row: Any, mod: Any) -> Any:
-    import tvm
-    from tvm.s_tir.schedule import Trace
-
-    sch = tvm.s_tir.Schedule(mod)
-    Trace.apply_json_to_schedule(json.loads(row.trace_json), sch)
-    return sch
-
-
 def remeasure_bests(pairs: list[tuple[str, int, Any, Any, Any]], target: Any,
                     rounds: int = 3) -> list[Remeasured]:
     """``pairs``: ``(task name, weight, workload module, best row of run a, best row of run
     b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per
     pair, in order. A schedule that does not build or run gets ``None``; never raises for one."""
-    from tvm.s_tir import meta_schedule as ms
+    from tuner.remeasure import time_side_by_side
 
-    from tuner.measure import MeasureConfig, make_builder, make_runner
-    from tuner.measurements import mean_run_secs
-
-    config = MeasureConfig.for_target(target.kind)
-    builder, runner = make_builder(config), make_runner(config)
-    tvm_target = target.tvm_target()
+    schedules = [(mod, json.loads(row.trace_json))
+                 for _, _, mod, row_a, row_b in pairs for row in (row_a, row_b)]
+    rounds_of = time_side_by_side(schedules, target, rounds)
     out = []
-    for task, weight, mod, row_a, row_b in pairs:
-        inputs = []
-        for row in (row_a, row_b):
-            sch = _schedule(row, mod)
-            inputs.append((sch, ms.arg_info.ArgInfo.from_entry_func(sch.mod)))
-        built = builder.build([ms.builder.BuilderInput(sch.mod, tvm_target)
-                               for sch, _ in inputs])
-        times: list[list[float]] = [[], []]
-        for _ in range(rounds):
-            for index, ((_, args), result) in enumerate(zip(inputs, built, strict=True)):
-                if result.error_msg is not None:
-                    continue
-                (future,) = runner.run([ms.runner.RunnerInput(result.artifact_path,
-                                                              target.device, args)])
-                secs = mean_run_secs(future.result())
-                if secs is not None:
-                    times[index].append(secs)
+    for index, (task, weight, _, _, _) in enumerate(pairs):
+        a, b = rounds_of[2 * index], rounds_of[2 * index + 1]
         out.append(Remeasured(task, weight, *(statistics.median(t) if t else None
-                                              for t in times)))
+                                              for t in (a, b))))
     return out
 
 

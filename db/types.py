@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -235,18 +236,21 @@ class NewRemeasurement:
 
     @property
     def median_secs(self) -> float:
-        return _median(self.rounds_secs)
+        return statistics.median(self.rounds_secs)
 
     @property
     def spread(self) -> float:
         """``(max - min) / median`` of the rounds: 0.0 for one round."""
-        return (max(self.rounds_secs) - min(self.rounds_secs)) / self.median_secs
+        return spread(self.rounds_secs)  # type: ignore[return-value]
 
 
-def _median(values: Sequence[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
+def spread(values: Sequence[float]) -> float | None:
+    """``(max - min) / median`` of repeated timings (how far they scatter); ``None`` for none or
+    a median that is not positive."""
+    if not values:
+        return None
+    median = statistics.median(values)
+    return (max(values) - min(values)) / median if median > 0 else None
 
 
 @dataclass(frozen=True)
@@ -263,14 +267,6 @@ class Remeasurement:
     worker: str | None = None
     measured_at: datetime | None = None
 
-    def to_json(self) -> dict[str, object]:
-        return {
-            "id": self.id, "record_id": self.record_id, "rounds": len(self.rounds_secs),
-            "rounds_ms": [s * 1e3 for s in self.rounds_secs], "median_ms": self.median_secs * 1e3,
-            "spread": self.spread, "chosen": self.chosen, "job_id": self.job_id,
-            "worker": self.worker,
-            "measured_at": self.measured_at.isoformat() if self.measured_at else None,
-        }
 
 
 @dataclass(frozen=True)

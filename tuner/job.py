@@ -304,6 +304,7 @@ def _run_job(
     measure, search, listeners, force, seed, cost_model: CostModelChoice,
 ) -> TuneSummary:
     tasks = prepared.partition.tasks
+    remeasure = RemeasureConfig.from_env()  # a bad setting fails now, not after the search
     measured_before = storage.count_records(job_id=job.id)
     remaining = max(0, job.trial_budget - measured_before)
     tuned_keys = storage.tuned_workload_keys(
@@ -369,7 +370,6 @@ def _run_job(
         )
         for d in plan.decisions
     )
-    remeasure = RemeasureConfig.from_env()
     winners = choose_winners(
         prepared, top_records(prepared, database, max(1, remeasure.top)), remeasure, measure
     )

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import shutil
 import statistics
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -31,7 +32,7 @@ from typing import Any
 from tvm.s_tir import meta_schedule as ms
 
 from db.metaschedule_database import replay
-from db.types import canonical_trace_json, measurement, trace_hash
+from db.types import canonical_trace_json, measurement, spread, trace_hash
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.measurements import mean_run_secs
 
@@ -79,11 +80,8 @@ class Candidate:
 
     @property
     def spread(self) -> float | None:
-        """``(max - min) / median`` of the rounds."""
-        median = self.median_secs
-        if median is None:
-            return None
-        return (max(self.rounds_secs) - min(self.rounds_secs)) / median
+        """``(max - min) / median`` of the rounds (:func:`db.types.spread`)."""
+        return spread(self.rounds_secs)
 
     def to_json(self, chosen: bool) -> dict[str, Any]:
         return {
@@ -130,12 +128,58 @@ def _hash_of(entry: Sequence[Any]) -> str:
     return trace_hash(canonical_trace_json(entry[0]))
 
 
-def _inputs(mod: Any, entry: Sequence[Any], tvm_target: Any) -> tuple[Any, Any]:
-    """The builder input and argument info of one record's schedule, as MetaSchedule measures
-    it (postprocessing replayed; weights in the layout the schedule reads)."""
-    sch = replay(mod, entry[0])
+def _inputs(mod: Any, trace: Any, tvm_target: Any) -> tuple[Any, Any]:
+    """The builder input and argument info of one schedule (``TuningRecord.as_json()[0]``), as
+    MetaSchedule measures it (postprocessing replayed; weights in the layout the schedule
+    reads)."""
+    sch = replay(mod, trace)
     args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
     return ms.builder.BuilderInput(sch.mod, tvm_target), args
+
+
+def time_side_by_side(
+    schedules: Sequence[tuple[Any, Any]],
+    target: Any,
+    rounds: int,
+    measure: MeasureConfig | None = None,
+    rpc: RpcConfig | None = None,
+) -> list[tuple[float, ...]]:
+    """Time ``schedules`` (``(workload module, trace)`` pairs) side by side: all built with the
+    tuner's builder, then ``rounds`` rounds of the tuner's runner over all of them in one list,
+    the order rotated each round. Returns, per schedule in order, the mean run time of each
+    round; empty for one that does not replay, build or run (never raises for it). ``target``:
+    a :class:`compiler.target.TargetSpec`; ``measure`` defaults to its kind's settings."""
+    tvm_target = target.tvm_target()
+    inputs: list[tuple[Any, Any] | None] = []
+    for mod, trace in schedules:
+        try:
+            inputs.append(_inputs(mod, trace, tvm_target))
+        except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
+            logger.warning("a schedule does not replay (%s)", err)
+            inputs.append(None)
+    times: list[list[float]] = [[] for _ in schedules]
+    buildable = [i for i, item in enumerate(inputs) if item is not None]
+    if not buildable:
+        return [tuple(t) for t in times]
+    measure = measure or MeasureConfig.for_target(target.kind)
+    builder, runner = make_builder(measure), make_runner(measure, rpc)
+    built = dict(zip(buildable, builder.build([inputs[i][0] for i in buildable])))
+    runnable = [i for i in buildable if built[i].error_msg is None]
+    for round_index in range(rounds if runnable else 0):
+        shift = round_index % len(runnable)
+        order = runnable[shift:] + runnable[:shift]
+        futures = runner.run([
+            ms.runner.RunnerInput(built[i].artifact_path, target.device, inputs[i][1])
+            for i in order
+        ])
+        for i, future in zip(order, futures):
+            secs = mean_run_secs(future.result())
+            if secs is not None:
+                times[i].append(secs)
+    for i in buildable:
+        if built[i].artifact_path:  # each artifact sits in a folder of its own
+            shutil.rmtree(os.path.dirname(built[i].artifact_path), ignore_errors=True)
+    return [tuple(t) for t in times]
 
 
 def remeasure_tasks(
@@ -145,7 +189,8 @@ def remeasure_tasks(
     measure: MeasureConfig | None = None,
     rpc: RpcConfig | None = None,
 ) -> dict[str, TaskRemeasure]:
-    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks.
+    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks
+    (:func:`time_side_by_side`, all tasks' candidates together).
 
     ``records[task key]``: ``TuningRecord.as_json()`` lists, best recorded first (extra ones are
     ignored). Only tasks with at least two valid records are re-measured. Returns the re-measured
@@ -154,63 +199,29 @@ def remeasure_tasks(
     replay, build or run (it gets no rounds); returns ``{}`` when ``config`` is off."""
     if not config.enabled:
         return {}
-    target = prepared.target
-    tvm_target = target.tvm_target()
-    jobs: list[tuple[str, str, Sequence[Any], Any, Any]] = []  # key, name, entry, input, args
+    jobs: list[tuple[Any, Sequence[Any], Any]] = []  # task, record entry, workload module
     for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
         entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]]
         entries = entries[: config.top]
-        if len(entries) < 2:
-            continue
-        mod = extracted.dispatched[0]
-        for entry in entries:
-            try:
-                built_input, args = _inputs(mod, entry, tvm_target)
-            except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
-                logger.warning("task %s: a record does not replay (%s)", task.name, err)
-                built_input, args = None, None
-            jobs.append((task.key, task.name, entry, built_input, args))
+        if len(entries) >= 2:
+            jobs += [(task, entry, extracted.dispatched[0]) for entry in entries]
     if not jobs:
         return {}
-    measure = measure or MeasureConfig.for_target(target.kind)
-    builder, runner = make_builder(measure), make_runner(measure, rpc)
-    buildable = [i for i, job in enumerate(jobs) if job[3] is not None]
-    built = dict(zip(buildable, builder.build([jobs[i][3] for i in buildable])))
-    runnable = [i for i in buildable if built[i].error_msg is None]
-    rounds: dict[int, list[float]] = {i: [] for i in range(len(jobs))}
-    for round_index in range(config.rounds if runnable else 0):
-        shift = round_index % max(1, len(runnable))
-        order = runnable[shift:] + runnable[:shift]
-        futures = runner.run([
-            ms.runner.RunnerInput(built[i].artifact_path, target.device, jobs[i][4])
-            for i in order
-        ])
-        for i, future in zip(order, futures):
-            secs = mean_run_secs(future.result())
-            if secs is not None:
-                rounds[i].append(secs)
-    for i in buildable:
-        if built[i].artifact_path:
-            _remove(built[i].artifact_path)
+    rounds = time_side_by_side([(mod, entry[0]) for _, entry, mod in jobs], prepared.target,
+                               config.rounds, measure, rpc)
     out: dict[str, list[Candidate]] = {}
     names: dict[str, str] = {}
-    for i, (key, name, entry, _, _) in enumerate(jobs):
-        names[key] = name
-        out.setdefault(key, []).append(Candidate(
+    for (task, entry, _), secs in zip(jobs, rounds):
+        names[task.key] = task.name
+        out.setdefault(task.key, []).append(Candidate(
             trace_hash=_hash_of(entry), record=tuple(entry),
-            recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=tuple(rounds[i]),
+            recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=secs,
         ))
     result = {key: TaskRemeasure(key, names[key], tuple(c)) for key, c in out.items()}
     changed = sum(t.changed for t in result.values())
     logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed",
                 len(jobs), len(result), config.rounds, changed)
     return result
-
-
-def _remove(path: str) -> None:
-    import shutil  # noqa: PLC0415
-
-    shutil.rmtree(os.path.dirname(path), ignore_errors=True)
 
 
 def records_for_build(

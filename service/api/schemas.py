@@ -364,15 +364,6 @@ class RemeasurementPublic(BaseModel):
                    measured_at=row.measured_at)
 
 
-def _spread(values: list[float] | None) -> float | None:
-    if not values:
-        return None
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    median = ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
-    return (ordered[-1] - ordered[0]) / median if median > 0 else None
-
-
 class RecordPublic(BaseModel):
     id: int
     workload_id: int
@@ -409,7 +400,7 @@ class RecordPublic(BaseModel):
             mean_ms=_ms(row.mean_secs),
             run_ms=run_ms,
             repeats=len(run_ms or ()),
-            spread=_spread(run_ms),
+            spread=db.types.spread(run_ms or ()),
             remeasurements=[RemeasurementPublic.from_row(r) for r in remeasurements],
             error_text=row.error_text,
             measured_at=row.measured_at,
