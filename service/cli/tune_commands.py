@@ -52,10 +52,15 @@ def run_tune(args: argparse.Namespace) -> int:
     from service.cli.progress_display import RichTuneProgress
     from tuner.cost_models import CostModelUnavailable, choose_cost_model
     from tuner.job import tune_model
+    from tuner.remeasure import RemeasureConfig
     from tuner.search import SearchConfig
 
     if args.trials < 0:
         raise CliError(f"--trials must be >= 0, got {args.trials}")
+    try:  # read again by the job; checked here so that a bad value is one line, exit 2
+        RemeasureConfig.from_env()
+    except ValueError as err:
+        raise CliError(str(err)) from None
     if args.population < 4:
         raise CliError(f"--population must be >= 4, got {args.population}")
     search = SearchConfig(
