@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -19,26 +20,47 @@ import tvm
 
 from compiler.errors import CompileError
 from compiler.lowering import build_untuned, build_with_database
+from compiler.peers import load_peers, peer_library, unavailable_reason
 from compiler.target import TargetSpec
 
 
-def build(mod: tvm.IRModule, target: TargetSpec, database: Any | None = None) -> Any:
-    """Compile the normalized (unfused) Relax ``mod``; see the module docstring."""
+def build(
+    mod: tvm.IRModule, target: TargetSpec, database: Any | None = None,
+    peers: Collection[str] = (),
+) -> Any:
+    """Compile the normalized (unfused) Relax ``mod``; see the module docstring. ``peers``: the
+    workload keys of the tasks built with their library peer (:mod:`compiler.peers`; without a
+    ``database`` the other tasks get TVM's default schedules); export such an executable with
+    ``link_peers``."""
     try:
-        if database is None:
+        if database is None and not peers:
             return build_untuned(mod, target)
-        return build_with_database(mod, target, database)
+        if peers:
+            load_peers()  # the executable can then also run in this process, before export
+        if database is None:
+            from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only this path
+
+            database = ms.database.MemoryDatabase()
+        return build_with_database(mod, target, database, peers)
     except (RuntimeError, ValueError, TypeError) as err:  # TVM's errors (0.27 has no TVMError)
         raise CompileError(f"TVM failed to build the model for {target.describe()}: {err}") from err
 
 
-def export_library(executable: Any, path: Path) -> Path:
-    """Write the executable as a shared library at ``path`` atomically (temp file + rename)."""
+def export_library(executable: Any, path: Path, *, link_peers: bool = False) -> Path:
+    """Write the executable as a shared library at ``path`` atomically (temp file + rename).
+    ``link_peers``: link the peer shim and OpenBLAS in (an executable built with ``peers``);
+    raises :class:`CompileError` when this machine has no peer library."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    kwargs: dict[str, Any] = {}
+    if link_peers:
+        library = peer_library()
+        if library is None:
+            raise CompileError(f"the artifact uses library peers: {unavailable_reason()}")
+        kwargs = {"addons": [str(library.object_file)], "options": library.link_options()}
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=".tmp-", dir=path.parent)
     os.close(fd)
     try:
-        executable.export_library(tmp_name)
+        executable.export_library(tmp_name, **kwargs)
         os.replace(tmp_name, path)
     except BaseException:
         Path(tmp_name).unlink(missing_ok=True)

@@ -12,15 +12,17 @@ module (:func:`compiler.importer.import_model`):
 3. with prepacking, :func:`compiler.prepack.mark_layout_free`.
 
 :func:`fused_for_target` is 1–3 (what :func:`compiler.partition.partition` extracts tasks from).
-:func:`lower_with_database` applies 1–3, then ``MetaScheduleApplyDatabase``, then (prepacking)
-:func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers that with
-TVM's own dataflow-lowering and finalize passes: ``ms.relax_integration.compile_relax`` with
-steps 1, 3 and the fold added.
+:func:`lower_with_database` applies 1–3, the library peers chosen for some tasks
+(:func:`compiler.peers.apply_peers`, by workload key), then ``MetaScheduleApplyDatabase``, then
+(prepacking) :func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers
+that with TVM's own dataflow-lowering and finalize passes:
+``ms.relax_integration.compile_relax`` with steps 1, 3 and the fold added.
 Targets on the legacy options (CUDA, and CPU targets stored before the options existed) are
 built by ``compile_relax`` itself, unchanged.
 """
 from __future__ import annotations
 
+from collections.abc import Collection
 from typing import Any
 
 import tvm
@@ -30,6 +32,7 @@ from tvm.relax.transform import MetaScheduleApplyDatabase
 
 from compiler.compile_options import CompileOptions
 from compiler.conv_layout import to_nhwc
+from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
 
@@ -67,19 +70,26 @@ def fused_for_target(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
     return _fuse_and_mark(for_target(mod, options), target.tvm_target(), options)
 
 
-def lower_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) -> tvm.IRModule:
-    """Steps 1–3, ``MetaScheduleApplyDatabase`` and (prepacking) the weight fold: the scheduled
-    Relax module a non-legacy build lowers to the VM (tests read its constants)."""
+def lower_with_database(
+    mod: tvm.IRModule, target: TargetSpec, database: Any, peers: Collection[str] = ()
+) -> tvm.IRModule:
+    """Steps 1–3, the peers of the tasks keyed in ``peers``, ``MetaScheduleApplyDatabase`` and
+    (prepacking) the weight fold: the scheduled Relax module a non-legacy build lowers to the VM
+    (tests read its constants)."""
     options = target.compile_options
     tvm_target = target.tvm_target()
     with tvm_target, database, tvm.transform.PassContext(opt_level=3):
         module = _fuse_and_mark(for_target(mod, options), tvm_target, options)
+        module, _ = apply_peers(module, peers)
         module = MetaScheduleApplyDatabase()(module)
         return fold_prepacked_weights(module) if options.prepack else module
 
 
-def build_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) -> Any:
-    """Compile the normalized ``mod`` for ``target`` with the best schedules of ``database``.
+def build_with_database(
+    mod: tvm.IRModule, target: TargetSpec, database: Any, peers: Collection[str] = ()
+) -> Any:
+    """Compile the normalized ``mod`` for ``target`` with the best schedules of ``database``
+    and the library peers of the tasks keyed in ``peers`` (non-legacy CPU targets only).
 
     Returns TVM's ``Executable``; TVM errors propagate (the caller maps them).
     """
@@ -87,12 +97,14 @@ def build_with_database(mod: tvm.IRModule, target: TargetSpec, database: Any) ->
 
     tvm_target = target.tvm_target()
     if target.compile_options.is_legacy:
+        if peers:
+            raise ValueError(f"{target.describe()} builds without library peers")
         return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
     # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: PLC0415 - only the paths that need them
 
-    scheduled = lower_with_database(mod, target, database)
+    scheduled = lower_with_database(mod, target, database, peers)
     late = tvm.ir.transform.Sequential(
         [
             *cpu_pipeline.dataflow_lower_passes(tvm_target),

@@ -1,0 +1,170 @@
+"""The peer library on this machine: OpenBLAS behind a small C++ shim.
+
+Library peers (:mod:`compiler.peers.rewrite`) call the C entry points of ``shim.cc``
+(``tunehub_peer_gemm``, ``tunehub_peer_conv2d_nhwc``: OpenBLAS ``sgemm``; the convolution as
+im2col + ``sgemm``). The BLAS is OpenBLAS from PyPI's ``scipy-openblas32`` wheel (a dependency
+of TuneHub, so ``pip install`` brings it; DYNAMIC_ARCH, so one binary picks its kernels for the
+CPU it runs on); without it, the ILP64 OpenBLAS that numpy's own wheel bundles (the same build,
+64-bit sizes). :func:`peer_library` compiles the shim once per machine and BLAS into the cache
+(``TUNEHUB_CACHE_DIR``, default ``~/.cache/tunehub``) with the system C++ compiler (it needs no
+header: the BLAS and TVM's thread pool are declared in the shim):
+
+- ``libtunehub_peers.so``, loaded ``RTLD_GLOBAL`` into a process (:meth:`PeerLibrary.load`) so
+  that peer kernels built without it resolve their calls to it (MetaSchedule's runner, the
+  re-measurement, an executable run before export);
+- ``tunehub_peers.o``, linked into an artifact's ``model.so`` (:meth:`PeerLibrary.link_options`)
+  so that a fresh process loading the artifact needs only the TVM runtime and OpenBLAS.
+
+The shim sets OpenBLAS's thread count to TVM's (``runtime.NumThreads``) before each call.
+:func:`peer_library` returns ``None`` (and :func:`unavailable_reason` says why) on a machine
+without the wheel or a compiler: peers are then skipped and builds use tuned schedules only.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import os
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
+from pathlib import Path
+from typing import Any
+
+SHIM_SOURCE = Path(__file__).with_name("shim.cc")
+LIBRARY = "openblas"
+
+
+@dataclass(frozen=True)
+class PeerLibrary:
+    """A built shim: the shared library to load, the object to link, and what it calls."""
+
+    shared: Path
+    object_file: Path
+    blas: Blas
+    shim_hash: str
+
+    def load(self) -> None:
+        """Register the peer functions in this process (idempotent)."""
+        _load(str(self.shared))
+
+    def link_options(self) -> list[str]:
+        """The linker options a ``model.so`` with :attr:`object_file` linked in needs."""
+        return ["-Wl,--no-as-needed", *self.blas.link_flags()]
+
+    def describe(self) -> dict[str, Any]:
+        """What an artifact's manifest says it needs at run time."""
+        return {"library": LIBRARY, "package": self.blas.package, "version": self.blas.version,
+                "path": str(self.blas.path), "shim": self.shim_hash}
+
+
+@dataclass(frozen=True)
+class Blas:
+    """An OpenBLAS shared library: where it is, which package brought it, whether it is the
+    ILP64 build (``scipy_*64_`` symbols)."""
+
+    path: Path
+    package: str
+    version: str
+    ilp64: bool
+
+    def link_flags(self) -> list[str]:
+        return [f"-L{self.path.parent}", f"-l:{self.path.name}", f"-Wl,-rpath,{self.path.parent}"]
+
+    def defines(self) -> list[str]:
+        return ["-DTUNEHUB_BLAS_ILP64"] if self.ilp64 else []
+
+
+def find_blas() -> Blas:
+    """``scipy-openblas32``'s OpenBLAS, else numpy's bundled one. Raises ``RuntimeError``."""
+    try:
+        import scipy_openblas32  # noqa: PLC0415 - optional
+
+        path = Path(scipy_openblas32.get_lib_dir()) / "libscipy_openblas.so"
+        if path.exists():
+            return Blas(path, "scipy-openblas32", version("scipy-openblas32"), ilp64=False)
+    except (ImportError, PackageNotFoundError):
+        pass
+    import numpy  # noqa: PLC0415
+
+    libs = Path(numpy.__file__).resolve().parent.parent / "numpy.libs"
+    found = sorted(libs.glob("libscipy_openblas64_*.so"))
+    if found:
+        return Blas(found[0], "numpy", numpy.__version__, ilp64=True)
+    raise RuntimeError("no OpenBLAS found (pip install scipy-openblas32)")
+
+
+@functools.cache
+def _load(path: str) -> None:
+    ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+
+
+def _cache_dir() -> Path:
+    return Path(os.environ.get("TUNEHUB_CACHE_DIR", Path.home() / ".cache" / "tunehub"))
+
+
+def _compile(source: Path, out: Path, flags: list[str]) -> None:
+    """Compile into ``out`` atomically (a temp name, then a rename: concurrent processes race
+    harmlessly). Raises ``RuntimeError`` with the compiler's message."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.", suffix=out.suffix)
+    os.close(fd)
+    try:
+        done = subprocess.run([*flags, str(source), "-o", tmp], capture_output=True, text=True)
+        if done.returncode != 0:
+            raise RuntimeError(f"building the peer shim failed: {done.stderr.strip()[-800:]}")
+        os.replace(tmp, out)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
+def _build() -> PeerLibrary:
+    import tvm  # noqa: PLC0415
+
+    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if compiler is None:
+        raise RuntimeError("no C++ compiler (g++) on this machine")
+    blas = find_blas()
+    runtime_dir = Path(tvm.__file__).parent / "lib"
+    source_hash = hashlib.sha256(SHIM_SOURCE.read_bytes() + str(blas).encode()).hexdigest()[:16]
+    folder = _cache_dir() / "peers" / source_hash
+    common = [compiler, "-O2", "-std=c++17", "-fPIC", *blas.defines()]
+    obj = folder / "tunehub_peers.o"
+    shared = folder / "libtunehub_peers.so"
+    if not obj.exists():
+        _compile(SHIM_SOURCE, obj, [*common, "-c"])
+    if not shared.exists():
+        _compile(SHIM_SOURCE, shared, [*common, "-shared", "-Wl,--no-as-needed",
+                                       *blas.link_flags(), f"-L{runtime_dir}", "-ltvm_runtime",
+                                       f"-Wl,-rpath,{runtime_dir}"])
+    return PeerLibrary(shared, obj, blas, source_hash)
+
+
+@functools.cache
+def _built() -> tuple[PeerLibrary | None, str]:
+    if os.environ.get("TUNEHUB_PEERS", "1").strip() == "0":
+        return None, "turned off (TUNEHUB_PEERS=0)"
+    try:
+        return _build(), ""
+    except (ImportError, PackageNotFoundError, RuntimeError, OSError) as err:
+        return None, str(err)
+
+
+def peer_library() -> PeerLibrary | None:
+    """This machine's peer library, built on first use; ``None`` when it cannot be had."""
+    return _built()[0]
+
+
+def unavailable_reason() -> str:
+    """Why :func:`peer_library` is ``None`` (empty when it is not)."""
+    return _built()[1]
+
+
+def load_peers() -> None:
+    """Register the peer functions in this process when the library is available (a runner
+    worker's initializer; must be importable by reference)."""
+    library = peer_library()
+    if library is not None:
+        library.load()

@@ -1,0 +1,324 @@
+"""A task's library peer: the same fused PrimFunc with its anchor computed by a library call.
+
+:func:`find_peer` reads a fused task (one PrimFunc, as :func:`compiler.partition.partition`
+extracts it) and promises a :class:`PeerCall` when the task's anchor is an operator the peer
+library implements, or ``None``:
+
+- ``gemm``: a ``matmul`` block ``C[..., i, j] += A[..., i, k] * B[(...,) k, j]`` (or
+  ``B[(...,) j, k]``), float32, ``A`` and ``B`` parameters of the task, ``B`` 2-D (a weight) or
+  with ``C``'s batch dimensions;
+- ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
+  c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
+  of one (the ``pad_temp`` block before it).
+
+Every other block after the anchor is its epilogue (bias, residual add, activation). The anchor
+must be the task's first block (after the padding it absorbs).
+
+:func:`peer_function` rewrites the task: the padding and the anchor become one opaque block that
+calls the peer library's C entry point (``call_extern``; :mod:`compiler.peers.library`) with the
+task's own buffers; the epilogue blocks stay, inlined into the last one, whose loops are fused,
+split for vectors, parallel and vectorized. The function keeps the task's parameters, so it runs
+with the task's arguments, in a measurement and in the model. It is marked scheduled
+(MetaSchedule and the build leave it as it is) and loses ``layout_free_buffers`` (the library
+reads weights in their own layout).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import ir, s_tir, tirx
+from tvm.sym.pattern import detect_linear_equation
+
+# TVM 0.27's TIR nodes: a load is ``ir.TensorLoad`` (its buffer is ``.source``), buffers and
+# loop variables are ``ir.Var``, block regions ``ir.TensorRegion``.
+_Load = ir.TensorLoad
+
+#: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
+FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc"}
+VECTOR_LANES = 8
+
+
+@dataclass(frozen=True)
+class PeerCall:
+    """The library call that replaces a task's anchor: ``kind`` (a key of :data:`FUNCTIONS`),
+    the anchor's inputs and output (parameter or buffer names) and the call's integer
+    configuration, in the entry point's argument order."""
+
+    kind: str
+    inputs: tuple[str, ...]
+    output: str
+    config: tuple[tuple[str, int], ...]
+
+    @property
+    def function(self) -> str:
+        return FUNCTIONS[self.kind]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"kind": self.kind, "function": self.function, "config": dict(self.config)}
+
+
+@dataclass(frozen=True)
+class _Stage:
+    """One top-level loop nest of a fused PrimFunc and the block at its bottom."""
+
+    stmt: Any
+    block: Any
+
+
+def _stages(func: tirx.PrimFunc) -> tuple[Any, list[_Stage]] | None:
+    root = func.body.block if isinstance(func.body, s_tir.SBlockRealize) else None
+    if root is None:
+        return None
+    body = root.body
+    stmts = list(body.seq) if isinstance(body, tirx.SeqStmt) else [body]
+    stages = []
+    for stmt in stmts:
+        node = stmt
+        while isinstance(node, tirx.For):
+            node = node.body
+        if not isinstance(node, s_tir.SBlockRealize):
+            return None
+        stages.append(_Stage(stmt, node.block))
+    return root, stages
+
+
+def _loads(expr: Any) -> list[Any]:
+    """The buffer loads in ``expr`` (arithmetic, casts, calls, selects), outermost first."""
+    if isinstance(expr, _Load):
+        return [expr]
+    out: list[Any] = []
+    for name in ("a", "b", "value", "condition", "true_value", "false_value"):
+        child = getattr(expr, name, None) if hasattr(type(expr), name) else None
+        if child is not None:
+            out += _loads(child)
+    if isinstance(expr, ir.Call):
+        for arg in expr.args:
+            out += _loads(arg)
+    return out
+
+
+def _is_vars(indices: Any, variables: list[Any]) -> bool:
+    return len(indices) == len(variables) and all(
+        isinstance(i, ir.Var) and i.same_as(v) for i, v in zip(indices, variables)
+    )
+
+
+def _reduction_parts(block: Any) -> tuple[Any, Any, Any, list[Any], list[Any]] | None:
+    """``(C store, A load, B load, spatial vars, reduce vars)`` of ``C += A * B``."""
+    store = block.body
+    if block.init is None or not isinstance(store, tirx.BufferStore):
+        return None
+    value = store.value
+    if not (isinstance(value, ir.prim.expr.Add) and isinstance(value.a, _Load)
+            and value.a.source.same_as(store.buffer) and isinstance(value.b, ir.prim.expr.Mul)):
+        return None
+    a, b = value.b.a, value.b.b
+    if not (isinstance(a, _Load) and isinstance(b, _Load)):
+        return None
+    spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
+    reduce = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.CommReduce]
+    if len(spatial) + len(reduce) != len(block.iter_vars):
+        return None
+    if not _is_vars(store.indices, spatial):
+        return None
+    return store, a, b, spatial, reduce
+
+
+def _float32(*buffers: Any) -> bool:
+    return all(str(b.dtype) == "float32" for b in buffers)
+
+
+def _gemm(block: Any, params: set[str]) -> PeerCall | None:
+    parts = _reduction_parts(block)
+    if parts is None or not str(block.name_hint).startswith("matmul"):
+        return None
+    store, a, b, spatial, reduce = parts
+    if len(reduce) != 1 or len(spatial) < 2 or not _float32(store.buffer, a.source, b.source):
+        return None
+    (k,), batch, i, j = reduce, spatial[:-2], spatial[-2], spatial[-1]
+    if not _is_vars(a.indices, [*batch, i, k]):
+        return None
+    if _is_vars(b.indices, [k, j]) or _is_vars(b.indices, [*batch, k, j]):
+        trans_b = 0
+    elif _is_vars(b.indices, [j, k]) or _is_vars(b.indices, [*batch, j, k]):
+        trans_b = 1
+    else:
+        return None
+    if not {a.source.name, b.source.name} <= params:
+        return None
+    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name,
+                    (("trans_b", trans_b),))
+
+
+def _coefficients(expr: Any, variables: list[Any]) -> list[int] | None:
+    coeffs = detect_linear_equation(expr, variables)
+    if len(coeffs) != len(variables) + 1:
+        return None
+    try:
+        return [int(c) for c in coeffs]
+    except (TypeError, ValueError):
+        return None
+
+
+def _pad_source(stage: _Stage, padded: Any) -> tuple[str, int, int] | None:
+    """``(input name, pad top, pad left)`` when ``stage`` zero-pads an NHWC input into
+    ``padded``."""
+    store = stage.block.body
+    if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(padded)):
+        return None
+    loads = _loads(store.value)
+    if len(loads) != 1 or len(loads[0].indices) != 4:
+        return None
+    variables = [iv.var for iv in stage.block.iter_vars]
+    offsets = []
+    for axis in range(4):
+        coeffs = _coefficients(loads[0].indices[axis], [variables[axis]])
+        if coeffs is None or coeffs[0] != 1:
+            return None
+        offsets.append(-coeffs[1])
+    if offsets[0] or offsets[3]:
+        return None
+    return loads[0].source.name, offsets[1], offsets[2]
+
+
+def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
+    """The conv peer and the index of its anchor stage (0, or 1 after its padding)."""
+    for index in (0, 1):
+        if index < len(stages) and str(stages[index].block.name_hint).startswith("conv2d_nhwc"):
+            break
+    else:
+        return None
+    block = stages[index].block
+    parts = _reduction_parts(block)
+    if parts is None:
+        return None
+    store, data, weight, spatial, reduce = parts
+    if len(spatial) != 4 or len(reduce) != 3 or not _float32(store.buffer, data.source,
+                                                              weight.source):
+        return None
+    (n, y, x, f), (ry, rx, rc) = spatial, reduce
+    if not (_is_vars(weight.indices, [ry, rx, rc, f]) and weight.source.name in params):
+        return None
+    rows = _coefficients(data.indices[1], [y, ry])
+    cols = _coefficients(data.indices[2], [x, rx])
+    if (rows is None or cols is None or rows[2] or cols[2]
+            or not _is_vars([data.indices[0], data.indices[3]], [n, rc])):
+        return None
+    if index == 0:
+        if data.source.name not in params:
+            return None
+        source, top, left = data.source.name, 0, 0
+    else:
+        pad = _pad_source(stages[0], data.source)
+        if pad is None or pad[0] not in params:
+            return None
+        source, top, left = pad
+    config = (("stride_h", rows[0]), ("stride_w", cols[0]), ("pad_top", top),
+              ("pad_left", left), ("dilation_h", rows[1]), ("dilation_w", cols[1]))
+    return PeerCall("conv2d_nhwc", (source, weight.source.name), store.buffer.name,
+                    config), index
+
+
+def _anchor(func: tirx.PrimFunc) -> tuple[PeerCall, int] | None:
+    found = _stages(func)
+    if found is None:
+        return None
+    _, stages = found
+    params = {str(p.name) for p in func.params}
+    if stages and (call := _gemm(stages[0].block, params)) is not None:
+        return call, 0
+    return _conv2d(stages, params)
+
+
+def find_peer(mod: tvm.IRModule) -> PeerCall | None:
+    """The library peer of a task module (one PrimFunc), or ``None`` (see module docstring)."""
+    funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
+    if len(funcs) != 1:
+        return None
+    found = _anchor(funcs[0])
+    return found[0] if found else None
+
+
+def _buffers_by_name(func: tirx.PrimFunc, root: Any) -> dict[str, Any]:
+    out = {str(p.name): p for p in func.params}
+    for buf in root.alloc_buffers:
+        out[str(buf.name)] = buf
+    return out
+
+
+def _region(buffer: Any) -> Any:
+    """The whole of ``buffer`` as a block region."""
+    return buffer[tuple(slice(0, d) for d in buffer.shape)]
+
+
+def peer_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
+    """``func`` with its anchor replaced by the library call (module docstring). Raises
+    ``ValueError`` when ``func`` has no peer."""
+    found = _anchor(func)
+    if found is None:
+        raise ValueError("the task has no library peer")
+    call, anchor = found
+    root, stages = _stages(func)  # type: ignore[misc]
+    buffers = _buffers_by_name(func, root)
+    inputs = [buffers[name] for name in call.inputs]
+    output = buffers[call.output]
+    args = [b.data for b in (*inputs, output)] + _extern_sizes(call, inputs, output)
+    extern = s_tir.SBlock(
+        [], [_region(b) for b in inputs], [_region(output)], "tunehub_peer",
+        tirx.Evaluate(tirx.call_extern("int32", call.function, *args)),
+    )
+    dropped = {str(stages[i].block.writes[0].source.name) for i in range(anchor)}
+    body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[anchor + 1:]]
+    new_root = s_tir.SBlock(
+        root.iter_vars, root.reads, root.writes, root.name_hint,
+        tirx.SeqStmt(body) if len(body) > 1 else body[0], root.init,
+        [b for b in root.alloc_buffers if str(b.name) not in dropped],
+        root.match_buffers, root.annotations,
+    )
+    rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
+    rewritten = rewritten.without_attr("layout_free_buffers")
+    return _schedule_epilogue(rewritten, len(stages) - anchor - 1)
+
+
+def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
+    """The size arguments of the shim's entry point (``shim.cc``) after its three pointers."""
+    config = dict(call.config)
+    shape = [int(d) for d in output.shape]
+    if call.kind == "gemm":
+        a_shape = [int(d) for d in inputs[0].shape]
+        batch = 1
+        for d in shape[:-2]:
+            batch *= d
+        b_batched = int(len(inputs[1].shape) > 2)
+        i64 = [tirx.IntImm("int64", v) for v in (batch, shape[-2] if len(shape) > 1 else 1,
+                                                 shape[-1], a_shape[-1])]
+        return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched)]
+    x_shape = [int(d) for d in inputs[0].shape]
+    w_shape = [int(d) for d in inputs[1].shape]
+    sizes = (*x_shape, w_shape[0], w_shape[1], w_shape[3], shape[1], shape[2])
+    return [*(tirx.IntImm("int64", v) for v in sizes),
+            *(tirx.IntImm("int32", v) for _, v in call.config)]
+
+
+def _schedule_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    if epilogue_blocks:
+        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))][1:]
+        for block in blocks[:-1]:
+            try:
+                sch.compute_inline(block)
+            except s_tir.ScheduleError:
+                pass
+        last = sch.get_child_blocks(sch.get_sblock("root"))[-1]
+        loops = sch.get_loops(last)
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        extent = int(sch.get(fused).extent)
+        if extent % VECTOR_LANES == 0 and extent > VECTOR_LANES:
+            outer, inner = sch.split(fused, [None, VECTOR_LANES])
+            sch.parallel(outer)
+            sch.vectorize(inner)
+        else:
+            sch.parallel(fused)
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
