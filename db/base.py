@@ -7,6 +7,8 @@ that concern one resource are stated in its module:
   append-mostly", "Failed candidates"), their history, browsing and counts;
 - :mod:`db.contracts.remeasurements`: re-measurements of top records ("Re-measurements are
   additive");
+- :mod:`db.contracts.library_records`: library calls measured as candidates of a task ("Kernels
+  as peers", "Library records are additive");
 - :mod:`db.contracts.models`: uploaded models and their tuning tasks;
 - :mod:`db.contracts.jobs`: jobs, job tasks, task leases and artifacts ("Ownership of running
   work", "Task leases", "Cancellation", "Allowed state transitions");
@@ -34,6 +36,7 @@ import abc
 from db.contracts import (
     CostModelStorage,
     JobStorage,
+    LibraryRecordStorage,
     ModelStorage,
     RecordStorage,
     RemeasurementStorage,
@@ -43,8 +46,8 @@ from db.contracts import (
 
 
 class TuningStorage(
-    RecordStorage, RemeasurementStorage, ModelStorage, JobStorage, WorkerStorage, TokenStorage,
-    CostModelStorage,
+    RecordStorage, RemeasurementStorage, LibraryRecordStorage, ModelStorage, JobStorage,
+    WorkerStorage, TokenStorage, CostModelStorage,
 ):
     """The tuning database (see the module docstring for the contract)."""
 

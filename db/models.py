@@ -139,6 +139,36 @@ class RemeasurementRow(Base):
     )
 
 
+class LibraryRecordRow(Base):
+    """A library call (e.g. OpenBLAS ``sgemm`` behind a shim) measured as one more candidate of
+    a tuning task (issue 21): what was called (``library``, ``version``, ``call_json``), the time
+    of each round, their median and spread. Shared by every model with the task, like a
+    schedule; deleting the workload or target deletes it, deleting the job keeps it."""
+
+    __tablename__ = "library_records"
+    __table_args__ = (Index("ix_library_records_task", "workload_id", "target_id"),
+                      Index("ix_library_records_job", "job_id"))
+
+    id: Mapped[int] = mapped_column(BigId, primary_key=True)
+    workload_id: Mapped[int] = mapped_column(
+        ForeignKey("workloads.id", ondelete="CASCADE"), nullable=False
+    )
+    target_id: Mapped[int] = mapped_column(
+        ForeignKey("targets.id", ondelete="CASCADE"), nullable=False
+    )
+    library: Mapped[str] = mapped_column(String(64), nullable=False)
+    version: Mapped[str] = mapped_column(String(128), nullable=False)
+    call_json: Mapped[str] = mapped_column(Text, nullable=False)
+    run_secs_json: Mapped[str] = mapped_column(Text, nullable=False)
+    median_secs: Mapped[float] = mapped_column(Float, nullable=False)
+    spread: Mapped[float] = mapped_column(Float, nullable=False)
+    job_id: Mapped[int | None] = mapped_column(ForeignKey("jobs.id", ondelete="SET NULL"))
+    worker: Mapped[str | None] = mapped_column(String(128))
+    measured_at: Mapped[datetime] = mapped_column(
+        DateTime(timezone=True), nullable=False, server_default=func.now()
+    )
+
+
 class IdFloorRow(Base):
     """The highest id ever handed out of a table whose rows are deleted (SQLite reuses the
     highest rowid after a delete; see migration 0006)."""

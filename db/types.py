@@ -7,11 +7,12 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import numbers
 import statistics
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Final
+from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:  # pragma: no cover
     from compiler.target import TargetSpec
@@ -267,6 +268,127 @@ class Remeasurement:
     worker: str | None = None
     measured_at: datetime | None = None
 
+
+#: Bounds of a :class:`NewLibraryRecord` (the columns of ``library_records``, migration 0008).
+LIBRARY_MAX_CHARS: Final = 64
+LIBRARY_VERSION_MAX_CHARS: Final = 128
+LIBRARY_CALL_MAX_BYTES: Final = 4096
+LIBRARY_MAX_RUNS: Final = 64
+WORKER_MAX_CHARS: Final = 128
+
+
+def canonical_call_json(call: object) -> str:
+    """The text a library record's ``call`` is stored as: canonical compact JSON (sorted keys,
+    no whitespace, no NaN or infinity) of a JSON object, at most ``LIBRARY_CALL_MAX_BYTES``
+    bytes of UTF-8. Raises ``ValueError`` for anything else."""
+    if not isinstance(call, Mapping):
+        raise ValueError(f"a library call must be a JSON object, not {type(call).__name__}")
+    if not all(isinstance(k, str) for k in call):
+        raise ValueError("a library call's keys must be strings")
+    try:
+        text = json.dumps(dict(call), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                          allow_nan=False)
+    except (TypeError, ValueError, RecursionError) as err:
+        raise ValueError(f"a library call must be plain JSON: {err}") from None
+    size = len(text.encode("utf-8"))
+    if size > LIBRARY_CALL_MAX_BYTES:
+        raise ValueError(
+            f"a library call is at most {LIBRARY_CALL_MAX_BYTES} bytes of JSON, this one {size}"
+        )
+    return text
+
+
+def _bounded_text(name: str, value: object, limit: int) -> str:
+    if not isinstance(value, str) or not 1 <= len(value) <= limit:
+        raise ValueError(f"a library record's {name} must be a string of 1..{limit} characters, "
+                         f"not {value!r:.80}")
+    return value
+
+
+@dataclass(frozen=True)
+class NewLibraryRecord:
+    """A library call (e.g. OpenBLAS ``sgemm`` behind a shim) measured as one more candidate of
+    a tuning task (issue 21, "kernels as peers"): the input of
+    :meth:`TuningStorage.add_library_records`.
+
+    ``workload_key`` and ``target_key`` name an existing workload and target (``workloads.key``,
+    ``targets.key``); ``library`` (1..64 characters) and ``version`` (1..128) say what was
+    called, ``call`` (a JSON object, at most 4096 bytes as canonical JSON) how; ``run_secs``
+    holds 1..64 finite, positive times, one per measurement round. Checked on construction
+    (``ValueError``); ``call`` is kept as the plain ``dict`` its canonical JSON reads back as
+    (what will be stored) and ``run_secs`` as a tuple of floats.
+    """
+
+    workload_key: str
+    target_key: str
+    library: str
+    version: str
+    call: Mapping[str, Any]
+    run_secs: tuple[float, ...]
+    job_id: int | None = None
+    worker: str | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("workload_key", "target_key"):  # an unknown key: ConflictError on add
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"a library record's {name} must be a non-empty string")
+        _bounded_text("library", self.library, LIBRARY_MAX_CHARS)
+        _bounded_text("version", self.version, LIBRARY_VERSION_MAX_CHARS)
+        if self.worker is not None:
+            _bounded_text("worker", self.worker, WORKER_MAX_CHARS)
+        if self.job_id is not None and (
+            isinstance(self.job_id, bool) or not isinstance(self.job_id, int)
+        ):
+            raise ValueError(f"a library record's job_id must be an int or None, not "
+                             f"{self.job_id!r:.80}")
+        object.__setattr__(self, "call", json.loads(canonical_call_json(self.call)))
+        raw = self.run_secs
+        if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):
+            raise ValueError("a library record's run_secs must be a sequence of times")
+        if any(isinstance(x, bool) or not isinstance(x, numbers.Real) for x in raw):
+            raise ValueError("a library record's run_secs must be numbers")
+        values = tuple(float(x) for x in raw)
+        if not 1 <= len(values) <= LIBRARY_MAX_RUNS:
+            raise ValueError(
+                f"a library record needs 1..{LIBRARY_MAX_RUNS} run times, not {len(values)}"
+            )
+        if any(not math.isfinite(v) or v <= 0.0 for v in values):
+            raise ValueError("a library record's run times must be finite and positive")
+        object.__setattr__(self, "run_secs", values)
+
+    @property
+    def call_json(self) -> str:
+        """``call`` as stored (:func:`canonical_call_json`)."""
+        return canonical_call_json(self.call)
+
+    @property
+    def median_secs(self) -> float:
+        return statistics.median(self.run_secs)
+
+    @property
+    def spread(self) -> float:
+        """``(max - min) / median`` of the run times: 0.0 for one."""
+        return spread(self.run_secs)  # type: ignore[return-value]
+
+
+@dataclass(frozen=True)
+class LibraryRecord:
+    """A stored library record (see :class:`NewLibraryRecord`): ``median_secs`` is the median of
+    ``run_secs``, ``spread`` their ``(max - min) / median``."""
+
+    id: int
+    workload_key: str
+    target_key: str
+    library: str
+    version: str
+    call: dict[str, Any]
+    run_secs: tuple[float, ...]
+    median_secs: float
+    spread: float
+    job_id: int | None
+    worker: str | None
+    measured_at: datetime
 
 
 @dataclass(frozen=True)

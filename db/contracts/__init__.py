@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from db.contracts.cost_models import CostModelStorage
 from db.contracts.jobs import JobStorage
+from db.contracts.library_records import LibraryRecordStorage
 from db.contracts.models import ModelStorage
 from db.contracts.records import RecordStorage
 from db.contracts.remeasurements import RemeasurementStorage
@@ -17,6 +18,7 @@ from db.contracts.workers import WorkerStorage
 __all__ = [
     "CostModelStorage",
     "JobStorage",
+    "LibraryRecordStorage",
     "ModelStorage",
     "RecordStorage",
     "RemeasurementStorage",

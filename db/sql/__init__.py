@@ -9,6 +9,7 @@ from db.sql.cost_models import CostModelSQL
 from db.sql.jobs import JobSQL
 from db.sql.lease_ends import LeaseEndSQL
 from db.sql.leases import LeaseSQL
+from db.sql.library_records import LibraryRecordSQL
 from db.sql.models import ModelSQL
 from db.sql.record_views import RecordViewSQL
 from db.sql.records import RecordSQL
@@ -22,6 +23,7 @@ __all__ = [
     "JobSQL",
     "LeaseEndSQL",
     "LeaseSQL",
+    "LibraryRecordSQL",
     "ModelSQL",
     "RecordSQL",
     "RecordViewSQL",

@@ -364,6 +364,32 @@ class RemeasurementPublic(BaseModel):
                    measured_at=row.measured_at)
 
 
+class LibraryRecordPublic(BaseModel):
+    """A library call (e.g. OpenBLAS sgemm behind a shim) measured as one more candidate of a
+    tuning task (issue 21, "kernels as peers"), shared by every model with the task."""
+
+    id: int
+    workload_key: str
+    target_key: str
+    library: str = Field(description='the library called, e.g. "openblas"')
+    version: str = Field(description="the library's version")
+    call: dict[str, Any] = Field(description="what was called and how (a JSON object)")
+    median_ms: float = Field(description="the median of rounds_ms")
+    spread: float = Field(description="(max - min) / median of the rounds")
+    rounds_ms: list[float] = Field(description="the run time of each measurement round")
+    job_id: int | None
+    worker: str | None
+    measured_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: db.LibraryRecord) -> LibraryRecordPublic:
+        return cls(id=row.id, workload_key=row.workload_key, target_key=row.target_key,
+                   library=row.library, version=row.version, call=row.call,
+                   median_ms=row.median_secs * 1e3, spread=row.spread,
+                   rounds_ms=[s * 1e3 for s in row.run_secs], job_id=row.job_id,
+                   worker=row.worker, measured_at=row.measured_at)
+
+
 class RecordPublic(BaseModel):
     id: int
     workload_id: int
@@ -415,6 +441,11 @@ class RecordsPublic(BaseModel):
     data: list[RecordPublic]
     count: int = Field(description="all records matching the filters")
     next_after: int | None = Field(description="pass as ?after= for the next page; null at the end")
+    library_records: list[LibraryRecordPublic] = Field(
+        default_factory=list,
+        description="library calls measured as candidates of the task (issue 21), oldest first: "
+        "those matching ?workload=, ?target= and ?job_id= when a workload or a job is given "
+        "(none for ?valid=false); not paged, the same on every page")
 
 
 class StatsPublic(BaseModel):

@@ -10,12 +10,13 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0007_remeasurements"
+HEAD = "0008_library_records"
 EXPECTED_TABLES = {
     "workloads",
     "targets",
     "tuning_records",
     "remeasurements",
+    "library_records",
     "models",
     "model_workloads",
     "jobs",

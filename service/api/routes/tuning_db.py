@@ -17,6 +17,7 @@ from service.api.schemas import (
     KEY_PATTERN,
     MAX_ID,
     ErrorBody,
+    LibraryRecordPublic,
     RecordPublic,
     RecordsPublic,
     StatsPublic,
@@ -94,7 +95,8 @@ def get_workload(
     "/records",
     response_model=RecordsPublic,
     responses={404: {"model": ErrorBody}},
-    summary="Tuning records (measurements) by workload, target, job; keyset pages",
+    summary="Tuning records (measurements) by workload, target, job; keyset pages; the task's "
+    "library records",
 )
 def list_records(
     storage: StorageDep,
@@ -125,6 +127,10 @@ def list_records(
     total = storage.count_records(
         target_id=target_id, workload_id=workload_id, valid=valid, job_id=job_id
     )
+    library = (  # the task's library calls measured as candidates (issue 21): not paged
+        storage.list_library_records(workload_key=workload, target_key=target, job_id=job_id)
+        if (workload is not None or job_id is not None) and valid is not False else []
+    )
     again: dict[int, list[db.Remeasurement]] = {}
     for item in storage.list_remeasurements(record_ids=[r.id for r in rows]) if rows else ():
         again.setdefault(item.record_id, []).append(item)
@@ -133,6 +139,7 @@ def list_records(
                                     remeasurements=again.get(r.id, [])) for r in rows],
         count=total,
         next_after=rows[-1].id if len(rows) == limit else None,
+        library_records=[LibraryRecordPublic.from_row(r) for r in library],
     )
 
 
