@@ -10,7 +10,7 @@ import datetime as dt
 import json
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
 from compiler.model_spec import LoadedModel
+from compiler.peers import peer_library
 from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
 from compiler.verify import VerificationResult, verify
@@ -71,6 +72,16 @@ def build_manifest(
     return manifest
 
 
+def peers_manifest(keys: Collection[str]) -> dict[str, Any] | None:
+    """The manifest's ``peers``: the library an artifact built with the peers of tasks ``keys``
+    needs at run time (:meth:`compiler.peers.PeerLibrary.describe`) and those tasks; ``None``
+    when it uses none."""
+    library = peer_library() if keys else None
+    if library is None:
+        return None
+    return {"runtime_library": library.describe(), "tasks": sorted(keys)}
+
+
 def publish_artifact(
     executable: Any,
     model: LoadedModel,
@@ -80,10 +91,13 @@ def publish_artifact(
     tasks: list[dict[str, Any]],
     extra: dict[str, Any] | Callable[[LoadedLibrary], dict[str, Any]] | None = None,
     force: bool = False,
+    link_peers: bool = False,
 ) -> dict[str, Any]:
     """Export, verify from disk, write the manifest and move the directory into place.
 
     ``extra`` adds manifest fields (or is called with the loaded library, e.g. to time it).
+    ``link_peers``: the executable calls library peers (``build(..., peers=...)``); the shim and
+    OpenBLAS are linked into ``model.so``.
     Returns the manifest. Raises :class:`VerificationError` (nothing written) when the library's
     outputs do not match the reference, :class:`ModelError` for a bad ``out_dir``.
     """
@@ -92,7 +106,7 @@ def publish_artifact(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        library_path = export_library(executable, staging / LIBRARY_NAME)
+        library_path = export_library(executable, staging / LIBRARY_NAME, link_peers=link_peers)
         library = LoadedLibrary(library_path, target.device)
         verification = verify(model, library.run, device=target.device)
         if not verification.passed:

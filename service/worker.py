@@ -347,7 +347,7 @@ class Worker:
                 publish_tuned(
                     prepared, winners.database, out_dir, job_id=offer.job_id,
                     trials_measured=offer.job_trials_done, outcomes=outcomes,
-                    remeasured=winners.to_json(),
+                    remeasured=winners.to_json(), peers=winners.peers,
                 )
             except VerificationError as err:
                 _rmtree(staged)

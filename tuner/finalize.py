@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,7 +23,7 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.artifact import publish_artifact
+from compiler.artifact import peers_manifest, publish_artifact
 from compiler.build import build
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
@@ -34,6 +34,7 @@ from tuner.measure import MeasureConfig, RpcConfig
 from tuner.remeasure import (
     RemeasureConfig,
     TaskRemeasure,
+    peer_keys,
     records_for_build,
     remeasure_tasks,
     remeasurements_json,
@@ -110,8 +111,10 @@ def reference_timing(prepared: PreparedModel) -> dict[str, Any] | None:
 @dataclass(frozen=True)
 class TaskOutcome:
     """One task of a job as its artifact's schedule table reports it: what the job did with it
-    (``tune``, ``reuse``, ``skip``, ``defer``) and why, its weight, FLOPs, the job's trials on it
-    and its best measured latency (``None``: no valid record; it builds with TVM's default)."""
+    (``tune``, ``reuse``, ``skip``, ``defer``) and why, its weight, FLOPs, the job's trials on
+    it and its best measured latency (``None``: no valid record; it builds with TVM's default),
+    and its ``implementation``: ``"schedule"`` (tuned TIR) or the library peer's (e.g.
+    ``"openblas gemm"``)."""
 
     key: str
     name: str
@@ -121,9 +124,11 @@ class TaskOutcome:
     flops: float
     trials: int
     best_secs: float | None
+    implementation: str = "schedule"
 
     def to_json(self) -> dict[str, Any]:
         return {
+            "implementation": self.implementation,
             "key": self.key,
             "name": self.name,
             "action": self.action,
@@ -166,15 +171,23 @@ class Winners:
     database: Any
     remeasured: Mapping[str, TaskRemeasure]
 
+    @property
+    def peers(self) -> frozenset[str]:
+        """The keys of the tasks the build computes with their library peer."""
+        return peer_keys(self.remeasured)
+
     def outcomes(self, outcomes: Sequence[TaskOutcome]) -> list[TaskOutcome]:
         """``outcomes`` with each re-measured task's best time replaced by its winner's
-        re-measured median (what the build's schedule measured side by side)."""
+        re-measured median (what the build's schedule or peer measured side by side)."""
         out = []
         for outcome in outcomes:
             task = self.remeasured.get(outcome.key)
             winner = task.winner if task is not None else None
             if winner is not None:
                 outcome = dataclasses.replace(outcome, best_secs=winner.median_secs)
+            if winner is not None and winner.peer is not None:
+                outcome = dataclasses.replace(
+                    outcome, implementation=f"{winner.peer['library']} {winner.peer['kind']}")
             out.append(outcome)
         return out
 
@@ -206,11 +219,13 @@ def publish_tuned(
     outcomes: Sequence[TaskOutcome],
     force: bool = False,
     remeasured: list[dict[str, Any]] | None = None,
+    peers: Collection[str] = (),
 ) -> tuple[dict[str, Any], Timing]:
-    """Build ``prepared`` with ``database``'s best schedules, verify and time it, write
-    ``out_dir`` (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes``,
-    ``estimated_ms`` :func:`estimated_secs` of them and ``remeasured`` what
-    :meth:`Winners.to_json` reported); return the manifest and the timing."""
+    """Build ``prepared`` with ``database``'s best schedules and the library peers of the tasks
+    keyed in ``peers`` (:attr:`Winners.peers`), verify and time it, write ``out_dir``
+    (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes``, ``estimated_ms``
+    :func:`estimated_secs` of them, ``remeasured`` what :meth:`Winners.to_json` reported and
+    ``peers`` the library the artifact needs); return the manifest and the timing."""
     timing: dict[str, Timing] = {}
     schedules = [o.to_json() for o in outcomes]
     estimate = estimated_secs(outcomes)
@@ -226,12 +241,14 @@ def publish_tuned(
             "measured": timing["t"].to_json(),
             "reference": reference_timing(prepared),
             "remeasured": remeasured or [],
+            "peers": peers_manifest(peers),
         }
 
-    executable = build(prepared.mod, prepared.target, database)
+    executable = build(prepared.mod, prepared.target, database, peers=peers)
     manifest = publish_artifact(
         executable, prepared.model, prepared.target, out_dir,
         tasks=[t.to_json() for t in prepared.partition.tasks], extra=timed_extra, force=force,
+        link_peers=bool(peers),
     )
     return manifest, timing["t"]
 

@@ -379,7 +379,7 @@ def _run_job(
     out_dir = output_dir or default_artifact_dir(job.id)
     manifest, timing = publish_tuned(
         prepared, winners.database, out_dir, job_id=job.id, trials_measured=measured_total,
-        outcomes=outcomes, force=force, remeasured=winners.to_json(),
+        outcomes=outcomes, force=force, remeasured=winners.to_json(), peers=winners.peers,
     )
     store_remeasurements(
         storage, manifest["remeasured"], target_id=target_row.id, job_id=job.id,

@@ -26,6 +26,8 @@ from typing import Any
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
 
+from compiler.peers import load_peers
+
 
 def fast_build(mod: Any, target: Any, _params: Any) -> Any:
     """Lower and build one scheduled workload (MetaSchedule's default minus tensor_intrin)."""
@@ -148,5 +150,6 @@ def make_runner(config: MeasureConfig, rpc: RpcConfig | None = None) -> ms.runne
             max_workers=rpc.max_sessions,
         )
     return ms.runner.LocalRunner(
-        timeout_sec=config.run_timeout_sec, evaluator_config=config.evaluator()
+        timeout_sec=config.run_timeout_sec, evaluator_config=config.evaluator(),
+        initializer=load_peers,  # library peers' calls resolve in the worker (compiler.peers)
     )

@@ -17,10 +17,19 @@ re-measurements travel in the artifact's manifest and the server stores them whe
 artifact). A candidate that no longer builds or runs is left out of its task's choice; a task
 whose candidates all fail keeps its best record.
 
-Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: off) and ``TUNEHUB_REMEASURE_ROUNDS``.
+Library peers (issue 21, :mod:`compiler.peers`): a task whose anchor a library implements has
+one more candidate, its peer (the task's PrimFunc with the anchor computed by OpenBLAS), timed in
+the same rounds as the task's records; where it wins, the build uses it
+(:attr:`TaskRemeasure.peer_won`). Peers are measured on this machine only (an RPC device would
+need the library too) and never without a peer library (:func:`compiler.peers.peer_library`).
+
+Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: records are not re-measured against each
+other; a task's best record is still timed against its peer), ``TUNEHUB_REMEASURE_ROUNDS`` and
+``TUNEHUB_PEERS`` (``0``: no peers).
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import shutil
@@ -31,6 +40,7 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
+from compiler.peers import find_peer, peer_library, peer_task_module, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, measurement, spread, trace_hash
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
@@ -67,12 +77,14 @@ class RemeasureConfig:
 @dataclass(frozen=True)
 class Candidate:
     """One stored record of a task, re-measured: ``record`` is its ``TuningRecord.as_json()``
-    list, ``rounds_secs`` the mean run time of each round (empty: it failed to build or run)."""
+    list, ``rounds_secs`` the mean run time of each round (empty: it failed to build or run).
+    A library peer has ``peer`` (what it calls, with which library) and no record."""
 
     trace_hash: str
     record: tuple[Any, ...]
     recorded_secs: float
     rounds_secs: tuple[float, ...]
+    peer: Mapping[str, Any] | None = None
 
     @property
     def median_secs(self) -> float | None:
@@ -84,6 +96,14 @@ class Candidate:
         return spread(self.rounds_secs)
 
     def to_json(self, chosen: bool) -> dict[str, Any]:
+        if self.peer is not None:
+            return {
+                "peer": dict(self.peer),
+                "rounds_ms": [s * 1e3 for s in self.rounds_secs],
+                "median_ms": None if self.median_secs is None else self.median_secs * 1e3,
+                "spread": self.spread,
+                "chosen": chosen,
+            }
         return {
             "trace_hash": self.trace_hash,
             "recorded_ms": self.recorded_secs * 1e3,
@@ -114,6 +134,12 @@ class TaskRemeasure:
         winner = self.winner
         return winner is not None and winner is not self.candidates[0]
 
+    @property
+    def peer_won(self) -> bool:
+        """Whether the build computes this task with its library peer."""
+        winner = self.winner
+        return winner is not None and winner.peer is not None
+
     def to_json(self) -> dict[str, Any]:
         winner = self.winner
         return {
@@ -131,10 +157,10 @@ def _hash_of(entry: Sequence[Any]) -> str:
 def _inputs(mod: Any, trace: Any, tvm_target: Any) -> tuple[Any, Any]:
     """The builder input and argument info of one schedule (``TuningRecord.as_json()[0]``), as
     MetaSchedule measures it (postprocessing replayed; weights in the layout the schedule
-    reads)."""
-    sch = replay(mod, trace)
-    args = ms.arg_info.ArgInfo.from_entry_func(sch.mod, remove_preproc=True)
-    return ms.builder.BuilderInput(sch.mod, tvm_target), args
+    reads). ``trace`` ``None``: ``mod`` is already scheduled (a library peer)."""
+    scheduled = mod if trace is None else replay(mod, trace).mod
+    args = ms.arg_info.ArgInfo.from_entry_func(scheduled, remove_preproc=True)
+    return ms.builder.BuilderInput(scheduled, tvm_target), args
 
 
 def time_side_by_side(
@@ -144,11 +170,12 @@ def time_side_by_side(
     measure: MeasureConfig | None = None,
     rpc: RpcConfig | None = None,
 ) -> list[tuple[float, ...]]:
-    """Time ``schedules`` (``(workload module, trace)`` pairs) side by side: all built with the
-    tuner's builder, then ``rounds`` rounds of the tuner's runner over all of them in one list,
-    the order rotated each round. Returns, per schedule in order, the mean run time of each
-    round; empty for one that does not replay, build or run (never raises for it). ``target``:
-    a :class:`compiler.target.TargetSpec`; ``measure`` defaults to its kind's settings."""
+    """Time ``schedules`` (``(workload module, trace)`` pairs; trace ``None``: a module that is
+    scheduled already) side by side: all built with the tuner's builder, then ``rounds`` rounds
+    of the tuner's runner over all of them in one list, the order rotated each round. Returns,
+    per schedule in order, the mean run time of each round; empty for one that does not replay,
+    build or run (never raises for it). ``target``: a :class:`compiler.target.TargetSpec`;
+    ``measure`` defaults to its kind's settings."""
     tvm_target = target.tvm_target()
     inputs: list[tuple[Any, Any] | None] = []
     for mod, trace in schedules:
@@ -182,6 +209,23 @@ def time_side_by_side(
     return [tuple(t) for t in times]
 
 
+def _peer_candidate(extracted: Any, target: Any, rpc: RpcConfig | None) -> tuple[Any, Any] | None:
+    """``(peer module, peer description)`` of a task, or ``None`` (no peer, no library, RPC)."""
+    if rpc is not None or not peers_supported(target) or peer_library() is None:
+        return None
+    task_mod = extracted.dispatched[0]
+    call = find_peer(task_mod)
+    if call is None:
+        return None
+    try:
+        module = peer_task_module(task_mod)
+    except Exception as err:  # noqa: BLE001 - a peer that cannot be made is left out
+        logger.warning("task %s: its library peer could not be made (%s)", extracted.task_name,
+                       err)
+        return None
+    return module, {**call.to_json(), **peer_library().describe()}  # type: ignore[union-attr]
+
+
 def remeasure_tasks(
     prepared: Any,
     records: Mapping[str, Sequence[Sequence[Any]]],
@@ -189,39 +233,54 @@ def remeasure_tasks(
     measure: MeasureConfig | None = None,
     rpc: RpcConfig | None = None,
 ) -> dict[str, TaskRemeasure]:
-    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks
-    (:func:`time_side_by_side`, all tasks' candidates together).
+    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks and its library
+    peer (:func:`time_side_by_side`, all tasks' candidates together).
 
     ``records[task key]``: ``TuningRecord.as_json()`` lists, best recorded first (extra ones are
-    ignored). Only tasks with at least two valid records are re-measured. Returns the re-measured
-    tasks by key, timed with ``measure`` (default: the target kind's) on this machine or through
-    ``rpc``'s tracker, like the search's candidates. Never raises for a candidate that does not
-    replay, build or run (it gets no rounds); returns ``{}`` when ``config`` is off."""
-    if not config.enabled:
+    ignored). A task is re-measured when it has two candidates or more, or a peer (timed even
+    alone: its time goes into the estimate). With ``config`` off, only a task's best record and
+    its peer are timed. Returns the re-measured tasks by key, timed with ``measure`` (default:
+    the target kind's) on this machine or through ``rpc``'s tracker, like the search's
+    candidates. Never raises for a candidate that does not replay, build or run (it gets no
+    rounds); returns ``{}`` when there is nothing to time or no rounds."""
+    top = config.top if config.enabled else 1
+    if config.rounds < 1:
         return {}
-    jobs: list[tuple[Any, Sequence[Any], Any]] = []  # task, record entry, workload module
+    jobs: list[tuple[Any, Candidate, Any, Any]] = []  # task, candidate, module, trace
     for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
-        entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]]
-        entries = entries[: config.top]
-        if len(entries) >= 2:
-            jobs += [(task, entry, extracted.dispatched[0]) for entry in entries]
+        mod = extracted.dispatched[0]
+        entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]][:top]
+        peer = _peer_candidate(extracted, prepared.target, rpc) if task.tunable else None
+        if peer is None and len(entries) < 2:
+            continue
+        for entry in entries:
+            candidate = Candidate(trace_hash=_hash_of(entry), record=tuple(entry),
+                                  recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=())
+            jobs.append((task, candidate, mod, entry[0]))
+        if peer is not None:
+            candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
+                                  peer=peer[1])
+            jobs.append((task, candidate, peer[0], None))
     if not jobs:
         return {}
-    rounds = time_side_by_side([(mod, entry[0]) for _, entry, mod in jobs], prepared.target,
+    rounds = time_side_by_side([(mod, trace) for _, _, mod, trace in jobs], prepared.target,
                                config.rounds, measure, rpc)
     out: dict[str, list[Candidate]] = {}
     names: dict[str, str] = {}
-    for (task, entry, _), secs in zip(jobs, rounds):
+    for (task, candidate, _, _), secs in zip(jobs, rounds):
         names[task.key] = task.name
-        out.setdefault(task.key, []).append(Candidate(
-            trace_hash=_hash_of(entry), record=tuple(entry),
-            recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=secs,
-        ))
+        out.setdefault(task.key, []).append(dataclasses.replace(candidate, rounds_secs=secs))
     result = {key: TaskRemeasure(key, names[key], tuple(c)) for key, c in out.items()}
     changed = sum(t.changed for t in result.values())
-    logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed",
-                len(jobs), len(result), config.rounds, changed)
+    peers = sum(t.peer_won for t in result.values())
+    logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed, "
+                "%d library peers chosen", len(jobs), len(result), config.rounds, changed, peers)
     return result
+
+
+def peer_keys(remeasured: Mapping[str, TaskRemeasure]) -> frozenset[str]:
+    """The task keys whose re-measured winner is the library peer (the build's ``peers``)."""
+    return frozenset(key for key, task in remeasured.items() if task.peer_won)
 
 
 def records_for_build(
@@ -233,7 +292,7 @@ def records_for_build(
     out: dict[str, list[list[Any]]] = {key: [list(e) for e in v] for key, v in records.items()}
     for key, task in remeasured.items():
         winner = task.winner
-        if winner is None:
+        if winner is None or winner.peer is not None:  # a peer's task keeps its records
             continue
         entry = list(winner.record)
         entry[1] = list(winner.rounds_secs)
