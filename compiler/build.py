@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,13 @@ import tvm
 
 from compiler.errors import CompileError
 from compiler.lowering import build_untuned, build_with_database
-from compiler.peers import load_peers, peer_library, unavailable_reason
+from compiler.peers import (
+    find_peer,
+    load_peers,
+    peer_library,
+    peers_supported,
+    unavailable_reason,
+)
 from compiler.target import TargetSpec
 
 
@@ -44,6 +50,25 @@ def build(
         return build_with_database(mod, target, database, peers)
     except (RuntimeError, ValueError, TypeError) as err:  # TVM's errors (0.27 has no TVMError)
         raise CompileError(f"TVM failed to build the model for {target.describe()}: {err}") from err
+
+
+def build_zero_trial(
+    mod: tvm.IRModule, target: TargetSpec, tasks: Sequence[tuple[str, tvm.IRModule]]
+) -> tuple[Any, frozenset[str]]:
+    """The build without a tuning database (``tunehub compile`` with no ``--db``): on a CPU
+    target with the current compile options, every task of ``tasks`` (``(workload key, task
+    module)``) that has a library peer uses it and the others get TVM's default schedules
+    (:mod:`compiler.default_schedules`); other targets (and a machine without the peer
+    library) get :func:`build`'s untuned fallback for what has no peer. Returns the executable
+    and the keys of the tasks built with their peer (export it with ``link_peers`` when any)."""
+    keys: frozenset[str] = frozenset()
+    if peers_supported(target) and peer_library() is not None:
+        keys = frozenset(key for key, task in tasks if find_peer(task) is not None)
+    if not peers_supported(target):
+        return build(mod, target), keys
+    from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only this path
+
+    return build(mod, target, ms.database.MemoryDatabase(), peers=keys), keys
 
 
 def export_library(executable: Any, path: Path, *, link_peers: bool = False) -> Path:

@@ -32,6 +32,7 @@ from tvm.relax.transform import MetaScheduleApplyDatabase
 
 from compiler.compile_options import CompileOptions
 from compiler.conv_layout import to_nhwc
+from compiler.default_schedules import apply_default_schedules
 from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
@@ -73,7 +74,8 @@ def fused_for_target(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
 def lower_with_database(
     mod: tvm.IRModule, target: TargetSpec, database: Any, peers: Collection[str] = ()
 ) -> tvm.IRModule:
-    """Steps 1–3, the peers of the tasks keyed in ``peers``, ``MetaScheduleApplyDatabase`` and
+    """Steps 1–3, the peers of the tasks keyed in ``peers``, ``MetaScheduleApplyDatabase``,
+    default schedules for the tasks still unscheduled (:mod:`compiler.default_schedules`) and
     (prepacking) the weight fold: the scheduled Relax module a non-legacy build lowers to the VM
     (tests read its constants)."""
     options = target.compile_options
@@ -82,6 +84,7 @@ def lower_with_database(
         module = _fuse_and_mark(for_target(mod, options), tvm_target, options)
         module, _ = apply_peers(module, peers)
         module = MetaScheduleApplyDatabase()(module)
+        module = apply_default_schedules(module, tvm_target)
         return fold_prepacked_weights(module) if options.prepack else module
 
 
