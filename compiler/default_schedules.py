@@ -60,5 +60,6 @@ class CpuFallback(CPUScheduleRule):
 def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """``mod`` with every unscheduled PrimFunc given a default CPU schedule (module docstring).
     A function no rule can schedule is left as it is (TVM's naive lowering)."""
-    with target:
-        return dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction(), CpuFallback())(mod)
+    with target:  # on a copy: the pass may update a module it holds the only reference to
+        return dl.ApplyDefaultSchedule(dl.cpu.GEMV(), dl.cpu.Reduction(), CpuFallback())(
+            mod.clone())

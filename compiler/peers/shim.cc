@@ -37,6 +37,9 @@ extern "C" {
 void TUNEHUB_BLAS(cblas_sgemm)(int order, int trans_a, int trans_b, blas_int m, blas_int n,
                                blas_int k, float alpha, const float* a, blas_int lda,
                                const float* b, blas_int ldb, float beta, float* c, blas_int ldc);
+void TUNEHUB_BLAS(cblas_sgemv)(int order, int trans, blas_int m, blas_int n, float alpha,
+                               const float* a, blas_int lda, const float* x, blas_int incx,
+                               float beta, float* y, blas_int incy);
 void TUNEHUB_BLAS(openblas_set_num_threads)(int num_threads);
 
 // TVM's runtime thread pool (c_backend_api.h), resolved from the TVM runtime in the process.
@@ -101,7 +104,16 @@ extern "C" int tunehub_peer_gemm(const float* a, const float* b, float* c, int64
   const int64_t ldb = trans_b ? k : n;
   if (!b_batched) {
     const int64_t rows = batch * m;
-    if (rows >= 16) {  // split rows
+    if (rows == 1) {  // a matrix-vector product: sgemv over blocks of output columns
+      ParallelRows(n, 64, [&](int64_t c0, int64_t c1) {
+        if (trans_b)  // c[c0:c1] = B[c0:c1, :] a
+          TUNEHUB_BLAS(cblas_sgemv)(kRowMajor, kNoTrans, c1 - c0, k, 1.0f, b + c0 * k, k, a, 1,
+                                    0.0f, c + c0, 1);
+        else  // c[c0:c1] = B[:, c0:c1]^T a
+          TUNEHUB_BLAS(cblas_sgemv)(kRowMajor, kTrans, k, c1 - c0, 1.0f, b + c0, n, a, 1, 0.0f,
+                                    c + c0, 1);
+      });
+    } else if (rows >= 16) {  // split rows
       ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
         Sgemm(tb, r1 - r0, n, k, a + r0 * k, k, b, ldb, c + r0 * n, n);
       });

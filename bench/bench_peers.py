@@ -1,0 +1,289 @@
+"""Library peers (issue 21) on CPU: per task and whole models, side by side in one run.
+
+    python -m bench.bench_peers [--models resnet18 mobilenetv2 bert mlp] [--threads 2]
+        [--rounds 7] [--db URL] [--no-untuned] [--out DIR]
+
+Per model (exported at run time, batch 1, seeded weights), in one process:
+
+- **Per task**, every task with a peer (:mod:`compiler.peers`): its OpenBLAS peer, TVM's default
+  schedule (:mod:`compiler.default_schedules`) and, with ``--db``, the database's best record,
+  all built with the tuner's builder and timed by the tuner's runner side by side
+  (:func:`tuner.remeasure.time_side_by_side`, ``--rounds`` rounds, order rotated); medians and
+  GFLOP/s. What the peer's time includes: the whole task (library call + the TIR epilogue).
+- **Whole model**, each a verified library run in this process, timed in ``--rounds``
+  interleaved rounds (each round runs every variant for at least 0.2 s; the table gives the
+  median of rounds): ONNX Runtime, torch eager, zero-trial without peers (TVM's default
+  schedules only), zero-trial with peers (``compiler.build.build_zero_trial``) and, with
+  ``--db``, tuned alone (each task's best record) and tuned + peers (each task's winner of the
+  side-by-side re-measurement of its top records and its peer, ``tuner.finalize.choose_winners``,
+  as a job's final build does). TVM untuned (naive loops) is timed once, apart (seconds per
+  call); ``--no-untuned`` skips it.
+
+Threads: TVM's target has ``num-cores = --threads`` and ``TVM_NUM_THREADS`` is set to it (the
+peers run on TVM's thread pool); ONNX Runtime and torch get ``--threads`` intra-op threads.
+Writes ``peers_<date>.json`` and ``peers_<date>.md`` (machine, date, threads) into ``--out``
+(default ``bench/results``).
+"""
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[1]
+MODELS = ("resnet18", "mobilenetv2", "bert", "mlp")
+
+
+def _timer(call: Callable[[], Any], min_secs: float = 0.2) -> Callable[[], float]:
+    """A round of ``call``: run it for at least ``min_secs``, return the mean seconds per call."""
+    def round_secs() -> float:
+        count, start = 0, time.perf_counter()
+        while True:
+            call()
+            count += 1
+            elapsed = time.perf_counter() - start
+            if elapsed >= min_secs:
+                return elapsed / count
+    return round_secs
+
+
+def interleaved(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
+    """Median of ``rounds`` rounds per timer, the order rotated each round."""
+    names = list(timers)
+    samples: dict[str, list[float]] = {n: [] for n in names}
+    for name in names:  # warm up
+        timers[name]()
+    for index in range(rounds):
+        shift = index % len(names)
+        for name in names[shift:] + names[:shift]:
+            samples[name].append(timers[name]())
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
+def _library_timer(executable: Any, inputs: list[np.ndarray], link_peers: bool, work: Path,
+                   model: Any, label: str) -> tuple[Callable[[], float], dict[str, Any]]:
+    """Export ``executable``, load it from disk, verify it and return its timer."""
+    from compiler.build import export_library
+    from compiler.runner import LoadedLibrary
+    from compiler.verify import verify
+
+    path = export_library(executable, work / f"{label}.so", link_peers=link_peers)
+    library = LoadedLibrary(path, "cpu")
+    check = verify(model, library.run, device="cpu").to_json()
+    args = library._to_device(inputs)  # noqa: SLF001 - timing the VM call alone
+    library.vm.set_input("main", *args)
+    return _timer(lambda: library.vm.invoke_stateful("main")), check
+
+
+def _ort_timer(model_path: Path, inputs: list[np.ndarray], threads: int) -> Callable[[], float]:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    session = ort.InferenceSession(str(model_path), options, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+    return _timer(lambda: session.run(None, feed))
+
+
+def _torch_timer(name: str, inputs: list[np.ndarray], threads: int) -> Callable[[], float]:
+    import torch
+
+    from examples.networks import EXAMPLES
+
+    torch.set_num_threads(threads)
+    model = EXAMPLES[name].build().eval()
+    tensors = [torch.from_numpy(a) for a in inputs]
+
+    def call() -> None:
+        with torch.no_grad():
+            model(*tensors)
+    return _timer(call)
+
+
+def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[str, Any]]:
+    """Peer vs default schedule vs best record of every task with a peer, side by side."""
+    from compiler.default_schedules import apply_default_schedules
+    from compiler.peers import find_peer, peer_task_module
+    from tuner.remeasure import time_side_by_side
+
+    target = prepared.target
+    jobs: list[tuple[int, str, Any, Any]] = []
+    rows: list[dict[str, Any]] = []
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        task_mod = extracted.dispatched[0]
+        call = find_peer(task_mod)
+        if call is None:
+            continue
+        row = {"task": task.name, "key": task.key, "weight": task.weight,
+               "mflops": task.flops / 1e6, "peer": f"{call.kind} {dict(call.config)}"}
+        index = len(rows)
+        rows.append(row)
+        jobs.append((index, "peer", peer_task_module(task_mod), None))
+        default = apply_default_schedules(task_mod, target.tvm_target())
+        jobs.append((index, "default", default, None))
+        best = [e for e in records.get(task.key, []) if e]
+        if best:
+            jobs.append((index, "tuned", task_mod, best[0][0]))
+    times = time_side_by_side([(mod, trace) for _, _, mod, trace in jobs], target, rounds)
+    for (index, label, _, _), secs in zip(jobs, times):
+        rows[index][f"{label} ms"] = statistics.median(secs) * 1e3 if secs else None
+    for row in rows:
+        for label in ("peer", "default", "tuned"):
+            ms = row.get(f"{label} ms")
+            row[f"{label} GFLOP/s"] = row["mflops"] / ms if ms else None
+        if row.get("tuned ms") and row.get("peer ms"):
+            row["chosen"] = "peer" if row["peer ms"] < row["tuned ms"] else "tuned"
+    return rows
+
+
+def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from compiler.build import build, build_zero_trial
+    from compiler.prepare import prepare_model
+    from compiler.runner import LoadedLibrary
+    from compiler.target import cpu_target
+    from compiler.verify import random_inputs
+    from examples.export import export_onnx
+
+    path = export_onnx(name, work / f"{name}.onnx")
+    target = cpu_target(args.threads)
+    prepared = prepare_model(path, target)
+    inputs = random_inputs(prepared.model.inputs)
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    result: dict[str, Any] = {"model": name, "tasks": len(tasks), "checks": {}}
+    timers: dict[str, Callable[[], float]] = {
+        "ONNX Runtime": _ort_timer(path, inputs, args.threads),
+        "torch eager": _torch_timer(name, inputs, args.threads),
+    }
+    from tvm.s_tir import meta_schedule as ms
+
+    started = time.perf_counter()
+    defaults_only = build(prepared.mod, target, ms.database.MemoryDatabase())
+    timers["zero-trial, no peers"], result["checks"]["zero-trial, no peers"] = _library_timer(
+        defaults_only, inputs, False, work, prepared.model, f"{name}-defaults")
+    started = time.perf_counter()
+    zero, keys = build_zero_trial(prepared.mod, target, tasks)
+    result["zero-trial build s"] = time.perf_counter() - started
+    result["zero-trial peers"] = len(keys)
+    timers["zero-trial + peers"], result["checks"]["zero-trial + peers"] = _library_timer(
+        zero, inputs, bool(keys), work, prepared.model, f"{name}-zero")
+    records: dict[str, list] = {}
+    if args.db:
+        records = _tuned(name, prepared, args, work, inputs, timers, result)
+    result["per task"] = per_task(prepared, records, args.rounds)
+    result["latency ms"] = {k: v * 1e3 for k, v in interleaved(timers, args.rounds).items()}
+    if not args.no_untuned:
+        untuned = LoadedLibrary.from_executable(build(prepared.mod, target))
+        result["latency ms"]["TVM untuned"] = untuned.time(inputs, repeat=3).median_secs * 1e3
+    return result
+
+
+def _tuned(name: str, prepared: Any, args: argparse.Namespace, work: Path, inputs: list[np.ndarray],
+           timers: dict[str, Callable[[], float]], result: dict[str, Any]) -> dict[str, list]:
+    """Add ``tuned alone`` and ``tuned + peers`` from ``--db``; return the top records."""
+    from compiler.build import build
+    from db.metaschedule_database import MetaScheduleDatabase
+    from db.storage import open_storage
+    from tuner.finalize import choose_winners, database_from_records, top_records
+    from tuner.remeasure import RemeasureConfig
+
+    storage = open_storage(args.db)
+    database = MetaScheduleDatabase(storage, prepared.target)
+    records = top_records(prepared, database, 3)
+    result["tuned tasks"] = sum(1 for v in records.values() if v)
+    alone = build(prepared.mod, prepared.target, database_from_records(prepared, records))
+    timers["tuned alone"], result["checks"]["tuned alone"] = _library_timer(
+        alone, inputs, False, work, prepared.model, f"{name}-tuned")
+    winners = choose_winners(prepared, records, RemeasureConfig(top=3, rounds=args.rounds))
+    both = build(prepared.mod, prepared.target, winners.database, peers=winners.peers)
+    result["tuned + peers: peers chosen"] = len(winners.peers)
+    timers["tuned + peers"], result["checks"]["tuned + peers"] = _library_timer(
+        both, inputs, bool(winners.peers), work, prepared.model,
+        f"{name}-tuned-peers")
+    storage.close()
+    return records
+
+
+def machine() -> dict[str, Any]:
+    from bench.bench_levers import machine as levers_machine
+
+    return levers_machine()
+
+
+COLUMNS = ("ONNX Runtime", "torch eager", "TVM untuned", "zero-trial, no peers",
+           "zero-trial + peers", "tuned alone", "tuned + peers")
+
+
+def _ms(value: Any) -> str:
+    return "—" if value is None else f"{value:.3f}" if value < 10 else f"{value:.1f}"
+
+
+def render(run: dict[str, Any]) -> str:
+    lines = [f"# Library peers, {run['date']}", "",
+             f"Machine: {run['machine']['cpu_model']} (LLVM `{run['machine']['llvm_cpu']}`), "
+             f"{run['threads']} threads for every framework; TVM {run['machine']['tvm']}, "
+             f"ONNX Runtime {run['machine']['onnxruntime']}; {run['rounds']} interleaved rounds, "
+             "medians. Command: `python -m bench.bench_peers "
+             + " ".join(run["argv"]) + "`.", "", "## Whole models (ms)", ""]
+    present = [c for c in COLUMNS if any(c in m["latency ms"] for m in run["models"])]
+    lines += ["| model | " + " | ".join(present) + " | zero-trial + peers / ORT |",
+              "|---" * (len(present) + 2) + "|"]
+    for m in run["models"]:
+        lat = m["latency ms"]
+        ratio = lat["zero-trial + peers"] / lat["ONNX Runtime"]
+        lines.append(f"| {m['model']} | " + " | ".join(_ms(lat.get(c)) for c in present)
+                     + f" | {ratio:.2f}x |")
+    lines += ["", "Verification of every library (max abs error against ONNX Runtime):", ""]
+    for m in run["models"]:
+        checks = ", ".join(f"{k} {v['max_abs_error']:.1e}" + ("" if v["passed"] else " FAILED")
+                           for k, v in m["checks"].items())
+        lines.append(f"- {m['model']}: {checks}; zero-trial build {m['zero-trial build s']:.1f} s, "
+                     f"{m['zero-trial peers']} of {m['tasks']} tasks on peers")
+    for m in run["models"]:
+        lines += ["", f"## {m['model']}: tasks with a peer (ms, GFLOP/s)", "",
+                  "| task | weight | MFLOP | peer call | peer | default schedule | tuned best |"
+                  " chosen |", "|---|---|---|---|---|---|---|---|"]
+        for r in m["per task"]:
+            def cell(label: str, r: dict = r) -> str:
+                ms = r.get(f"{label} ms")
+                return "—" if ms is None else f"{ms:.3f} ({r[f'{label} GFLOP/s']:.0f})"
+            lines.append(f"| {r['task']} | {r['weight']} | {r['mflops']:.1f} | {r['peer']} | "
+                         f"{cell('peer')} | {cell('default')} | {cell('tuned')} | "
+                         f"{r.get('chosen', '—')} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--db", help="a tuning database to add tuned alone / tuned + peers")
+    parser.add_argument("--no-untuned", action="store_true")
+    parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
+    args = parser.parse_args(argv)
+    os.environ["TVM_NUM_THREADS"] = str(args.threads)
+    date = dt.date.today().isoformat()
+    run = {"date": date, "threads": args.threads, "rounds": args.rounds, "machine": machine(),
+           "argv": argv if argv is not None else __import__("sys").argv[1:], "models": []}
+    args.out.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        for name in args.models:
+            run["models"].append(bench_model(name, args, Path(tmp)))
+            (args.out / f"peers_{date}.json").write_text(json.dumps(run, indent=1, default=str))
+            (args.out / f"peers_{date}.md").write_text(render(run))
+            print(render(run))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
