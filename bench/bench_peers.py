@@ -1,7 +1,8 @@
 """Library peers (issue 21) on CPU: per task and whole models, side by side in one run.
 
     python -m bench.bench_peers [--models resnet18 mobilenetv2 bert mlp] [--threads 2]
-        [--rounds 7] [--db URL] [--no-untuned] [--out DIR]
+        [--rounds 7] [--db URL] [--tune N] [--cost-model auto|random|...] [--no-untuned]
+        [--out DIR]
 
 Per model (exported at run time, batch 1, seeded weights), in one process:
 
@@ -18,6 +19,10 @@ Per model (exported at run time, batch 1, seeded weights), in one process:
   side-by-side re-measurement of its top records and its peer, ``tuner.finalize.choose_winners``,
   as a job's final build does). TVM untuned (naive loops) is timed once, apart (seconds per
   call); ``--no-untuned`` skips it.
+
+``--tune N`` first tunes each model N trials into ``--db`` (a temporary SQLite database when none
+is given) with ``tuner.job.tune_model`` and ``--cost-model`` (``random`` on a machine without
+xgboost), then measures as above: one command for the whole side by side.
 
 Threads: TVM's target has ``num-cores = --threads`` and ``TVM_NUM_THREADS`` is set to it (the
 peers run on TVM's thread pool); ONNX Runtime and torch get ``--threads`` intra-op threads.
@@ -177,6 +182,19 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     timers["zero-trial + peers"], result["checks"]["zero-trial + peers"] = _library_timer(
         zero, inputs, bool(keys), work, prepared.model, f"{name}-zero")
     records: dict[str, list] = {}
+    if args.tune:
+        from db.storage import open_storage
+        from tuner.job import tune_model
+
+        storage = open_storage(args.db, upgrade=True)
+        started = time.perf_counter()
+        summary = tune_model(storage, prepared, trials=args.tune, output_dir=work / f"{name}-job",
+                             filename=path.name, cost_model=args.cost_model, force=True)
+        storage.close()
+        result["tuning"] = {"trials": summary.trials_this_run,
+                            "wall s": time.perf_counter() - started,
+                            "job artifact ms": summary.measured.median_secs * 1e3
+                            if summary.measured else None}
     if args.db:
         records = _tuned(name, prepared, args, work, inputs, timers, result)
     result["per task"] = per_task(prepared, records, args.rounds)
@@ -249,6 +267,14 @@ def render(run: dict[str, Any]) -> str:
         lines.append(f"- {m['model']}: {checks}; zero-trial build {m['zero-trial build s']:.1f} s, "
                      f"{m['zero-trial peers']} of {m['tasks']} tasks on peers")
     for m in run["models"]:
+        if "tuning" in m:
+            t = m["tuning"]
+            lines.append(f"- {m['model']}: tuned {t['trials']} trials in {t['wall s']:.0f} s "
+                         f"({m.get('tuned tasks', '?')} tasks with records); the job's own "
+                         f"artifact (tuned + peers as a job builds it): {_ms(t['job artifact ms'])}"
+                         f" ms; tuned + peers here chose {m.get('tuned + peers: peers chosen')} "
+                         "peers")
+    for m in run["models"]:
         lines += ["", f"## {m['model']}: tasks with a peer (ms, GFLOP/s)", "",
                   "| task | weight | MFLOP | peer call | peer | default schedule | tuned best |"
                   " chosen |", "|---|---|---|---|---|---|---|---|"]
@@ -268,6 +294,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--db", help="a tuning database to add tuned alone / tuned + peers")
+    parser.add_argument("--tune", type=int, default=0, help="tune each model N trials first")
+    parser.add_argument("--cost-model", default="auto")
     parser.add_argument("--no-untuned", action="store_true")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
@@ -277,6 +305,8 @@ def main(argv: list[str] | None = None) -> int:
            "argv": argv if argv is not None else __import__("sys").argv[1:], "models": []}
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
+        if args.tune and not args.db:
+            args.db = f"sqlite:///{tmp}/tuning.db"
         for name in args.models:
             run["models"].append(bench_model(name, args, Path(tmp)))
             (args.out / f"peers_{date}.json").write_text(json.dumps(run, indent=1, default=str))

@@ -161,10 +161,14 @@ extern "C" int tunehub_peer_conv2d_nhwc(const float* x, const float* w, float* y
           for (int64_t kx = 0; kx < kw; ++kx) {
             const int64_t ix = px * sw - pl + kx * dw;
             float* dst = row + (ky * kw + kx) * ch;
-            if (iy < 0 || iy >= h || ix < 0 || ix >= wd)
-              std::memset(dst, 0, ch * sizeof(float));
-            else
+            if (iy < 0 || iy >= h || ix < 0 || ix >= wd) {
+              std::fill(dst, dst + ch, 0.0f);
+            } else if (ch < 16) {  // a few channels (an RGB stem): a call per pixel costs more
+              const float* in = src + (iy * wd + ix) * ch;
+              for (int64_t i = 0; i < ch; ++i) dst[i] = in[i];
+            } else {
               std::memcpy(dst, src + (iy * wd + ix) * ch, ch * sizeof(float));
+            }
           }
         }
       }
