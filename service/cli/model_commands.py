@@ -94,9 +94,13 @@ def run_inspect(args: argparse.Namespace) -> int:
 
 
 def run_compile(args: argparse.Namespace) -> int:
-    from compiler.artifact import check_output_dir, publish_artifact
-    from compiler.build import build
+    """Without a database, the zero-trial build (library peers where a task has one, TVM's
+    default schedules elsewhere); with one, each task's best record, or its stored library
+    record where that measured faster (:func:`_peers_from_records`)."""
+    from compiler.artifact import check_output_dir, peers_manifest, publish_artifact
+    from compiler.build import build, build_zero_trial
     from compiler.errors import CompileError, ModelError, VerificationError
+    from compiler.peers import unavailable_reason
 
     try:
         check_output_dir(args.output, force=args.force)
@@ -106,14 +110,22 @@ def run_compile(args: argparse.Namespace) -> int:
     use_database = args.tuned or args.db is not None
     storage = open_storage_from_args(args) if use_database else None
     try:
-        database = None
-        extra: dict[str, Any] = {"tuned": False}
         if storage is not None:
             from db.metaschedule_database import MetaScheduleDatabase
 
             database = MetaScheduleDatabase(storage, prepared.target)
-            extra = {"tuned": True, "schedules": _schedules_used(storage, database, prepared)}
-        executable = build(prepared.mod, prepared.target, database)
+            schedules = _schedules_used(storage, database, prepared)
+            peers = _peers_from_records(storage, prepared, schedules)
+            extra: dict[str, Any] = {"tuned": True, "schedules": schedules}
+            executable = build(prepared.mod, prepared.target, database, peers=peers)
+        else:
+            tasks = [(t.key, e.dispatched[0])
+                     for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+            executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
+            extra = {"tuned": False, "zero_trial": True}
+        extra["peers"] = peers_manifest(peers)
+        if not peers and unavailable_reason():
+            extra["peers_skipped"] = unavailable_reason()
         manifest = publish_artifact(
             executable,
             prepared.model,
@@ -122,6 +134,7 @@ def run_compile(args: argparse.Namespace) -> int:
             tasks=task_rows(prepared),
             extra=extra,
             force=args.force,
+            link_peers=bool(peers),
         )
     except (CompileError, VerificationError) as err:
         raise CliError(str(err), exit_code=1) from None
@@ -133,6 +146,7 @@ def run_compile(args: argparse.Namespace) -> int:
         "output": str(args.output),
         "tuned": manifest["tuned"],
         "schedules": manifest.get("schedules", []),
+        "peers": manifest.get("peers"),
         "verification": manifest["verification"],
     }
     if args.json:
@@ -140,6 +154,26 @@ def run_compile(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.output / 'model.so'} ({manifest['verification']['message']})")
     return 0
+
+
+def _peers_from_records(storage, prepared, schedules: list[dict[str, Any]]) -> frozenset[str]:
+    """The tasks whose stored library record (:meth:`db.TuningStorage.best_library_records`)
+    measured faster than their best schedule record, or that have no schedule record at all;
+    their ``schedules`` rows get ``"implementation"``. Nothing on targets without peers."""
+    from compiler.peers import peer_library, peers_supported
+
+    if not peers_supported(prepared.target) or peer_library() is None:
+        return frozenset()
+    library = storage.best_library_records(prepared.target.key, [row["key"] for row in schedules])
+    keys = set()
+    for row in schedules:
+        peer = library.get(row["key"])
+        row["implementation"] = "schedule"
+        if peer is not None and (row["best_ms"] is None or peer.median_secs * 1e3 < row["best_ms"]):
+            keys.add(row["key"])
+            row["implementation"] = f"{peer.library} {peer.call.get('kind', '')}".strip()
+            row["peer_ms"] = peer.median_secs * 1e3
+    return frozenset(keys)
 
 
 def _schedules_used(storage, database, prepared) -> list[dict[str, Any]]:
