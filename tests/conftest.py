@@ -1,6 +1,6 @@
-"""Shared fixtures (example models exported once per test session, at run time; two tuning
-databases written once per session, ``tuned_small_cnn`` and ``tuned_mlp``, that tests copy) and
-the marks.
+"""Shared fixtures (example models exported once per test session, at run time; tuning databases
+written once per session, ``tuned_small_cnn``, ``tuned_mlp`` and ``continued_mlp`` (a continued
+run on a copy of ``tuned_mlp``), that tests copy) and the marks.
 
 Marks (registered in ``pyproject.toml``): ``slow``, ``browser`` and ``gpu`` are written on the
 tests; ``postgres`` is added here to every test that gets a PostgreSQL database (the
@@ -84,13 +84,15 @@ class TunedDatabase:
     """A SQLite tuning database written once per session by a real tuning run, closed after it.
 
     Tests never open :attr:`path` itself: each takes its own :meth:`copy` (``shutil.copy`` of the
-    file), so what one test writes never reaches another.
+    file), so what one test writes never reaches another. ``observed``: what the fixture watched
+    during the run (see each fixture).
     """
 
     path: Path
     model: Path  # the model file that was tuned
     artifact_dir: Path
     summary: Any  # tuner.job.TuneSummary of the run
+    observed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def copy(self, dest: Path) -> str:
         """Copy the database to the file ``dest``; returns the copy's SQLite URL."""
@@ -99,20 +101,52 @@ class TunedDatabase:
         return f"sqlite:///{dest}"
 
 
-def _tune_once(folder: Path, model: Path, **kwargs: Any) -> TunedDatabase:
+def _tune_once(
+    folder: Path, model: Path, *, start_from: Path | None = None,
+    listeners: Callable[[Any], list[Any]] = lambda storage: [],
+    before: Callable[[Any, dict[str, Any]], None] | None = None, **kwargs: Any,
+) -> TunedDatabase:
+    """Tune ``model`` into ``folder/tuned.db`` (a copy of ``start_from`` if given);
+    ``listeners(storage)``: progress listeners of the run; ``before(storage, observed)`` runs
+    before it."""
     import db
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from tuner.job import tune_model
 
     path = folder / "tuned.db"
+    if start_from is not None:
+        shutil.copy(start_from, path)
     storage = db.open_storage(f"sqlite:///{path}", upgrade=True)
     try:
+        observed: dict[str, Any] = {"records_before": storage.count_records()}
+        if before is not None:
+            before(storage, observed)
         prepared = prepare_model(model, cpu_target())
-        summary = tune_model(storage, prepared, output_dir=folder / "artifact", **kwargs)
+        summary = tune_model(storage, prepared, output_dir=folder / "artifact",
+                             listeners=listeners(storage), **kwargs)
     finally:
         storage.close()
-    return TunedDatabase(path, model, folder / "artifact", summary)
+    return TunedDatabase(path, model, folder / "artifact", summary, observed)
+
+
+def _counting_runner(sent: list[int]) -> Callable[[Any], Any]:
+    """A runner wrapper for ``tuner.search.make_runner``: delegates to the real runner and notes
+    the size of every batch sent to it in ``sent``."""
+    from tvm.ir.utils import derived_object
+    from tvm.s_tir import meta_schedule as ms
+
+    @derived_object
+    class CountingRunner(ms.runner.PyRunner):
+        def __init__(self, inner) -> None:
+            super().__init__()
+            self.inner = inner
+
+        def run(self, runner_inputs):
+            sent.append(len(runner_inputs))
+            return self.inner.run(runner_inputs)
+
+    return CountingRunner
 
 
 @pytest.fixture(scope="session")
@@ -131,13 +165,114 @@ def tuned_small_cnn(tmp_path_factory, example_model) -> TunedDatabase:
 
 @pytest.fixture(scope="session")
 def tuned_mlp(tmp_path_factory, example_model) -> TunedDatabase:
-    """The MLP (ONNX) tuned once, 12 trials with FAST_SEARCH, seed 3 (each of its 3 tasks gets
-    at least two valid records): the first run of tests/tuner/test_tune_job.py's reuse and
-    continue tests and tests/tuner/test_skip_stored.py, and what tests/tuner/test_remeasure.py
-    checks."""
+    """The MLP (ONNX) tuned once, 16 trials with FAST_SEARCH, seed 3 (each of its 3 tasks gets
+    at least two valid records; four batches of 4 or more: a round, then more): the first run of
+    tests/tuner/test_tune_job.py's reuse test and of ``continued_mlp``, and what
+    tests/tuner/test_remeasure.py and tests/tuner/test_scheduler.py check.
+
+    ``observed["sent"]``: the size of every batch sent to the runner (the real runner, wrapped);
+    ``observed["seen"]``: at each progress update, ``(batches sent so far, the run's total trials,
+    records in the database)``: what tests/tuner/test_scheduler.py checks.
+    """
+    import tuner.search
+    from tuner.search import FAST_SEARCH
+
+    sent: list[int] = []
+    seen: list[tuple[int, int, int]] = []
+
+    class Watch:
+        def __init__(self, storage) -> None:
+            self.storage = storage
+
+        def on_batch(self, update) -> None:
+            seen.append((len(sent), update.total_trials, self.storage.count_records()))
+
+    make_runner = tuner.search.make_runner
+    counting = _counting_runner(sent)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(tuner.search, "make_runner",
+                      lambda measure, rpc=None: counting(make_runner(measure, rpc)))
+        tuned = _tune_once(
+            tmp_path_factory.mktemp("tuned-mlp"), example_model("mlp", "onnx"),
+            listeners=lambda storage: [Watch(storage)],
+            trials=16, search=FAST_SEARCH, seed=3,
+        )
+    tuned.observed.update(sent=sent, seen=seen)
+    return tuned
+
+
+@pytest.fixture(scope="session")
+def continued_mlp(tmp_path_factory, tuned_mlp) -> TunedDatabase:
+    """``tuned_mlp`` continued (``continue_tuning``) on a copy of its database: 12 more trials,
+    the first run's seed again (its random samples come again), cold cost model, no sibling
+    seeds (checked against the database separately). Checked by
+    tests/tuner/test_skip_stored.py and tests/tuner/test_tune_job.py's continue test;
+    ``observed["records_before"]``: the records of the copy before the run."""
     from tuner.search import FAST_SEARCH
 
     return _tune_once(
-        tmp_path_factory.mktemp("tuned-mlp"), example_model("mlp", "onnx"),
-        trials=12, search=FAST_SEARCH, seed=3,
+        tmp_path_factory.mktemp("continued-mlp"), tuned_mlp.model, start_from=tuned_mlp.path,
+        trials=12, seed=3, cost_model="cold", continue_tuning=True,
+        search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False),
     )
+
+
+@pytest.fixture(scope="session")
+def mlp_on_small_cnn(tmp_path_factory, tuned_small_cnn, example_model) -> TunedDatabase:
+    """The MLP (ONNX) tuned 16 trials, seed 0, on a copy of ``tuned_small_cnn``'s database, with
+    the cost model trained from that database (20 rounds, saved there first) transferred
+    (``cost_model="transfer"``) and FAST_SEARCH with ``sibling_population`` on: the MLP's last
+    layer (``matmul + add``) is a sibling of the CNN's classifier, so it is seeded from the
+    database, and its two ``matmul + add + relu`` layers seed each other within the run. What
+    tests/cost_model/test_transfer.py (the transferred model) and
+    tests/tuner/test_sibling_seeds.py (seeds within the budget) check.
+
+    Meanwhile, in the background, ``tunehub tune --continue --no-sibling-seeds`` (8 trials, cold)
+    of the MLP on another copy of the same CNN database: ``observed["no_seeds_cli"]`` is its
+    ``(returncode, stdout, stderr)``. ``observed["model_id"]``: the saved cost model's id.
+    """
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from cost_model.booster import BoosterConfig
+    from cost_model.dataset import extend_training_set
+    from cost_model.store import save_model, train
+    from tuner.search import FAST_SEARCH
+
+    folder = tmp_path_factory.mktemp("mlp-on-small-cnn")
+    mlp = example_model("mlp", "onnx")
+
+    def train_and_save(storage, observed) -> None:
+        from compiler.target import cpu_target
+
+        target = cpu_target()
+        model = train(extend_training_set(storage, storage.get_target(target.key)),
+                      BoosterConfig(rounds=20))
+        observed["model_id"] = save_model(storage, target, model)
+
+    off = folder / "off"
+    off_db = tuned_small_cnn.copy(off / "seeds.db")
+    with open(off / "out", "wb") as out, open(off / "err", "wb") as err:
+        cli = subprocess.Popen(
+            [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", "8",
+             "--population", "16", "--continue", "--no-sibling-seeds", "--cost-model", "cold",
+             "--db", off_db, "-o", str(off / "mlp"), "--json"],
+            cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=err,
+            start_new_session=True)
+    try:
+        tuned = _tune_once(
+            folder, mlp, start_from=tuned_small_cnn.path, before=train_and_save,
+            trials=16, seed=0, cost_model="transfer",
+            search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
+        )
+        cli.wait(timeout=600)
+    finally:
+        if cli.poll() is None:
+            os.killpg(cli.pid, signal.SIGKILL)
+            cli.wait()
+    tuned.observed["no_seeds_cli"] = (
+        cli.returncode, (off / "out").read_text(), (off / "err").read_text()
+    )
+    return tuned

@@ -2,7 +2,8 @@
 
 One small CNN tuned cold into a SQLite database once per session (``tuned_small_cnn``, shared
 with other modules and copied here); the tests then extract
-features from its records, train and persist a model, tune another model with it, check that
+features from its records, train and persist a model, tune another model with it (the session's
+``mlp_on_small_cnn``, shared with tests/tuner/test_sibling_seeds.py), check that
 the negative-transfer guard falls back to MetaSchedule's cold model when the transferred one
 ranks backwards, and drive the CLI.
 """
@@ -21,7 +22,6 @@ import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
 import db
-from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from cost_model.booster import BoosterConfig, predict, train_booster
 from cost_model.dataset import extend_training_set, throughput_labels
@@ -39,8 +39,6 @@ from cost_model.transfer import (
     prefers_cold,
     workload_family,
 )
-from tuner.job import tune_model
-from tuner.search import FAST_SEARCH
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -88,22 +86,19 @@ def test_training_set_persist_and_reload(tuned) -> None:
 
 
 @pytest.mark.slow
-def test_tune_with_transferred_model(tuned, example_model) -> None:
-    storage, target, _, work = tuned
-    if load_model(storage, target) is None:
-        save_model(
-            storage,
-            target,
-            train(
-                extend_training_set(storage, storage.get_target(target.key)),
-                BoosterConfig(rounds=20),
-            ),
-        )
-    prepared = prepare_model(example_model("mlp", "onnx"), target)
-    summary = tune_model(storage, prepared, trials=8, output_dir=work / "mlp", search=FAST_SEARCH,
-                         seed=0, cost_model="transfer")
+def test_tune_with_transferred_model(mlp_on_small_cnn, tmp_path) -> None:
+    """Another model (the MLP) tuned with the model trained on the small CNN's records: the
+    session's ``mlp_on_small_cnn`` run (tests/conftest.py: the model trained and saved on a copy of
+    ``tuned_small_cnn``'s database, then 16 trials with ``cost_model="transfer"``)."""
+    summary = mlp_on_small_cnn.summary
+    storage = db.open_storage(mlp_on_small_cnn.copy(tmp_path / "transfer.db"))
+    try:
+        saved = load_model(storage, cpu_target())
+    finally:
+        storage.close()
     info = summary.extra["cost_model"]
-    assert info["kind"] == "transfer" and info["model_id"] == load_model(storage, target).model_id
+    assert saved.model_id == mlp_on_small_cnn.observed["model_id"]
+    assert info["kind"] == "transfer" and info["model_id"] == saved.model_id
     assert info["batches_scored"] >= 1
     assert summary.trials_this_run >= 8 and summary.verification["passed"]
 

@@ -22,7 +22,7 @@ import db
 from tests.service.conftest import start_server, stop_server, upload, wait_for_job
 
 REPO = Path(__file__).resolve().parents[2]
-TRIALS = 16
+TRIALS = 12  # the MLP's 3 tasks: one batch of 4 each
 POPULATION = 16
 
 

@@ -18,7 +18,7 @@ from tuner.remeasure_store import parse_remeasurements
 
 @pytest.fixture(scope="module")
 def tuned(tuned_mlp, tmp_path_factory):
-    """The MLP tuned once (12 trials: each task gets at least two valid records): this module's
+    """The MLP tuned once (16 trials: each task gets at least two valid records): this module's
     copy of the session's ``tuned_mlp`` (tests/conftest.py), whose run made the final build."""
     folder = tmp_path_factory.mktemp("remeasure")
     storage = db.open_storage(tuned_mlp.copy(folder / "tune.db"))

@@ -2,13 +2,8 @@
 refitted to its shapes and measured within the trial budget."""
 from __future__ import annotations
 
-import dataclasses
 import json
-import os
 import random
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,8 +15,6 @@ from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from db.metaschedule_database import MetaScheduleDatabase, record_as_json
 from tuner.intrinsics import load_tensor_intrinsics
-from tuner.job import tune_model
-from tuner.search import FAST_SEARCH
 from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
 
@@ -109,40 +102,31 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
 
 
 @pytest.mark.slow
-def test_tuning_measures_seeds_within_the_budget(cnn_db, tuned_small_cnn, example_model) -> None:
+def test_tuning_measures_seeds_within_the_budget(mlp_on_small_cnn, tmp_path) -> None:
     """The MLP's last layer (``matmul + add``) is a sibling of the CNN's classifier: seeded from
-    the database. Its two ``matmul + add + relu`` layers seed each other within the run."""
-    storage, target, _, work = cnn_db
-    # The CLI turns them off: a run on another copy of the same CNN database (seeds on offer for
-    # the classifier's sibling and within the run), in the background meanwhile.
-    off_db = tuned_small_cnn.copy(work / "off" / "seeds.db")
-    with open(work / "off.out", "wb") as out, open(work / "off.err", "wb") as err:
-        off = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "tune", str(example_model("mlp", "onnx")),
-             "--trials", "8", "--population", "16", "--continue", "--no-sibling-seeds",
-             "--cost-model", "cold", "--db", off_db, "-o", str(work / "mlp-off"), "--json"],
-            cwd=REPO, stdout=out, stderr=err, start_new_session=True)
-    try:
-        prepared = prepare_model(example_model("mlp", "onnx"), target)
-        budget = 16
-        summary = tune_model(storage, prepared, trials=budget, output_dir=work / "mlp", seed=0,
-                             search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
-                             cost_model="cold")
-        off.wait(timeout=600)
-    finally:
-        if off.poll() is None:
-            os.killpg(off.pid, signal.SIGKILL)
-            off.wait()
+    the database. Its two ``matmul + add + relu`` layers seed each other within the run.
+
+    The run: the session's ``mlp_on_small_cnn`` (tests/conftest.py): 16 trials on a copy of the
+    CNN's database, siblings' schedules in populations too (the cost model it transferred is
+    tests/cost_model/test_transfer.py's business). The CLI turns seeds off: a run on another copy
+    of the same CNN database (seeds on offer for the classifier's sibling and within the run),
+    in the background meanwhile."""
+    summary, budget = mlp_on_small_cnn.summary, 16
     seeded = summary.extra["sibling_seeds"]
     assert seeded["measured"] >= 1 and seeded["valid"] >= 1
     assert seeded["in_populations"] >= 1  # turned on here: siblings' schedules in populations
-    job = storage.get_job(summary.job_id)
+    storage = db.open_storage(mlp_on_small_cnn.copy(tmp_path / "seeds.db"))
+    try:
+        job = storage.get_job(summary.job_id)
+    finally:
+        storage.close()
     # Seeds are trials: the job's measurements stay within the budget plus one batch (4 here).
     assert seeded["measured"] < job.trials_done <= budget + 4
     assert summary.verification["passed"]
 
-    assert off.returncode == 0, (work / "off.err").read_text()[-3000:]
-    summary = json.loads((work / "off.out").read_text())
+    returncode, out, err = mlp_on_small_cnn.observed["no_seeds_cli"]
+    assert returncode == 0, err[-3000:]
+    summary = json.loads(out)
     assert summary["trials_measured"] > 0 and summary["sibling_seeds"] is None
 
 

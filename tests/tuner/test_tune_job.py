@@ -50,7 +50,7 @@ def storage(tmp_path):
 @pytest.fixture
 def mlp_storage(tuned_mlp, tmp_path):
     """A copy of the session's ``tuned_mlp`` database (tests/conftest.py): the MLP's ONNX export
-    tuned 12 trials with FAST_SEARCH in one run, shared by the tests that start from it."""
+    tuned 16 trials with FAST_SEARCH in one run, shared by the tests that start from it."""
     store = db.open_storage(tuned_mlp.copy(tmp_path / "tune.db"))
     yield store
     store.close()
@@ -61,12 +61,12 @@ def test_tune_then_reuse_across_models(tuned_mlp, mlp_storage, example_model, tm
     storage = mlp_storage
     target = cpu_target()
     onnx_model = prepare_model(tuned_mlp.model, target)
-    first = tuned_mlp.summary  # tune_model(..., trials=12, search=FAST_SEARCH, seed=3)
+    first = tuned_mlp.summary  # tune_model(..., trials=16, search=FAST_SEARCH, seed=3)
     tuned = [t for t in first.tasks if t.action == "tune"]
     assert len(tuned) == len(onnx_model.partition.tasks) == 3
     # Every measured candidate is stored, tagged with the job; the budget holds (+ one batch).
     assert first.trials_measured == storage.count_records(job_id=first.job_id)
-    assert 12 <= first.trials_measured <= 12 + 4
+    assert 16 <= first.trials_measured <= 16 + 4
     assert all(t.best_secs is not None and t.best_secs > 0 for t in first.tasks)
     assert first.verification["passed"]
     assert first.estimated_secs is not None and first.measured is not None
@@ -101,26 +101,29 @@ def test_tune_then_reuse_across_models(tuned_mlp, mlp_storage, example_model, tm
 
 
 @pytest.mark.slow
-def test_continue_tunes_known_tasks_again(tuned_mlp, mlp_storage, tmp_path) -> None:
-    storage = mlp_storage  # the MLP tuned 12 trials once already
-    model = prepare_model(tuned_mlp.model, cpu_target())
-    again = tune_model(
-        storage, model, trials=8, output_dir=tmp_path / "b", search=FAST_SEARCH,
-        continue_tuning=True,
-    )
+def test_continue_tunes_known_tasks_again(tuned_mlp, continued_mlp, tmp_path) -> None:
+    # continued_mlp (tests/conftest.py): the MLP tuned 16 trials once already (tuned_mlp), then
+    # 12 more with continue_tuning on a copy of that database.
+    again = continued_mlp.summary
     assert again.tasks_reused == 0
-    # Every candidate measured counts on the job row; the records table keeps one row per
-    # schedule, so a schedule re-measured by the second job may stay attributed to the first.
-    assert storage.get_job(again.job_id).trials_done >= 8
-    assert again.trials_this_run > 0
+    assert {t.action for t in again.tasks} == {"tune"}
+    storage = db.open_storage(continued_mlp.copy(tmp_path / "tune.db"))
+    try:
+        # Every candidate measured counts on the job row; the records table keeps one row per
+        # schedule, so a schedule re-measured by the second job may stay attributed to the first.
+        assert storage.get_job(again.job_id).trials_done >= 12
+        assert again.trials_this_run > 0
+        assert storage.get_job(tuned_mlp.summary.job_id).status == "succeeded"
+    finally:
+        storage.close()
 
 
 @pytest.mark.slow
 def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
-    # The MLP's 3 tasks, batches of 4: the kill lands after two of the four batches.
+    # The MLP's 3 tasks, batches of 4: the kill lands after two of the three batches.
     model_path = example_model("mlp", "onnx")
     url = f"sqlite:///{tmp_path / 'resume.db'}"
-    budget, batch = 16, 4
+    budget, batch = 12, 4
     args = ["tune", str(model_path), "--trials", str(budget), "--db", url, "--population", "16",
             "-o", str(tmp_path / "out"), "--json"]
     subprocess.run([*TUNEHUB, "db", "upgrade", "--db", url], cwd=REPO, check=True, timeout=120)
