@@ -7,6 +7,8 @@ code on a GPU are skipped unless ``tvm.cuda(0).exist``.
 from __future__ import annotations
 
 import json
+import sys
+import threading
 
 import pytest
 import tvm
@@ -91,7 +93,13 @@ def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> Non
     from tuner.intrinsics import load_tensor_intrinsics
     from tuner.space import design_space
 
-    load_tensor_intrinsics("cuda")
+    # In a thread of its own: TVMScript's parser calls inspect.stack() for each of the ~500
+    # intrinsics it parses, at a cost that grows with the depth of the calling stack (pytest's
+    # is ~70 frames: minutes on a loaded 2-core machine); a new thread starts with a few.
+    loader = threading.Thread(target=load_tensor_intrinsics, args=("cuda",))
+    loader.start()
+    loader.join()
+    assert "tvm.s_tir.tensor_intrin.cuda" in sys.modules
     target = cuda_target(H200).tvm_target()
 
     def traces(dtype: str) -> str:

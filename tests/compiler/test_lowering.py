@@ -140,12 +140,20 @@ def test_prepack_marks_constant_weights_layout_free(block) -> None:
 def _tune_all(parts, target, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
+    from tuner.intrinsics import load_tensor_intrinsics
     from tuner.measure import MeasureConfig, make_builder, make_runner
+    from tuner.search import SearchConfig
 
+    # As the tuner does (tuner.search.run_search): only the CPU's tensor intrinsics. Without it,
+    # TuneContext imports every backend's (minutes under pytest's deep stack, tuner/intrinsics.py).
+    load_tensor_intrinsics("cpu")
     measure = MeasureConfig(repeat=1, min_repeat_ms=1)
+    # The evolutionary search, small: 3 trials a task need no population of 512 (MetaSchedule's
+    # default).
+    search = SearchConfig(population_size=16, init_min_unmeasured=4, genetic_num_iters=1)
     contexts = [
         ms.TuneContext(mod=t.dispatched[0], target=target.tvm_target(),
-                       space_generator="post-order-apply", search_strategy="evolutionary",
+                       space_generator="post-order-apply", search_strategy=search.strategy(),
                        task_name=str(t.task_name), rand_state=0)
         for t in parts.extracted[:2]  # the two convolutions (heaviest first)
     ]
