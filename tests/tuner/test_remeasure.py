@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 import db
+from compiler.peers import find_peer, peer_library
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from tuner.remeasure import RemeasureConfig
@@ -34,16 +35,23 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     assert manifest["verification"]["passed"]
     config = RemeasureConfig.from_env()
     remeasured = manifest["remeasured"]
-    # Every task with two or more valid records was re-measured: config.top candidates each.
+    # Every task with two or more valid records was re-measured (config.top record candidates
+    # each), and every task with a library peer (all three GEMMs of the MLP) with its peer.
     target = storage.get_target(prepared.target.key)
     ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
+    with_peer = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+                 if peer_library() is not None and find_peer(e.dispatched[0]) is not None}
+    assert peer_library() is None or len(with_peer) == 3
     expected = {key for key, wid in ids.items() if len(storage.top_k(wid, target.id, 2)) == 2}
-    assert expected and {t["key"] for t in remeasured} == expected
+    assert expected and {t["key"] for t in remeasured} == expected | with_peer
     schedules = {s["key"]: s for s in manifest["schedules"]}
     for task in remeasured:
         candidates = task["candidates"]
-        assert len(candidates) == config.top
-        recorded = [c["recorded_ms"] for c in candidates]
+        records = [c for c in candidates if "peer" not in c]
+        peers = [c for c in candidates if "peer" in c]
+        assert len(records) == (config.top if task["key"] in expected else len(records))
+        assert len(peers) == (task["key"] in with_peer)
+        recorded = [c["recorded_ms"] for c in records]
         assert recorded == sorted(recorded)  # best recorded first
         for c in candidates:
             assert len(c["rounds_ms"]) == config.rounds
@@ -53,16 +61,29 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         assert len(chosen) == 1
         assert chosen[0]["median_ms"] == min(c["median_ms"] for c in candidates)
         assert task["changed"] == (chosen[0] is not candidates[0])
-        # The schedule table reports the winner's re-measured time, not its recorded one.
-        assert schedules[task["key"]]["best_ms"] == pytest.approx(chosen[0]["median_ms"])
+        # The schedule table reports the winner's re-measured time and what it is.
+        row = schedules[task["key"]]
+        assert row["best_ms"] == pytest.approx(chosen[0]["median_ms"])
+        assert row["implementation"] == ("openblas gemm" if "peer" in chosen[0] else "schedule")
+    # The artifact links the library exactly when a peer won somewhere.
+    won = {t["key"] for t in remeasured if any("peer" in c and c["chosen"] for c in
+                                               t["candidates"])}
+    assert (manifest["peers"] or {}).get("tasks", []) == sorted(won)
     # Stored beside their records, tagged with the job; the records themselves are unchanged.
     stored = storage.list_remeasurements(job_id=summary.job_id)
-    assert len(stored) == sum(len(t["candidates"]) for t in remeasured)
-    assert sum(r.chosen for r in stored) == len(remeasured)
+    assert len(stored) == sum(len([c for c in t["candidates"] if "peer" not in c])
+                              for t in remeasured)
+    assert sum(r.chosen for r in stored) == len(remeasured) - len(won)
     for row in stored:
         (record,) = storage.get_records([row.record_id])
         assert record.is_valid and record.job_id == summary.job_id
         assert len(row.rounds_secs) == config.rounds
+    # The peers' measurements are library records of their tasks, shared like schedules.
+    library = storage.list_library_records(job_id=summary.job_id)
+    assert {r.workload_key for r in library} == with_peer
+    for record in library:
+        assert record.library == "openblas" and record.call["kind"] == "gemm"
+        assert len(record.run_secs) == config.rounds
     # The estimate adds up the re-measured times.
     assert summary.estimated_secs == pytest.approx(
         sum(t.weight * t.best_secs for t in summary.tasks)
@@ -76,7 +97,9 @@ def test_manifest_entries_are_checked_one_by_one(tuned):
     storage, prepared, summary, manifest = tuned
     target = storage.get_target(prepared.target.key)
     ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
-    good = manifest["remeasured"][0]
+    good = next(e for e in manifest["remeasured"]
+                if sum("peer" not in c for c in e["candidates"]) >= 2)
+    good = {**good, "candidates": [c for c in good["candidates"] if "peer" not in c]}
     bad_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": [1.0, -2.0]}]}
     nan_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": ["nan"]}]}
     unknown_record = {**good, "candidates": [{**good["candidates"][0], "trace_hash": "0" * 64}]}
