@@ -120,10 +120,11 @@ def test_continue_tunes_known_tasks_again(tuned_mlp, continued_mlp, tmp_path) ->
 
 @pytest.mark.slow
 def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
-    # The MLP's 3 tasks, batches of 4: the kill lands after two of the three batches.
+    # The MLP's 3 tasks, batches of 4: the kill lands after two of the four batches (with a
+    # budget of 12 the rerun's few remaining trials can all be schedules stored before the kill).
     model_path = example_model("mlp", "onnx")
     url = f"sqlite:///{tmp_path / 'resume.db'}"
-    budget, batch = 12, 4
+    budget, batch = 16, 4
     args = ["tune", str(model_path), "--trials", str(budget), "--db", url, "--population", "16",
             "-o", str(tmp_path / "out"), "--json"]
     subprocess.run([*TUNEHUB, "db", "upgrade", "--db", url], cwd=REPO, check=True, timeout=120)
