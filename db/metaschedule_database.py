@@ -420,7 +420,14 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         missing = [key[0] for key, rec in found.items() if rec is None]
         if missing:
             for row in self._storage.get_records(missing):
-                found[(row.id, row.mean_secs)] = self._to_tuning_record(row, workload)
+                # A record that does not parse for this workload (e.g. a module of the same
+                # structural hash whose block names differ) is skipped, as query_tuning_record
+                # skips one that does not replay: one record never fails a search or a build.
+                try:
+                    found[(row.id, row.mean_secs)] = self._to_tuning_record(row, workload)
+                except Exception as err:  # noqa: BLE001 - TVM raises many kinds
+                    logger.warning("record %s skipped: it does not apply to this workload (%s)",
+                                   row.id, describe_error(err)[:300])
         # A record improved between the two reads is skipped this time rather than mislabelled.
         return [found[key] for key in keys if found.get(key) is not None]
 
