@@ -11,8 +11,9 @@ library implements, or ``None``:
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
   of one (the ``pad_temp`` block before it).
 
-Every other block after the anchor is its epilogue (bias, residual add, activation). The anchor
-must be the task's first block (after the padding it absorbs).
+Every other block after the anchor is its epilogue (bias, residual add, activation), and must be
+elementwise (no reduction). The anchor must be the task's first block (after the padding it
+absorbs).
 
 :func:`peer_function` rewrites the task: the padding and the anchor become one opaque block that
 calls the peer library's C entry point (``call_extern``; :mod:`compiler.peers.library`) with the
@@ -227,9 +228,17 @@ def _anchor(func: tirx.PrimFunc) -> tuple[PeerCall, int] | None:
         return None
     _, stages = found
     params = {str(p.name) for p in func.params}
+    found: tuple[PeerCall, int] | None = None
     if stages and (call := _gemm(stages[0].block, params)) is not None:
-        return call, 0
-    return _conv2d(stages, params)
+        found = call, 0
+    else:
+        found = _conv2d(stages, params)
+    if found is None:
+        return None
+    epilogue = stages[found[1] + 1:]
+    if any(iv.iter_type != tirx.IterVar.DataPar for s in epilogue for iv in s.block.iter_vars):
+        return None  # a reduction after the anchor (e.g. a mean): the task stays TIR
+    return found
 
 
 def find_peer(mod: tvm.IRModule) -> PeerCall | None:
@@ -303,6 +312,15 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
 
 
 def _schedule_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
+    """``func`` marked scheduled, its epilogue inlined, parallel and vectorized where the
+    schedule primitives allow (left as loops otherwise: still correct, only slower)."""
+    try:
+        return _scheduled_epilogue(func, epilogue_blocks)
+    except (s_tir.ScheduleError, RuntimeError, ValueError):
+        return func.with_attr("tirx.is_scheduled", True)
+
+
+def _scheduled_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     if epilogue_blocks:
         blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))][1:]
