@@ -24,6 +24,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import hashlib
+import logging
 import os
 import shutil
 import subprocess
@@ -47,7 +48,8 @@ class PeerLibrary:
     shim_hash: str
 
     def load(self) -> None:
-        """Register the peer functions in this process (idempotent)."""
+        """Load the shim ``RTLD_GLOBAL`` into this process, so that peer kernels built without
+        it resolve their calls to it (idempotent). Raises ``OSError`` when it cannot load."""
         _load(str(self.shared))
 
     def link_options(self) -> list[str]:
@@ -163,8 +165,14 @@ def unavailable_reason() -> str:
 
 
 def load_peers() -> None:
-    """Register the peer functions in this process when the library is available (a runner
-    worker's initializer; must be importable by reference)."""
+    """Load the shim into this process when the library is available (a runner worker's
+    initializer; must be importable by reference). Never raises: a shim that does not load is
+    logged, and the peers measured in this process then fail like any candidate that does not
+    run."""
     library = peer_library()
-    if library is not None:
+    if library is None:
+        return
+    try:
         library.load()
+    except OSError as err:
+        logging.getLogger("tunehub.peers").warning("the peer library did not load: %s", err)
