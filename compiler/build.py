@@ -61,11 +61,11 @@ def build_zero_trial(
     (:mod:`compiler.default_schedules`); other targets (and a machine without the peer
     library) get :func:`build`'s untuned fallback for what has no peer. Returns the executable
     and the keys of the tasks built with their peer (export it with ``link_peers`` when any)."""
-    keys: frozenset[str] = frozenset()
-    if peers_supported(target) and peer_library() is not None:
-        keys = frozenset(key for key, task in tasks if find_peer(task) is not None)
     if not peers_supported(target):
-        return build(mod, target), keys
+        return build(mod, target), frozenset()
+    keys: frozenset[str] = frozenset()
+    if peer_library() is not None:
+        keys = frozenset(key for key, task in tasks if find_peer(task) is not None)
     from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only this path
 
     return build(mod, target, ms.database.MemoryDatabase(), peers=keys), keys

@@ -22,6 +22,8 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
+from compiler.peers.rewrite import buffer_loads
+
 VECTOR_LANES = 8
 
 
@@ -81,7 +83,7 @@ def _contiguous_innermost(sch: s_tir.Schedule, info: object) -> bool:
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not _is_var(store.indices[-1], var):
         return False
-    for load in _loads(store.value):
+    for load in buffer_loads(store.value):
         if load.source.same_as(store.buffer):
             continue
         uses = [_mentions(index, var) for index in load.indices]
@@ -96,12 +98,6 @@ def _is_var(expr: object, var: object) -> bool:
 
 def _mentions(expr: object, var: object) -> bool:
     return any(v.same_as(var) for v in tirx.analysis.undefined_vars(expr))
-
-
-def _loads(expr: object) -> list:
-    from compiler.peers.rewrite import _loads as loads  # noqa: PLC0415 - one expression walker
-
-    return loads(expr)
 
 
 def _vectorize(sch: s_tir.Schedule, loop: object) -> None:

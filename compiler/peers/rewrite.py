@@ -85,7 +85,7 @@ def _stages(func: tirx.PrimFunc) -> tuple[Any, list[_Stage]] | None:
     return root, stages
 
 
-def _loads(expr: Any) -> list[Any]:
+def buffer_loads(expr: Any) -> list[Any]:
     """The buffer loads in ``expr`` (arithmetic, casts, calls, selects), outermost first."""
     if isinstance(expr, _Load):
         return [expr]
@@ -93,10 +93,10 @@ def _loads(expr: Any) -> list[Any]:
     for name in ("a", "b", "value", "condition", "true_value", "false_value"):
         child = getattr(expr, name, None) if hasattr(type(expr), name) else None
         if child is not None:
-            out += _loads(child)
+            out += buffer_loads(child)
     if isinstance(expr, ir.Call):
         for arg in expr.args:
-            out += _loads(arg)
+            out += buffer_loads(arg)
     return out
 
 
@@ -169,7 +169,7 @@ def _pad_source(stage: _Stage, padded: Any) -> tuple[str, int, int] | None:
     store = stage.block.body
     if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(padded)):
         return None
-    loads = _loads(store.value)
+    loads = buffer_loads(store.value)
     if len(loads) != 1 or len(loads[0].indices) != 4:
         return None
     variables = [iv.var for iv in stage.block.iter_vars]
