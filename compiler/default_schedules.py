@@ -133,3 +133,15 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         return dl.ApplyDefaultSchedule(
             dl.cpu.GEMV(), ConvolutionFallback(), dl.cpu.Reduction(), CpuFallback()
         )(mod.clone())
+
+
+def default_task_module(task_mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
+    """A task module (``extracted.dispatched[0]``, one PrimFunc ``main``) with its default
+    schedule (:func:`apply_default_schedules`: what a build gives the task when it has no
+    record and no peer), as a module MetaSchedule's builder and runner take; ``None`` when no
+    rule schedules it (the build would use TVM's naive lowering)."""
+    scheduled = apply_default_schedules(task_mod, target)
+    func = scheduled["main"]
+    if not func.attrs or not func.attrs.get("tirx.is_scheduled", False):
+        return None
+    return scheduled

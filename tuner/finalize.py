@@ -113,8 +113,8 @@ class TaskOutcome:
     """One task of a job as its artifact's schedule table reports it: what the job did with it
     (``tune``, ``reuse``, ``skip``, ``defer``) and why, its weight, FLOPs, the job's trials on
     it and its best measured latency (``None``: no valid record; it builds with TVM's default),
-    and its ``implementation``: ``"schedule"`` (tuned TIR) or the library peer's (e.g.
-    ``"openblas gemm"``)."""
+    and its ``implementation``: ``"schedule"`` (tuned TIR), ``"default"`` (TVM's default
+    schedule measured faster than its records) or the library peer's (e.g. ``"openblas gemm"``)."""
 
     key: str
     name: str
@@ -188,6 +188,8 @@ class Winners:
             if winner is not None and winner.peer is not None:
                 outcome = dataclasses.replace(
                     outcome, implementation=f"{winner.peer['library']} {winner.peer['kind']}")
+            elif winner is not None and winner.default is not None:
+                outcome = dataclasses.replace(outcome, implementation="default")
             out.append(outcome)
         return out
 

@@ -23,6 +23,12 @@ the same rounds as the task's records; where it wins, the build uses it
 (:attr:`TaskRemeasure.peer_won`). Peers are measured on this machine only (an RPC device would
 need the library too) and never without a peer library (:func:`compiler.peers.peer_library`).
 
+TVM's default schedule (:mod:`compiler.default_schedules`) is a candidate too, on the targets
+that use it (:func:`compiler.peers.peers_supported`): a record found by a short search can be
+slower than the default, and a task whose default wins builds without its records
+(:attr:`TaskRemeasure.default_won`; :func:`records_for_build` leaves its records out), so a
+tuned build is never slower on a task than the zero-trial build.
+
 Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: records are not re-measured against each
 other; a task's best record is still timed against its peer), ``TUNEHUB_REMEASURE_ROUNDS`` and
 ``TUNEHUB_PEERS`` (``0``: no peers).
@@ -38,8 +44,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from compiler.default_schedules import default_task_module
 from compiler.peers import find_peer, peer_library, peer_task_module, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, measurement, spread, trace_hash
@@ -76,15 +84,17 @@ class RemeasureConfig:
 
 @dataclass(frozen=True)
 class Candidate:
-    """One stored record of a task, re-measured: ``record`` is its ``TuningRecord.as_json()``
-    list, ``rounds_secs`` the mean run time of each round (empty: it failed to build or run).
-    A library peer has ``peer`` (what it calls, with which library) and no record."""
+    """One candidate of a task, re-measured: a stored record (``record`` is its
+    ``TuningRecord.as_json()`` list), a library peer (``peer``: what it calls, with which
+    library; no record) or TVM's default schedule (``default``: which one; no record).
+    ``rounds_secs`` is the mean run time of each round (empty: it failed to build or run)."""
 
     trace_hash: str
     record: tuple[Any, ...]
     recorded_secs: float
     rounds_secs: tuple[float, ...]
     peer: Mapping[str, Any] | None = None
+    default: Mapping[str, Any] | None = None
 
     @property
     def median_secs(self) -> float | None:
@@ -96,9 +106,10 @@ class Candidate:
         return spread(self.rounds_secs)
 
     def to_json(self, chosen: bool) -> dict[str, Any]:
-        if self.peer is not None:
+        if self.peer is not None or self.default is not None:
+            kind = "peer" if self.peer is not None else "default"
             return {
-                "peer": dict(self.peer),
+                kind: dict(self.peer if self.peer is not None else self.default),  # type: ignore[arg-type]
                 "rounds_ms": [s * 1e3 for s in self.rounds_secs],
                 "median_ms": None if self.median_secs is None else self.median_secs * 1e3,
                 "spread": self.spread,
@@ -139,6 +150,12 @@ class TaskRemeasure:
         """Whether the build computes this task with its library peer."""
         winner = self.winner
         return winner is not None and winner.peer is not None
+
+    @property
+    def default_won(self) -> bool:
+        """Whether the build computes this task with TVM's default schedule."""
+        winner = self.winner
+        return winner is not None and winner.default is not None
 
     def to_json(self) -> dict[str, Any]:
         winner = self.winner
@@ -226,6 +243,27 @@ def _peer_candidate(extracted: Any, target: Any, rpc: RpcConfig | None) -> tuple
     return module, {**call.to_json(), **peer_library().describe()}  # type: ignore[union-attr]
 
 
+def _default_candidate(extracted: Any, target: Any) -> tuple[Any, Any] | None:
+    """``(default-scheduled module, description)`` of a task on a target whose build gives
+    unrecorded tasks TVM's default schedules, or ``None`` (other targets; no rule applies)."""
+    if not peers_supported(target):
+        return None
+    try:
+        made = default_task_module(extracted.dispatched[0], target.tvm_target())
+    except Exception as err:  # noqa: BLE001 - a default that cannot be made is left out
+        logger.warning("task %s: its default schedule could not be made (%s)",
+                       extracted.task_name, err)
+        return None
+    return None if made is None else (made, DEFAULT_DESCRIPTION)
+
+
+#: How a default-schedule candidate describes itself (manifest, library records).
+DEFAULT_DESCRIPTION: Mapping[str, Any] = {
+    "library": "tvm", "kind": "default", "function": "compiler.default_schedules",
+    "config": {}, "shim": "", "package": "apache-tvm", "version": tvm.__version__,
+}
+
+
 def remeasure_tasks(
     prepared: Any,
     records: Mapping[str, Sequence[Sequence[Any]]],
@@ -233,16 +271,17 @@ def remeasure_tasks(
     measure: MeasureConfig | None = None,
     rpc: RpcConfig | None = None,
 ) -> dict[str, TaskRemeasure]:
-    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks and its library
-    peer (:func:`time_side_by_side`, all tasks' candidates together).
+    """Re-measure the top ``config.top`` records of each of ``prepared``'s tasks, its library
+    peer and TVM's default schedule (:func:`time_side_by_side`, all tasks' candidates together).
 
     ``records[task key]``: ``TuningRecord.as_json()`` lists, best recorded first (extra ones are
     ignored). A task is re-measured when it has two candidates or more, or a peer (timed even
-    alone: its time goes into the estimate). With ``config`` off, only a task's best record and
-    its peer are timed. Returns the re-measured tasks by key, timed with ``measure`` (default:
-    the target kind's) on this machine or through ``rpc``'s tracker, like the search's
-    candidates. Never raises for a candidate that does not replay, build or run (it gets no
-    rounds); returns ``{}`` when there is nothing to time or no rounds."""
+    alone: its time goes into the estimate); the default schedule is one more candidate of such
+    a task, and of a task with one record. With ``config`` off, only a task's best record, its
+    peer and its default are timed. Returns the re-measured tasks by key, timed with
+    ``measure`` (default: the target kind's) on this machine or through ``rpc``'s tracker,
+    like the search's candidates. Never raises for a candidate that does not replay, build or
+    run (it gets no rounds); returns ``{}`` when there is nothing to time or no rounds."""
     top = config.top if config.enabled else 1
     if config.rounds < 1:
         return {}
@@ -251,7 +290,9 @@ def remeasure_tasks(
         mod = extracted.dispatched[0]
         entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]][:top]
         peer = _peer_candidate(extracted, prepared.target, rpc) if task.tunable else None
-        if peer is None and len(entries) < 2:
+        default = (_default_candidate(extracted, prepared.target)
+                   if task.tunable and (entries or peer) else None)
+        if peer is None and len(entries) + (default is not None) < 2:
             continue
         for entry in entries:
             candidate = Candidate(trace_hash=_hash_of(entry), record=tuple(entry),
@@ -261,6 +302,10 @@ def remeasure_tasks(
             candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
                                   peer=peer[1])
             jobs.append((task, candidate, peer[0], None))
+        if default is not None:
+            candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
+                                  default=default[1])
+            jobs.append((task, candidate, default[0], None))
     if not jobs:
         return {}
     rounds = time_side_by_side([(mod, trace) for _, _, mod, trace in jobs], prepared.target,
@@ -273,8 +318,10 @@ def remeasure_tasks(
     result = {key: TaskRemeasure(key, names[key], tuple(c)) for key, c in out.items()}
     changed = sum(t.changed for t in result.values())
     peers = sum(t.peer_won for t in result.values())
+    defaults = sum(t.default_won for t in result.values())
     logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed, "
-                "%d library peers chosen", len(jobs), len(result), config.rounds, changed, peers)
+                "%d library peers and %d default schedules chosen", len(jobs), len(result),
+                config.rounds, changed, peers, defaults)
     return result
 
 
@@ -287,11 +334,15 @@ def records_for_build(
     records: Mapping[str, Sequence[Sequence[Any]]], remeasured: Mapping[str, TaskRemeasure]
 ) -> dict[str, list[list[Any]]]:
     """Per task key, the records the final build uses: a re-measured task's winner alone, its
-    run times replaced by the rounds' times (what it measured side by side); any other task's
-    stored records unchanged."""
+    run times replaced by the rounds' times (what it measured side by side); none for a task
+    whose default schedule won (it builds with the default); any other task's stored records
+    unchanged."""
     out: dict[str, list[list[Any]]] = {key: [list(e) for e in v] for key, v in records.items()}
     for key, task in remeasured.items():
         winner = task.winner
+        if winner is not None and winner.default is not None:
+            out[key] = []
+            continue
         if winner is None or winner.peer is not None:  # a peer's task keeps its records
             continue
         entry = list(winner.record)

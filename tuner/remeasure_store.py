@@ -7,7 +7,8 @@ build, and the server when it accepts a worker's artifact (the manifest is then 
 word: every entry is checked, and one that does not name a stored valid record of one of the
 job's tasks, or whose times are not finite and positive, is dropped and counted). A candidate
 that is a library peer (``"peer"``, :mod:`compiler.peers`) is stored as a library record of its
-task (:class:`db.NewLibraryRecord`), checked the same way. TVM-free: the API process runs it.
+task (:class:`db.NewLibraryRecord`), checked the same way; so is TVM's default schedule
+(``"default"``: library ``tvm``, kind ``default``). TVM-free: the API process runs it.
 """
 from __future__ import annotations
 
@@ -57,8 +58,8 @@ def parse_remeasurements(
             dropped += 1
             continue
         for candidate in candidates:
-            if isinstance(candidate, dict) and "peer" in candidate:
-                continue  # a library peer: parse_library_records
+            if isinstance(candidate, dict) and ("peer" in candidate or "default" in candidate):
+                continue  # a library peer or the default schedule: parse_library_records
             secs = _rounds_secs(candidate) if isinstance(candidate, dict) else None
             digest = candidate.get("trace_hash") if isinstance(candidate, dict) else None
             if secs is None:  # not timed (no rounds) or malformed: nothing to store
@@ -76,10 +77,17 @@ def parse_remeasurements(
     return out, dropped
 
 
+def _implementation(candidate: Any) -> Any:
+    """A candidate's ``peer`` or ``default`` description (``None``: a record's candidate)."""
+    if not isinstance(candidate, dict):
+        return None
+    return candidate.get("peer", candidate.get("default"))
+
+
 def _library_record(
     key: str, candidate: Any, *, target_key: str, job_id: int, worker: str | None
 ) -> NewLibraryRecord | None:
-    peer = candidate.get("peer") if isinstance(candidate, dict) else None
+    peer = _implementation(candidate)
     secs = _rounds_secs(candidate) if isinstance(candidate, dict) else None
     if not isinstance(peer, dict) or secs is None:
         return None
@@ -108,7 +116,7 @@ def parse_library_records(
         if not isinstance(candidates, list) or len(candidates) > MAX_CANDIDATES:
             continue  # counted by parse_remeasurements
         for candidate in candidates:
-            if not (isinstance(candidate, dict) and "peer" in candidate):
+            if _implementation(candidate) is None:
                 continue
             item = (_library_record(entry.get("key"), candidate, target_key=target_key,
                                     job_id=job_id, worker=worker)

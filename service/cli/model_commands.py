@@ -96,7 +96,8 @@ def run_inspect(args: argparse.Namespace) -> int:
 def run_compile(args: argparse.Namespace) -> int:
     """Without a database, the zero-trial build (library peers where a task has one, TVM's
     default schedules elsewhere); with one, each task's best record, or its stored library
-    record where that measured faster (:func:`_peers_from_records`)."""
+    record (a peer's or TVM's default schedule's) where that measured faster
+    (:func:`_implementations_from_records`)."""
     from compiler.artifact import check_output_dir, peers_manifest, publish_artifact
     from compiler.build import build, build_zero_trial
     from compiler.errors import CompileError, ModelError, VerificationError
@@ -115,7 +116,13 @@ def run_compile(args: argparse.Namespace) -> int:
 
             database = MetaScheduleDatabase(storage, prepared.target)
             schedules = _schedules_used(storage, database, prepared)
-            peers = _peers_from_records(storage, prepared, schedules)
+            peers, defaults = _implementations_from_records(storage, prepared, schedules)
+            if defaults:  # those tasks build with their default schedule: without records
+                from tuner.finalize import database_from_records, top_records
+
+                best = top_records(prepared, database, 1)
+                database = database_from_records(
+                    prepared, {k: v for k, v in best.items() if k not in defaults})
             extra: dict[str, Any] = {"tuned": True, "schedules": schedules}
             executable = build(prepared.mod, prepared.target, database, peers=peers)
         else:
@@ -156,24 +163,38 @@ def run_compile(args: argparse.Namespace) -> int:
     return 0
 
 
-def _peers_from_records(storage, prepared, schedules: list[dict[str, Any]]) -> frozenset[str]:
-    """The tasks whose stored library record (:meth:`db.TuningStorage.best_library_records`)
-    measured faster than their best schedule record, or that have no schedule record at all;
-    their ``schedules`` rows get ``"implementation"``. Nothing on targets without peers."""
+def _implementations_from_records(
+    storage, prepared, schedules: list[dict[str, Any]]
+) -> tuple[frozenset[str], frozenset[str]]:
+    """The tasks whose best stored library record (:meth:`db.TuningStorage.best_library_records`)
+    measured faster than their best schedule record, or that have no schedule record at all:
+    ``(peer keys, default keys)`` (a ``tvm default`` record is TVM's default schedule; a task
+    without any record gets it anyway). Their ``schedules`` rows get ``"implementation"``.
+    Nothing on targets whose build has neither peers nor default schedules."""
     from compiler.peers import peer_library, peers_supported
 
-    if not peers_supported(prepared.target) or peer_library() is None:
-        return frozenset()
+    if not peers_supported(prepared.target):
+        return frozenset(), frozenset()
+    has_peers = peer_library() is not None
     library = storage.best_library_records(prepared.target.key, [row["key"] for row in schedules])
-    keys = set()
+    peers, defaults = set(), set()
     for row in schedules:
-        peer = library.get(row["key"])
+        best = library.get(row["key"])
         row["implementation"] = "schedule"
-        if peer is not None and (row["best_ms"] is None or peer.median_secs * 1e3 < row["best_ms"]):
-            keys.add(row["key"])
-            row["implementation"] = f"{peer.library} {peer.call.get('kind', '')}".strip()
-            row["peer_ms"] = peer.median_secs * 1e3
-    return frozenset(keys)
+        faster = best is not None and (row["best_ms"] is None
+                                       or best.median_secs * 1e3 < row["best_ms"])
+        if not faster:
+            continue
+        if best.library == "tvm" and best.call.get("kind") == "default":
+            defaults.add(row["key"])
+            row["implementation"] = "default"
+        elif has_peers:
+            peers.add(row["key"])
+            row["implementation"] = f"{best.library} {best.call.get('kind', '')}".strip()
+        else:
+            continue
+        row["library_ms"] = best.median_secs * 1e3
+    return frozenset(peers), frozenset(defaults)
 
 
 def _schedules_used(storage, database, prepared) -> list[dict[str, Any]]:

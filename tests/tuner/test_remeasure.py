@@ -10,6 +10,7 @@ import statistics
 import pytest
 
 import db
+from compiler.default_schedules import default_task_module
 from compiler.peers import find_peer, peer_library
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
@@ -42,17 +43,25 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     with_peer = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
                  if peer_library() is not None and find_peer(e.dispatched[0]) is not None}
     assert peer_library() is None or len(with_peer) == 3
+    recorded = {key for key, wid in ids.items() if storage.top_k(wid, target.id, 1)}
+    # TVM's default schedule is a candidate of every task with a record or a peer.
+    with_default = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+                    if (t.key in recorded or t.key in with_peer) and
+                    default_task_module(e.dispatched[0], prepared.target.tvm_target()) is not None}
+    assert with_default
     expected = {key for key, wid in ids.items() if len(storage.top_k(wid, target.id, 2)) == 2}
-    assert expected and {t["key"] for t in remeasured} == expected | with_peer
+    assert expected and {t["key"] for t in remeasured} == expected | with_peer | with_default
     schedules = {s["key"]: s for s in manifest["schedules"]}
     for task in remeasured:
         candidates = task["candidates"]
-        records = [c for c in candidates if "peer" not in c]
+        records = [c for c in candidates if "peer" not in c and "default" not in c]
         peers = [c for c in candidates if "peer" in c]
+        defaults = [c for c in candidates if "default" in c]
         assert len(records) == (config.top if task["key"] in expected else len(records))
         assert len(peers) == (task["key"] in with_peer)
-        recorded = [c["recorded_ms"] for c in records]
-        assert recorded == sorted(recorded)  # best recorded first
+        assert len(defaults) == (task["key"] in with_default)
+        recorded_ms = [c["recorded_ms"] for c in records]
+        assert recorded_ms == sorted(recorded_ms)  # best recorded first
         for c in candidates:
             assert len(c["rounds_ms"]) == config.rounds
             assert c["median_ms"] == pytest.approx(statistics.median(c["rounds_ms"]))
@@ -64,30 +73,67 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         # The schedule table reports the winner's re-measured time and what it is.
         row = schedules[task["key"]]
         assert row["best_ms"] == pytest.approx(chosen[0]["median_ms"])
-        assert row["implementation"] == ("openblas gemm" if "peer" in chosen[0] else "schedule")
+        assert row["implementation"] == ("openblas gemm" if "peer" in chosen[0] else
+                                         "default" if "default" in chosen[0] else "schedule")
     # The artifact links the library exactly when a peer won somewhere.
     won = {t["key"] for t in remeasured if any("peer" in c and c["chosen"] for c in
                                                t["candidates"])}
+    defaults_won = {t["key"] for t in remeasured
+                    if any("default" in c and c["chosen"] for c in t["candidates"])}
     assert (manifest["peers"] or {}).get("tasks", []) == sorted(won)
     # Stored beside their records, tagged with the job; the records themselves are unchanged.
     stored = storage.list_remeasurements(job_id=summary.job_id)
-    assert len(stored) == sum(len([c for c in t["candidates"] if "peer" not in c])
+    assert len(stored) == sum(len([c for c in t["candidates"]
+                                   if "peer" not in c and "default" not in c])
                               for t in remeasured)
-    assert sum(r.chosen for r in stored) == len(remeasured) - len(won)
+    assert sum(r.chosen for r in stored) == len(remeasured) - len(won) - len(defaults_won)
     for row in stored:
         (record,) = storage.get_records([row.record_id])
         assert record.is_valid and record.job_id == summary.job_id
         assert len(row.rounds_secs) == config.rounds
-    # The peers' measurements are library records of their tasks, shared like schedules.
+    # The peers' and the defaults' measurements are library records of their tasks, shared
+    # like schedules.
     library = storage.list_library_records(job_id=summary.job_id)
-    assert {r.workload_key for r in library} == with_peer
+    assert {r.workload_key for r in library if r.library == "openblas"} == with_peer
+    assert {r.workload_key for r in library if r.library == "tvm"} == with_default
     for record in library:
-        assert record.library == "openblas" and record.call["kind"] == "gemm"
+        assert record.call["kind"] == ("gemm" if record.library == "openblas" else "default")
         assert len(record.run_secs) == config.rounds
     # The estimate adds up the re-measured times.
     assert summary.estimated_secs == pytest.approx(
         sum(t.weight * t.best_secs for t in summary.tasks)
     )
+
+
+@pytest.mark.slow
+def test_compile_with_the_database_uses_faster_library_records(tuned, tuned_mlp, tmp_path,
+                                                               capsys):
+    """``tunehub compile --db``: a task whose best stored library record (its peer's or TVM's
+    default schedule's, stored by the job's final build) measured faster than its best schedule
+    record is built with it; the others with their best record. The artifact verifies."""
+    from service.cli import main  # noqa: PLC0415
+
+    storage, prepared, summary, manifest = tuned
+    target = storage.get_target(prepared.target.key)
+    ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
+    library = storage.best_library_records(target.key, list(ids))
+    expected = {}
+    for task in prepared.partition.tasks:
+        best = storage.best_record(ids[task.key], target.id)
+        lib = library.get(task.key)
+        if lib is None or (best is not None and lib.median_secs >= best.mean_secs):
+            expected[task.key] = "schedule"
+        else:
+            expected[task.key] = "default" if lib.library == "tvm" else "openblas gemm"
+    out = tmp_path / "out"
+    url = tuned_mlp.copy(tmp_path / "copy.db")
+    code = main(["compile", str(tuned_mlp.model), "-o", str(out), "--db", url, "--json"])
+    summary_json = json.loads(capsys.readouterr().out)
+    assert code == 0
+    assert {row["key"]: row["implementation"] for row in summary_json["schedules"]} == expected
+    assert summary_json["verification"]["passed"]
+    peers = {k for k, v in expected.items() if v == "openblas gemm"}
+    assert set((summary_json["peers"] or {}).get("tasks", [])) == peers
 
 
 @pytest.mark.slow
@@ -98,8 +144,9 @@ def test_manifest_entries_are_checked_one_by_one(tuned):
     target = storage.get_target(prepared.target.key)
     ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
     good = next(e for e in manifest["remeasured"]
-                if sum("peer" not in c for c in e["candidates"]) >= 2)
-    good = {**good, "candidates": [c for c in good["candidates"] if "peer" not in c]}
+                if sum("peer" not in c and "default" not in c for c in e["candidates"]) >= 2)
+    good = {**good, "candidates": [c for c in good["candidates"]
+                                   if "peer" not in c and "default" not in c]}
     bad_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": [1.0, -2.0]}]}
     nan_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": ["nan"]}]}
     unknown_record = {**good, "candidates": [{**good["candidates"][0], "trace_hash": "0" * 64}]}
