@@ -2,7 +2,10 @@
 
 ``publish_artifact`` builds everything in a hidden sibling folder, verifies the library *as
 loaded from disk* against the reference framework, and only then renames the folder into place.
-On any failure (including a failed verification) no output directory is left behind.
+On any failure (including a failed verification) no output directory is left behind. A
+bucketed model (:mod:`compiler.buckets`) is verified at every bucket, and its manifest's
+``model.buckets`` lists them with each one's VM function and input shapes (what
+:class:`compiler.runner.LoadedLibrary` dispatches on when it loads the artifact).
 """
 from __future__ import annotations
 
@@ -107,7 +110,9 @@ def publish_artifact(
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         library_path = export_library(executable, staging / LIBRARY_NAME, link_peers=link_peers)
-        library = LoadedLibrary(library_path, target.device)
+        library = LoadedLibrary(
+            library_path, target.device, buckets=[b.to_json() for b in model.buckets]
+        )
         verification = verify(model, library.run, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")

@@ -17,6 +17,7 @@ import onnx
 import tvm
 from tvm import relax
 from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.sym.analyzer import Analyzer
 
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
@@ -71,6 +72,41 @@ def _squeeze_axes_non_negative(func: relax.Function) -> relax.Function:
         if axes is None or rank < 0 or all(int(a) >= 0 for a in axes):
             return expr
         return relax.op.squeeze(expr.args[0], [int(a) % rank for a in axes])
+
+    return rewrite_call(pattern, rewrite, func)
+
+
+def _strided_slices_simplified(func: relax.Function) -> relax.Function:
+    """Each ``strided_slice`` with its begin/end/stride expressions simplified (``1 + 16`` as
+    ``16``) and its axes non-negative. Binding a ``.pt2`` program's symbolic dimensions
+    (``BindSymbolicVars``: a shape bucket, ``--input-shape``) leaves ``T.Add(1, 16)`` in the
+    slice bounds the rotary embedding's ``diff`` decomposes to, and TVM 0.27 legalizes a slice
+    with a non-constant bound by ``dynamic_strided_slice``, which fails on a negative axis."""
+    pattern = is_op("relax.strided_slice")(wildcard(), wildcard(), wildcard(), wildcard(),
+                                           wildcard())
+    analyzer = Analyzer()
+
+    def values(tup: relax.Expr) -> list | None:
+        return list(tup.fields) if isinstance(tup, relax.Tuple) else None
+
+    def rewrite(expr: relax.Call, matches: dict) -> relax.Expr:
+        rank = getattr(getattr(expr.args[0], "ty", None), "ndim", -1)
+        parts = [values(arg) for arg in expr.args[1:5]]
+        if rank < 0 or any(p is None for p in parts):
+            return expr
+        axes, bounds = parts[0], parts[1:]
+        if all(isinstance(v, tvm.tirx.IntImm) for p in bounds for v in p) and all(
+            int(a) >= 0 for a in axes
+        ):
+            return expr
+        try:
+            simple = [[analyzer.simplify(v) for v in p] for p in bounds]
+            normalized = [int(a) % rank for a in axes]
+        except (TypeError, ValueError):  # not plain integer expressions: left as it is
+            return expr
+        return relax.op.strided_slice(
+            expr.args[0], normalized, *simple, assume_inbound=bool(expr.attrs.assume_inbound)
+        )
 
     return rewrite_call(pattern, rewrite, func)
 
@@ -152,7 +188,8 @@ def _decompose(program):
         ) from None
 
 
-def _import_pt2(model: LoadedModel) -> tvm.IRModule:
+def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
+    """The program's Relax module as TVM translates it, symbolic dimensions still symbolic."""
     from compiler.pt2_ops import translate  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
     # Checked before torch decomposes anything, and again on what TVM translates (the
@@ -164,21 +201,54 @@ def _import_pt2(model: LoadedModel) -> tvm.IRModule:
     missing = unsupported_torch_ops(program, decomposed=True)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
-    mod = translate(program)
+    return translate(program)
+
+
+def _bind_symbols(mod: tvm.IRModule, model: LoadedModel) -> tvm.IRModule:
     if model.symbol_values:
         mod = relax.transform.BindSymbolicVars(dict(model.symbol_values), "main")(mod)
+        mod["main"] = _strided_slices_simplified(mod["main"])
     return mod
 
 
-def import_model(model: LoadedModel) -> tvm.IRModule:
-    """Translate ``model`` to a normalized Relax module (see module docstring)."""
-    importer = _import_onnx if model.format == "onnx" else _import_pt2
+def _import_pt2(model: LoadedModel) -> tvm.IRModule:
+    return _bind_symbols(_translate_pt2(model), model)
+
+
+def _guarded(model: LoadedModel, importer) -> tvm.IRModule:
     try:
-        mod = importer(model)
+        return importer()
     except UnsupportedOperatorsError:
         raise
     except (tvm.error.OpNotImplemented, NotImplementedError, AssertionError, ValueError) as err:
         raise ModelError(
             "import_failed", f"TVM could not import the {model.format} model: {err}"
         ) from None
-    return normalize(mod)
+
+
+def _import_buckets(model: LoadedModel) -> tvm.IRModule:
+    """One normalized module per bucket, merged (:func:`compiler.bucket_module.merge_buckets`).
+    A ``.pt2`` program is decomposed and translated once, then bound per bucket."""
+    from compiler.bucket_module import merge_buckets  # noqa: PLC0415 - bucketed models only
+
+    modules = []
+    if model.format == "pt2":
+        translated = _guarded(model, lambda: _translate_pt2(model))
+        for bucket in model.buckets:
+            bound = _guarded(bucket.model, lambda b=bucket: _bind_symbols(translated, b.model))
+            modules.append((bucket.function, normalize(bound)))
+    else:
+        for bucket in model.buckets:
+            imported = _guarded(bucket.model, lambda b=bucket: _import_onnx(b.model))
+            modules.append((bucket.function, normalize(imported)))
+    return merge_buckets(modules)
+
+
+def import_model(model: LoadedModel) -> tvm.IRModule:
+    """Translate ``model`` to a normalized Relax module (see module docstring). A bucketed
+    model (``model.buckets``) gives one module with one public function per bucket, named
+    ``Bucket.function``, and no ``main``."""
+    if model.buckets:
+        return _import_buckets(model)
+    importer = _import_onnx if model.format == "onnx" else _import_pt2
+    return normalize(_guarded(model, lambda: importer(model)))

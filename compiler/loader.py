@@ -2,8 +2,10 @@
 
 ``load_model`` accepts an ONNX file or a ``.pt2`` archive (``torch.export.save``), as bytes (an
 upload) or a path (the CLI), and promises a :class:`LoadedModel` whose inputs are all static and
-within :class:`ModelLimits`. Every bad input raises :class:`ModelError` with a user-facing message.
-No code from the file is executed: ``.pt2`` archives go through :mod:`compiler.pt2_safety` first.
+within :class:`ModelLimits` (a model with symbolic dimensions: one static specialization per
+shape bucket, :mod:`compiler.buckets`). Every bad input raises :class:`ModelError` with a
+user-facing message. No code from the file is executed: ``.pt2`` archives go through
+:mod:`compiler.pt2_safety` first.
 """
 from __future__ import annotations
 
@@ -11,11 +13,19 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 
+from compiler.buckets import (
+    ShapeBuckets,
+    SymbolicDim,
+    bucket_input_shapes,
+    function_name,
+    resolve_buckets,
+)
 from compiler.errors import ModelError
-from compiler.model_spec import LoadedModel, ModelFormat, ModelLimits
-from compiler.onnx_loader import load_onnx
+from compiler.model_spec import Bucket, LoadedModel, ModelFormat, ModelLimits
+from compiler.onnx_loader import onnx_symbolic_dims, specialize_onnx, validate_onnx
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -44,10 +54,8 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
     return path.read_bytes()
 
 
-def _load_pt2(
-    data: bytes, limits: ModelLimits, input_shapes: Mapping[str, Sequence[int]], display_name: str
-):
-    from compiler.pt2_loader import check_pt2_graph_limits, pt2_input_specs  # noqa: PLC0415 - torch, .pt2 only
+def _load_program(data: bytes, limits: ModelLimits, display_name: str):
+    from compiler.pt2_loader import check_pt2_graph_limits  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_safety import load_exported_program  # noqa: PLC0415 - torch, for .pt2 files only
 
     fd, name = tempfile.mkstemp(suffix=".pt2", prefix="tunehub-upload-")
@@ -59,9 +67,50 @@ def _load_pt2(
         )
     finally:
         os.unlink(name)
-    specs, bindings = pt2_input_specs(program, input_shapes, limits)
     check_pt2_graph_limits(program, limits)
-    return program, specs, bindings
+    return program
+
+
+def _pinned_symbols(
+    dims: Sequence[SymbolicDim], input_shapes: Mapping[str, Sequence[int]]
+) -> dict[str, int]:
+    """The symbols ``--input-shape`` binds: those of the inputs it gives (a rank mismatch is
+    left for the loaders' own checks, which name it)."""
+    pinned: dict[str, int] = {}
+    for dim in dims:
+        shape = input_shapes.get(dim.input)
+        if shape is not None and dim.axis < len(shape):
+            pinned.setdefault(dim.symbol, int(shape[dim.axis]))
+    return pinned
+
+
+def _specializations(
+    dims: Sequence[SymbolicDim],
+    declared: Mapping[str, Sequence[int | None]],
+    input_shapes: Mapping[str, Sequence[int]],
+    buckets: Mapping[str, Sequence[int]],
+) -> tuple[ShapeBuckets | None, list[tuple[tuple[tuple[str, int], ...], dict]]]:
+    """The buckets (``None``: every symbol pinned or none declared) and, per specialization,
+    its symbol values and the full ``input_shapes`` to load it with."""
+    pinned = _pinned_symbols(dims, input_shapes)
+    spec = resolve_buckets(dims, buckets, pinned)
+    if spec is None:
+        return None, [((), dict(input_shapes))]
+    free = [d for d in dims if d.input not in input_shapes]
+    out = []
+    for values in spec.specializations():
+        shapes = bucket_input_shapes(free, declared, {**pinned, **dict(values)})
+        out.append((values, {**input_shapes, **shapes}))
+    return spec, out
+
+
+def _bucketed(models: list[tuple[tuple[tuple[str, int], ...], LoadedModel]],
+              spec: ShapeBuckets | None) -> LoadedModel:
+    """One model, or the largest specialization carrying every bucket (see ``LoadedModel``)."""
+    if spec is None:
+        return models[0][1]
+    buckets = tuple(Bucket(function_name(values), values, model) for values, model in models)
+    return replace(models[-1][1], buckets=buckets, bucket_spec=spec)
 
 
 def load_model(
@@ -69,6 +118,7 @@ def load_model(
     *,
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, Sequence[int]] | None = None,
     expected_format: ModelFormat | None = None,
     allow_external_data: bool = True,
     display_name: str | None = None,
@@ -76,6 +126,9 @@ def load_model(
     """Validate and load a model from bytes (upload) or a path (local file).
 
     ``input_shapes`` gives static values for symbolic input dimensions (input name → shape).
+    Symbols it does not bind are compiled as shape buckets (:mod:`compiler.buckets`):
+    ``buckets`` gives their values by symbol (a symbol given none gets the defaults), and the
+    model returned carries one static specialization per bucket (``LoadedModel.buckets``).
     ``expected_format`` makes a mismatch between a declared and the detected format an error.
     ``allow_external_data``: an ONNX file loaded from a path may keep weights in files of its own
     folder; ``False`` (every upload: its folder is the service's staging area) refuses external
@@ -103,8 +156,22 @@ def load_model(
         )
     sha256 = hashlib.sha256(data).hexdigest()
     shapes = dict(input_shapes or {})
+    wanted = dict(buckets or {})
+    loaded: list[tuple[tuple[tuple[str, int], ...], LoadedModel]] = []
     if fmt == "onnx":
-        model, specs = load_onnx(data, limits=limits, input_shapes=shapes, base_dir=base_dir)
-        return LoadedModel("onnx", sha256, len(data), specs, model)
-    program, specs, bindings = _load_pt2(data, limits, shapes, display_name or "<upload>")
-    return LoadedModel("pt2", sha256, len(data), specs, program, bindings)
+        proto = validate_onnx(data, limits=limits, base_dir=base_dir)
+        dims, declared = onnx_symbolic_dims(proto)
+        spec, plans = _specializations(dims, declared, shapes, wanted)
+        for values, bucket_shapes in plans:
+            model, specs = specialize_onnx(proto, limits=limits, input_shapes=bucket_shapes)
+            loaded.append((values, LoadedModel("onnx", sha256, len(data), specs, model, values)))
+        return _bucketed(loaded, spec)
+    from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
+
+    program = _load_program(data, limits, display_name or "<upload>")
+    dims, declared = pt2_symbolic_dims(program)
+    spec, plans = _specializations(dims, declared, shapes, wanted)
+    for values, bucket_shapes in plans:
+        specs, bindings = pt2_input_specs(program, bucket_shapes, limits)
+        loaded.append((values, LoadedModel("pt2", sha256, len(data), specs, program, bindings)))
+    return _bucketed(loaded, spec)

@@ -5,6 +5,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from compiler.buckets import ShapeBuckets
+
 ModelFormat = Literal["onnx", "pt2"]
 
 
@@ -64,11 +66,45 @@ class LoadedModel:
     inputs: tuple[TensorSpec, ...]
     source: Any = field(repr=False)
     symbol_values: tuple[tuple[str, int], ...] = ()
+    #: A model with symbolic dimensions compiled as shape buckets: one static specialization
+    #: per bucket (:mod:`compiler.buckets`); this model's ``inputs`` are its largest bucket's.
+    buckets: tuple[Bucket, ...] = ()
+    bucket_spec: ShapeBuckets | None = None
 
     def describe(self) -> dict[str, Any]:
-        return {
+        described: dict[str, Any] = {
             "format": self.format,
             "sha256": self.sha256,
             "size_bytes": self.size_bytes,
             "inputs": [spec.to_json() for spec in self.inputs],
         }
+        if self.buckets:
+            described["buckets"] = buckets_json(self)
+        return described
+
+
+@dataclass(frozen=True, eq=False)
+class Bucket:
+    """One static specialization of a bucketed model: the VM function that runs it, the symbol
+    values, and the model loaded at those values (its ``inputs`` are the exact shapes the
+    function takes)."""
+
+    function: str
+    values: tuple[tuple[str, int], ...]
+    model: LoadedModel = field(repr=False)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "function": self.function,
+            "values": dict(self.values),
+            "inputs": [spec.to_json() for spec in self.model.inputs],
+        }
+
+
+def buckets_json(model: LoadedModel) -> dict[str, Any]:
+    """What a manifest and a summary say about ``model``'s buckets (``{}`` for a static model):
+    the symbols' values, which were defaulted, and each bucket's function and input shapes
+    (what :class:`compiler.runner.LoadedLibrary` dispatches on)."""
+    if not model.buckets or model.bucket_spec is None:
+        return {}
+    return {**model.bucket_spec.to_json(), "functions": [b.to_json() for b in model.buckets]}

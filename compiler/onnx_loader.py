@@ -17,6 +17,7 @@ import onnx
 from google.protobuf.message import DecodeError
 from onnx import helper
 
+from compiler.buckets import SymbolicDim
 from compiler.errors import ModelError
 from compiler.graph_limits import check_graph_limits
 from compiler.model_spec import ModelLimits, TensorSpec
@@ -208,6 +209,60 @@ def with_static_inputs(model: onnx.ModelProto, specs: Sequence[TensorSpec]) -> o
     return fixed
 
 
+def validate_onnx(
+    data: bytes, *, limits: ModelLimits, base_dir: Path | None = None
+) -> onnx.ModelProto:
+    """Parse and check ONNX bytes (opset, external data, ``onnx.checker``, outputs); the model's
+    inputs may still be symbolic (:func:`specialize_onnx` binds them)."""
+    model = parse_onnx(data)
+    _check_opset(model, limits)
+    _resolve_external_data(model, base_dir, limits)
+    _check_model(model)
+    if not model.graph.output:
+        raise ModelError("bad_onnx", "ONNX model declares no outputs")
+    return model
+
+
+def onnx_symbolic_dims(
+    model: onnx.ModelProto,
+) -> tuple[list[SymbolicDim], dict[str, list[int | None]]]:
+    """The symbolic dimensions of ``model``'s inputs (symbol: the ``dim_param``, or
+    ``INPUT.AXIS`` for an unnamed one) and the declared shape of each input that has one
+    (``None`` at its symbolic axes). ONNX declares no range: every symbol is ``1..``."""
+    initializers = {init.name for init in model.graph.initializer}
+    dims: list[SymbolicDim] = []
+    declared: dict[str, list[int | None]] = {}
+    for value_info in model.graph.input:
+        if value_info.name in initializers:
+            continue
+        shape = list(value_info.type.tensor_type.shape.dim)
+        symbolic = [(axis, d) for axis, d in enumerate(shape) if not d.HasField("dim_value")]
+        if not symbolic:
+            continue
+        declared[value_info.name] = [
+            int(d.dim_value) if d.HasField("dim_value") else None for d in shape
+        ]
+        for axis, dim in symbolic:
+            dims.append(
+                SymbolicDim(dim.dim_param or f"{value_info.name}.{axis}", value_info.name, axis)
+            )
+    return dims, declared
+
+
+def specialize_onnx(
+    model: onnx.ModelProto,
+    *,
+    limits: ModelLimits,
+    input_shapes: Mapping[str, Sequence[int]] | None = None,
+) -> tuple[onnx.ModelProto, tuple[TensorSpec, ...]]:
+    """A copy of a validated ``model`` with ``input_shapes`` bound (static inputs, graph and
+    input limits checked), and its input specs."""
+    specs = _input_specs(model, input_shapes or {}, limits)
+    fixed = with_static_inputs(model, specs)
+    check_graph_limits(fixed, limits)
+    return fixed, specs
+
+
 def load_onnx(
     data: bytes,
     *,
@@ -220,13 +275,5 @@ def load_onnx(
     ``base_dir`` is the folder external data may be read from (``None`` for uploads: refused).
     Raises :class:`ModelError` for every kind of bad input.
     """
-    model = parse_onnx(data)
-    _check_opset(model, limits)
-    _resolve_external_data(model, base_dir, limits)
-    _check_model(model)
-    specs = _input_specs(model, input_shapes or {}, limits)
-    if not model.graph.output:
-        raise ModelError("bad_onnx", "ONNX model declares no outputs")
-    fixed = with_static_inputs(model, specs)
-    check_graph_limits(fixed, limits)
-    return fixed, specs
+    model = validate_onnx(data, limits=limits, base_dir=base_dir)
+    return specialize_onnx(model, limits=limits, input_shapes=input_shapes)

@@ -31,13 +31,16 @@ def prepare_model(
     *,
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, Sequence[int]] | None = None,
     expected_format: ModelFormat | None = None,
     allow_external_data: bool = True,
     display_name: str | None = None,
 ) -> PreparedModel:
     """Load, validate, import and partition a model for ``target``.
 
-    ``allow_external_data`` and ``display_name`` are passed to :func:`load_model`. Every tensor
+    ``input_shapes``, ``buckets``, ``allow_external_data`` and ``display_name`` are passed to
+    :func:`load_model` (a model with symbolic dimensions is prepared as one module with a
+    function per shape bucket: :mod:`compiler.bucket_module`). Every tensor
     TVM folds is bounded by ``limits`` (:mod:`compiler.constant_limits`), and running out of
     memory while folding is a ``ModelError("out_of_memory")``. Raises
     :class:`compiler.errors.ModelError` (or its subclass for unsupported operators) for anything
@@ -45,7 +48,8 @@ def prepare_model(
     """
     limits = limits or ModelLimits()
     model = load_model(
-        source, limits=limits, input_shapes=input_shapes, expected_format=expected_format,
+        source, limits=limits, input_shapes=input_shapes, buckets=buckets,
+        expected_format=expected_format,
         allow_external_data=allow_external_data, display_name=display_name,
     )
     with bounded_folding("importing the model"):

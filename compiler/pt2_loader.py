@@ -11,6 +11,7 @@ from typing import Any
 
 import torch
 
+from compiler.buckets import SymbolicDim
 from compiler.errors import ModelError
 from compiler.model_spec import ModelLimits, TensorSpec
 from compiler.onnx_loader import check_input_sizes
@@ -82,6 +83,53 @@ def pt2_input_specs(
         specs.append(TensorSpec(name, tuple(shape), _dtype_name(value.dtype)))
     check_input_sizes(specs, limits)
     return tuple(specs), tuple(sorted(bindings.items()))
+
+
+def pt2_symbolic_dims(
+    program: torch.export.ExportedProgram,
+) -> tuple[list[SymbolicDim], dict[str, list[int | None]]]:
+    """The symbolic dimensions of the program's user inputs (symbol: the name ``torch.export``
+    recorded, e.g. ``s70``; range: its ``range_constraints``) and the declared shape of each
+    input that has one (``None`` at its symbolic axes). A dimension that is an expression of
+    symbols (``2*s0``) cannot be bucketed: refused with ``symbolic_shape``."""
+    ranges = {str(symbol): bounds for symbol, bounds in program.range_constraints.items()}
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    dims: list[SymbolicDim] = []
+    declared: dict[str, list[int | None]] = {}
+    for name in program.graph_signature.user_inputs:
+        value: Any = placeholders[name].meta.get("val") if name in placeholders else None
+        if not isinstance(value, torch.Tensor):
+            continue  # refused by pt2_input_specs
+        shape = list(value.shape)
+        if all(isinstance(d, int) for d in shape):
+            continue
+        declared[name] = [d if isinstance(d, int) else None for d in shape]
+        for axis, dim in enumerate(shape):
+            if isinstance(dim, int):
+                continue
+            symbol = str(dim)
+            if not symbol.isidentifier():
+                raise ModelError(
+                    "symbolic_shape",
+                    f"input {name!r} has dimension {symbol}, an expression of symbols, which "
+                    f"cannot be bucketed; give static values with --input-shape {name}=D0,D1,...",
+                )
+            bounds = ranges.get(symbol)
+            low, high = 1, None
+            if bounds is not None:
+                low = max(1, _bound(bounds.lower) or 1)
+                high = _bound(bounds.upper)
+            dims.append(SymbolicDim(symbol, name, axis, low, high))
+    return dims, declared
+
+
+def _bound(value: Any) -> int | None:
+    """An integer bound of a ``ValueRanges`` end, ``None`` for infinity."""
+    try:
+        number = int(value)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    return number if abs(number) < (1 << 62) else None
 
 
 def check_pt2_graph_limits(program: torch.export.ExportedProgram, limits: ModelLimits) -> None:

@@ -139,9 +139,11 @@ class VerificationResult:
     max_abs_error: float
     outputs: tuple[OutputCheck, ...]
     message: str
+    #: A bucketed model's verification: each bucket's function and its own result.
+    buckets: tuple[tuple[str, VerificationResult], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "passed": self.passed,
             "reference": self.reference,
             "max_abs_error": self.max_abs_error,
@@ -157,6 +159,11 @@ class VerificationResult:
                 for o in self.outputs
             ],
         }
+        if self.buckets:
+            data["buckets"] = [
+                {"function": function, **result.to_json()} for function, result in self.buckets
+            ]
+        return data
 
     def require_passed(self) -> VerificationResult:
         if not self.passed:
@@ -207,10 +214,31 @@ def verify(model: LoadedModel, run: Any, seed: int = 0, device: str = "cpu") -> 
     """Run ``run(inputs) -> outputs`` and the reference on the same seeded inputs; compare.
 
     ``device`` is the library's device: for ``"cuda"`` a ``.pt2`` reference runs on the GPU too.
+    A bucketed model is verified at every bucket (``run`` dispatches on the input shapes, as
+    :class:`compiler.runner.LoadedLibrary` does): it passes when every bucket does.
     """
+    if model.buckets:
+        return _verify_buckets(model, run, seed, device)
     inputs = random_inputs(model.inputs, seed)
     reference = reference_name(model, device)
     return compare(run(inputs), reference_outputs(model, inputs, device), reference)
+
+
+def _verify_buckets(model: LoadedModel, run: Any, seed: int, device: str) -> VerificationResult:
+    results = tuple(
+        (bucket.function, verify(bucket.model, run, seed, device)) for bucket in model.buckets
+    )
+    failed = [f"{name}: {result.message}" for name, result in results if not result.passed]
+    max_abs = max(result.max_abs_error for _, result in results)
+    reference = results[0][1].reference
+    message = (
+        f"matches {reference} at every bucket ({len(results)}: "
+        + ", ".join(name for name, _ in results) + f"; max abs error {max_abs:.3g})"
+        if not failed
+        else f"does not match {reference} at " + "; ".join(failed)
+    )
+    outputs = tuple(check for _, result in results for check in result.outputs)
+    return VerificationResult(not failed, reference, max_abs, outputs, message, results)
 
 
 def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None = None) -> float:

@@ -36,6 +36,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def prepare_from_args(args: argparse.Namespace):
     """Load, validate and partition the model named on the command line (CliError on bad input)."""
+    from compiler.buckets import merge_bucket_options
     from compiler.errors import ModelError
     from compiler.prepare import prepare_model
     from compiler.target import resolve_target
@@ -48,6 +49,7 @@ def prepare_from_args(args: argparse.Namespace):
             target,
             limits=Settings().model_limits(),
             input_shapes=dict(args.input_shape),
+            buckets=merge_bucket_options(args.buckets),
         )
     except ModelError as err:
         raise CliError(str(err)) from None
@@ -90,6 +92,8 @@ def run_inspect(args: argparse.Namespace) -> int:
         print_json(_summary(prepared))
     else:
         print_task_table(prepared, f"{args.model}: {len(prepared.partition.tasks)} tuning tasks")
+        if prepared.model.bucket_spec is not None:
+            print(f"shape buckets: {prepared.model.bucket_spec.describe()}")
     return 0
 
 

@@ -31,11 +31,36 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=D0,D1,...",
         help="static shape for an input with symbolic dimensions (repeatable)",
     )
+    parser.add_argument(
+        "--buckets",
+        type=bucket_option,
+        action="append",
+        default=[],
+        metavar="NAME=V1,V2,...",
+        help="shape buckets of a symbolic dimension (repeatable; NAME is the symbol, an ONNX "
+        "dim_param or the .pt2's s0-style name, or INPUT.AXIS): one static specialization "
+        "per value, each tuned; a symbol given none gets powers of two from 16 to 128; "
+        "--input-shape pins one shape instead",
+    )
     parser.add_argument("--target", default="cpu", help="compilation target (default: cpu)")
     parser.add_argument(
         "--num-cores", type=int, default=None, help="cores for the CPU target (default: all usable)"
     )
     parser.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
+
+
+def bucket_option(text: str) -> str:
+    """Check the syntax of one ``--buckets NAME=V1,V2,...`` (an ``argparse`` type: a bad one
+    is a usage error, exit 2); the options are merged by
+    :func:`compiler.buckets.merge_bucket_options`."""
+    from compiler.buckets import parse_bucket_option
+    from compiler.errors import ModelError
+
+    try:
+        parse_bucket_option(text)
+    except ModelError as err:
+        raise argparse.ArgumentTypeError(err.message) from None
+    return text
 
 
 def print_json(payload: Any) -> None:

@@ -87,14 +87,22 @@ def test_non_positive_dimension() -> None:
     assert _error(_bytes(relu_model([1, 0]))).code == "bad_input_shape"
 
 
-def test_symbolic_dimension_needs_a_value() -> None:
+def test_symbolic_dimension_gets_buckets_or_a_pinned_value() -> None:
     data = _bytes(matmul_model(rows="batch"))
-    err = _error(data)
-    assert err.code == "symbolic_shape"
-    assert "--input-shape x=" in err.message
-    model = load_model(data, input_shapes={"x": [3, 16]})
-    assert model.inputs[0].shape == (3, 16)
+    # No value given: default buckets (powers of two from 16 to 128), one specialization each.
+    model = load_model(data)
+    assert model.bucket_spec is not None and model.bucket_spec.defaulted == ("batch",)
+    assert [b.model.inputs[0].shape for b in model.buckets] == [
+        (16, 16), (32, 16), (64, 16), (128, 16)
+    ]
+    assert model.inputs[0].shape == (128, 16)  # the largest bucket's
+    model = load_model(data, buckets={"batch": [2, 5]})
+    assert [b.function for b in model.buckets] == ["main_batch_2", "main_batch_5"]
+    # --input-shape pins one shape and wins over buckets.
+    model = load_model(data, input_shapes={"x": [3, 16]}, buckets={"batch": [2]})
+    assert model.inputs[0].shape == (3, 16) and not model.buckets
     import_model(model)
+    assert _error(data, buckets={"seq": [2]}).code == "bad_buckets"
 
 
 def test_input_shape_for_unknown_input_or_wrong_rank() -> None:

@@ -1,0 +1,241 @@
+"""Shape buckets: the static values a model's symbolic input dimensions are compiled for.
+
+A model whose inputs have symbolic dimensions (ONNX ``dim_param``, ``torch.export`` ``Dim``)
+cannot be tuned as it is: MetaSchedule measures static shapes only. TuneHub compiles it once
+per **bucket**, a static value of each symbol (``--buckets seq=16,64,128``); every bucket is a
+static specialization of the model, with its own tuning tasks (shared with every other model
+by key), and the artifact dispatches on the exact input shape (:mod:`compiler.bucket_module`,
+:class:`compiler.runner.LoadedLibrary`).
+
+This module is plain Python (no TVM, no torch): the symbols a model declares
+(:class:`SymbolicDim`, found by the loaders), parsing the user's bucket options
+(:func:`parse_bucket_option`, :func:`parse_bucket_field`), choosing the buckets
+(:func:`resolve_buckets`, with :func:`default_values` for a symbol given none) and naming
+their functions (:func:`function_name`). Every bad spec is a
+:class:`~compiler.errors.ModelError` with code ``bad_buckets`` and a message for the user.
+
+Symbols are named by the model: the ONNX ``dim_param`` (an unnamed dynamic dimension is
+``INPUT.AXIS``), or the symbol ``torch.export`` recorded (``s0``, ``s70``: the ``Dim``'s own
+name is not saved in a ``.pt2``). A bucket option may name a symbol either way: ``seq=16,64``
+or ``input_ids.1=16,64``.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.errors import ModelError
+
+#: Default buckets are the powers of two from this value up to :data:`DEFAULT_MAX` (within the
+#: range the model declares for the symbol).
+DEFAULT_MIN = 16
+#: The largest default bucket: ONNX declares no upper bound, and a bucket past what the model
+#: supports (its position embeddings) would read out of bounds, so defaults stay small.
+DEFAULT_MAX = 128
+#: At most this many static specializations (the product over symbols) per model: each is a
+#: full copy of the model's weights in the artifact and a set of tasks to tune.
+MAX_SPECIALIZATIONS = 16
+#: Largest value a bucket may take (inputs are bounded by ``ModelLimits`` as well).
+MAX_BUCKET_VALUE = 1 << 20
+
+_NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+@dataclass(frozen=True)
+class SymbolicDim:
+    """One symbolic dimension of a model input: its symbol, where it is, and the range the
+    model declares for it (``maximum`` ``None``: unbounded)."""
+
+    symbol: str
+    input: str
+    axis: int
+    minimum: int = 1
+    maximum: int | None = None
+
+    @property
+    def alias(self) -> str:
+        """``INPUT.AXIS``: the other name a bucket option may use for the symbol."""
+        return f"{self.input}.{self.axis}"
+
+
+@dataclass(frozen=True)
+class ShapeBuckets:
+    """The buckets of a model: each symbol's values (sorted, distinct), and which symbols got
+    the default values because the user gave none."""
+
+    values: tuple[tuple[str, tuple[int, ...]], ...]
+    defaulted: tuple[str, ...] = ()
+
+    def specializations(self) -> list[tuple[tuple[str, int], ...]]:
+        """Every combination of one value per symbol, smallest first."""
+        symbols = [symbol for symbol, _ in self.values]
+        combos = itertools.product(*(values for _, values in self.values))
+        return [tuple(zip(symbols, combo)) for combo in combos]
+
+    def describe(self) -> str:
+        parts = [f"{s}={','.join(map(str, v))}" for s, v in self.values]
+        text = " ".join(parts)
+        if self.defaulted:
+            text += (
+                f" (default for {', '.join(self.defaulted)}: powers of two from {DEFAULT_MIN} "
+                f"up to {DEFAULT_MAX} within the model's range; choose with --buckets)"
+            )
+        return text
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "symbols": {symbol: list(values) for symbol, values in self.values},
+            "defaulted": list(self.defaulted),
+            "description": self.describe(),
+        }
+
+
+def parse_bucket_option(text: str) -> tuple[str, tuple[int, ...]]:
+    """Parse one ``NAME=V1,V2,...`` (``--buckets``); ``ModelError("bad_buckets")`` if bad."""
+    name, sep, values = text.strip().partition("=")
+    name = name.strip()
+    try:
+        if not sep or not name:
+            raise ValueError
+        parsed = tuple(int(v) for v in values.split(","))
+    except ValueError:
+        raise ModelError(
+            "bad_buckets",
+            f"invalid buckets {text!r}: expected NAME=V1,V2,... with integer values "
+            "(e.g. seq=16,64,128)",
+        ) from None
+    bad = [v for v in parsed if not 1 <= v <= MAX_BUCKET_VALUE]
+    if bad:
+        raise ModelError(
+            "bad_buckets",
+            f"invalid buckets {text!r}: every value must be between 1 and {MAX_BUCKET_VALUE}",
+        )
+    return name, parsed
+
+
+def parse_bucket_field(text: str) -> dict[str, tuple[int, ...]]:
+    """Parse the REST form field: one or more ``NAME=V1,V2`` separated by ``;`` or spaces
+    (empty: no buckets). A symbol named twice is an error."""
+    specs: dict[str, tuple[int, ...]] = {}
+    for item in re.split(r"[;\s]+", text.strip()):
+        if not item:
+            continue
+        name, values = parse_bucket_option(item)
+        if name in specs:
+            raise ModelError("bad_buckets", f"buckets name {name!r} twice")
+        specs[name] = values
+    return specs
+
+
+def merge_bucket_options(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+    """The ``--buckets`` options of a command line as one mapping (a name given twice is an
+    error)."""
+    return parse_bucket_field(";".join(items))
+
+
+def default_values(dim: SymbolicDim) -> tuple[int, ...]:
+    """Powers of two from :data:`DEFAULT_MIN` to :data:`DEFAULT_MAX` within the symbol's
+    declared range; when none falls in it, the powers of two of the range, else its bounds."""
+    low = max(1, dim.minimum)
+    high = DEFAULT_MAX if dim.maximum is None else min(dim.maximum, DEFAULT_MAX)
+    powers = [1 << k for k in range(int(math.log2(DEFAULT_MAX)) + 1)]
+    chosen = [p for p in powers if max(low, DEFAULT_MIN) <= p <= high]
+    if not chosen:
+        chosen = [p for p in powers if low <= p <= high]
+    if not chosen:
+        chosen = [low if dim.maximum is None else min(max(low, 1), dim.maximum)]
+    return tuple(chosen)
+
+
+def resolve_buckets(
+    dims: Sequence[SymbolicDim],
+    given: Mapping[str, Sequence[int]],
+    pinned: Mapping[str, int] | None = None,
+) -> ShapeBuckets | None:
+    """The buckets of a model with symbolic dimensions ``dims``.
+
+    ``given``: the user's buckets by symbol (or ``INPUT.AXIS`` alias); ``pinned``: symbols
+    already bound by ``--input-shape`` (they win: such a symbol has no buckets). A symbol given
+    no buckets gets :func:`default_values`. Returns ``None`` when no symbol is left. Raises
+    ``ModelError("bad_buckets")`` for a name the model does not declare, a value outside the
+    symbol's declared range, or more than :data:`MAX_SPECIALIZATIONS` specializations.
+    """
+    pinned = dict(pinned or {})
+    by_name: dict[str, SymbolicDim] = {}
+    symbols: dict[str, list[SymbolicDim]] = {}
+    for dim in dims:
+        by_name.setdefault(dim.symbol, dim)
+        by_name.setdefault(dim.alias, dim)
+        symbols.setdefault(dim.symbol, []).append(dim)
+    chosen: dict[str, tuple[int, ...]] = {}
+    for name, values in given.items():
+        dim = by_name.get(name)
+        if dim is None:
+            known = ", ".join(f"{d.symbol} ({d.alias})" for d in dims) or "none"
+            raise ModelError(
+                "bad_buckets",
+                f"--buckets names {name!r}, which is not a symbolic dimension of the model; "
+                f"its symbolic dimensions are: {known}",
+            )
+        if dim.symbol in pinned:
+            continue  # --input-shape pins one shape and wins over buckets
+        if dim.symbol in chosen:
+            raise ModelError("bad_buckets", f"buckets give symbol {dim.symbol!r} twice")
+        low = max(d.minimum for d in symbols[dim.symbol])
+        highs = [d.maximum for d in symbols[dim.symbol] if d.maximum is not None]
+        high = min(highs) if highs else None
+        outside = [v for v in values if v < low or (high is not None and v > high)]
+        if outside:
+            bound = f"{low}..{high}" if high is not None else f">= {low}"
+            raise ModelError(
+                "bad_buckets",
+                f"buckets {outside} of {dim.symbol!r} are outside the range the model accepts "
+                f"for it ({bound})",
+            )
+        chosen[dim.symbol] = tuple(sorted(set(int(v) for v in values)))
+    defaulted = []
+    for symbol, occurrences in symbols.items():
+        if symbol in pinned or symbol in chosen:
+            continue
+        merged = SymbolicDim(
+            symbol, occurrences[0].input, occurrences[0].axis,
+            max(d.minimum for d in occurrences),
+            min((d.maximum for d in occurrences if d.maximum is not None), default=None),
+        )
+        chosen[symbol] = default_values(merged)
+        defaulted.append(symbol)
+    if not chosen:
+        return None
+    count = math.prod(len(v) for v in chosen.values())
+    if count > MAX_SPECIALIZATIONS:
+        raise ModelError(
+            "bad_buckets",
+            f"the buckets make {count} static specializations of the model, over the limit of "
+            f"{MAX_SPECIALIZATIONS}; give fewer values (--buckets NAME=V1,V2,...)",
+        )
+    order = [s for s in symbols if s in chosen]
+    return ShapeBuckets(tuple((s, chosen[s]) for s in order), tuple(defaulted))
+
+
+def bucket_input_shapes(
+    dims: Sequence[SymbolicDim],
+    declared: Mapping[str, Sequence[int | None]],
+    values: Mapping[str, int],
+) -> dict[str, tuple[int, ...]]:
+    """The full static shape of every input with a symbolic dimension, for symbol ``values``
+    (``declared``: each such input's shape, ``None`` at its symbolic axes)."""
+    shapes: dict[str, list[int | None]] = {}
+    for dim in dims:
+        shape = shapes.setdefault(dim.input, list(declared[dim.input]))
+        shape[dim.axis] = values[dim.symbol]
+    return {name: tuple(int(d) for d in shape) for name, shape in shapes.items()}  # type: ignore[arg-type]
+
+
+def function_name(values: Sequence[tuple[str, int]]) -> str:
+    """The VM function of one specialization: ``main_seq_16``, ``main_s70_16_batch_2``."""
+    parts = [f"{_NAME.sub('_', symbol)}_{value}" for symbol, value in values]
+    return "main_" + "_".join(parts)
