@@ -11,7 +11,7 @@ their paths.
 """
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Collection, Mapping
 from typing import Any
 
 import tvm
@@ -19,7 +19,7 @@ from tvm import tirx
 
 from compiler.keys import workload_key
 from compiler.peers.library import PeerLibrary, load_peers, peer_library, unavailable_reason
-from compiler.peers.rewrite import PeerCall, find_peer, peer_function
+from compiler.peers.rewrite import PeerCall, find_peer, peer_function, peer_variants
 from compiler.target import TargetSpec
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "load_peers",
     "peer_library",
     "peer_task_module",
+    "peer_variants",
     "peers_supported",
     "unavailable_reason",
 ]
@@ -44,18 +45,25 @@ def _as_task(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def peer_task_module(task_mod: tvm.IRModule) -> tvm.IRModule | None:
+def peer_task_module(task_mod: tvm.IRModule, *, call: PeerCall | None = None
+                     ) -> tvm.IRModule | None:
     """The peer of a task module (``extracted.dispatched[0]``) as a module that builds and runs
-    with the task's arguments, or ``None`` when the task has no peer."""
+    with the task's arguments, or ``None`` when the task has no peer.
+    ``call``: one of :func:`peer_variants` (default: :func:`find_peer`'s)."""
     if find_peer(task_mod) is None:
         return None
-    return _as_task(peer_function(task_mod["main"]))
+    return _as_task(peer_function(task_mod["main"], call=call))
 
 
-def apply_peers(fused: tvm.IRModule, keys: Collection[str]) -> tuple[tvm.IRModule, dict[str, Any]]:
+def apply_peers(
+    fused: tvm.IRModule, keys: Collection[str] | Mapping[str, PeerCall | None]
+) -> tuple[tvm.IRModule, dict[str, Any]]:
     """``fused`` (:func:`compiler.lowering.fused_for_target`) with the PrimFunc of every task
     whose workload key is in ``keys`` replaced by its peer; returns the module and, by key, the
-    :class:`PeerCall` each replaced task makes. Keys of tasks without a peer are ignored."""
+    :class:`PeerCall` each replaced task makes. Keys of tasks without a peer are ignored.
+    ``keys`` may also map each key to the variant to use (one of the task's
+    :func:`peer_variants`; ``None``: :func:`find_peer`'s), as a caller that measured the
+    variants does."""
     if not keys:
         return fused, {}
     wanted = set(keys)
@@ -70,6 +78,8 @@ def apply_peers(fused: tvm.IRModule, keys: Collection[str]) -> tuple[tvm.IRModul
         call = find_peer(_as_task(func))
         if call is None:
             continue
-        out.update_func(gvar, peer_function(func))
+        if isinstance(keys, Mapping) and keys[key] is not None:
+            call = keys[key]
+        out.update_func(gvar, peer_function(func, call=call))
         replaced[key] = call
     return out, replaced

@@ -2,7 +2,8 @@
 
 Library peers (:mod:`compiler.peers.rewrite`) call the C entry points of ``shim.cc``
 (``tunehub_peer_gemm``, ``tunehub_peer_conv2d_nhwc``: OpenBLAS ``sgemm``; the convolution as
-im2col + ``sgemm``). The BLAS is OpenBLAS from PyPI's ``scipy-openblas32`` wheel (a dependency
+im2col + ``sgemm``; ``tunehub_peer_conv2d_nhwc_winograd``: a 3x3 stride-1 convolution as
+Winograd F(2x2, 3x3) or F(4x4, 3x3), its GEMMs by ``sgemm``). The BLAS is OpenBLAS from PyPI's ``scipy-openblas32`` wheel (a dependency
 of TuneHub, so ``pip install`` brings it; DYNAMIC_ARCH, so one binary picks its kernels for the
 CPU it runs on); without it, the ILP64 OpenBLAS that numpy's own wheel bundles (the same build,
 64-bit sizes). :func:`peer_library` compiles the shim once per machine and BLAS into the cache
@@ -132,7 +133,7 @@ def _build() -> PeerLibrary:
     runtime_dir = Path(tvm.__file__).parent / "lib"
     source_hash = hashlib.sha256(SHIM_SOURCE.read_bytes() + str(blas).encode()).hexdigest()[:16]
     folder = _cache_dir() / "peers" / source_hash
-    common = [compiler, "-O2", "-std=c++17", "-fPIC", *blas.defines()]
+    common = [compiler, "-O3", "-std=c++17", "-fPIC", *blas.defines()]
     obj = folder / "tunehub_peers.o"
     shared = folder / "libtunehub_peers.so"
     if not obj.exists():

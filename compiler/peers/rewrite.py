@@ -9,7 +9,11 @@ library implements, or ``None``:
   with ``C``'s batch dimensions;
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
-  of one (the ``pad_temp`` block before it).
+  of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
+  :data:`CONV_ALGORITHMS`: ``im2col`` (im2col + sgemm, any convolution) or, for a 3x3 stride-1
+  undilated one, Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3));
+  :func:`find_peer` picks one by :func:`default_conv_algorithm` and :func:`peer_variants` lists
+  them all, so that a caller can measure each.
 
 Every other block after the anchor is its epilogue (bias, residual add, activation), and must be
 elementwise (no reduction). The anchor must be the task's first block (after the padding it
@@ -25,7 +29,7 @@ reads weights in their own layout).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import tvm
@@ -39,25 +43,42 @@ _Load = ir.TensorLoad
 #: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
 FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc"}
 VECTOR_LANES = 8
+#: The shim's entry point for Winograd convolutions (``algorithm`` ``winograd_*``).
+WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
+#: ``conv2d_nhwc`` algorithms: im2col + sgemm, and Winograd by its output tile (m of F(m x m,
+#: 3x3)); the value is the shim's ``tile`` argument (0: not Winograd).
+CONV_ALGORITHMS = {"im2col": 0, "winograd_f2": 2, "winograd_f4": 4}
+#: Winograd variants are offered for convolutions with at least this many input and output
+#: channels (the shim's transforms work on vectors of 8 channels).
+WINOGRAD_MIN_CHANNELS = 8
 
 
 @dataclass(frozen=True)
 class PeerCall:
     """The library call that replaces a task's anchor: ``kind`` (a key of :data:`FUNCTIONS`),
     the anchor's inputs and output (parameter or buffer names) and the call's integer
-    configuration, in the entry point's argument order."""
+    configuration, in the entry point's argument order.
+    ``algorithm``: how the shim computes it (``conv2d_nhwc``: a key of
+    :data:`CONV_ALGORITHMS`; empty for a GEMM); part of the call's identity and of its
+    :meth:`to_json`."""
 
     kind: str
     inputs: tuple[str, ...]
     output: str
     config: tuple[tuple[str, int], ...]
+    algorithm: str = ""
 
     @property
     def function(self) -> str:
+        if CONV_ALGORITHMS.get(self.algorithm):
+            return WINOGRAD_FUNCTION
         return FUNCTIONS[self.kind]
 
     def to_json(self) -> dict[str, Any]:
-        return {"kind": self.kind, "function": self.function, "config": dict(self.config)}
+        out = {"kind": self.kind, "function": self.function, "config": dict(self.config)}
+        if self.algorithm:
+            out["algorithm"] = self.algorithm
+        return out
 
 
 @dataclass(frozen=True)
@@ -218,8 +239,57 @@ def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | No
         source, top, left = pad
     config = (("stride_h", rows[0]), ("stride_w", cols[0]), ("pad_top", top),
               ("pad_left", left), ("dilation_h", rows[1]), ("dilation_w", cols[1]))
-    return PeerCall("conv2d_nhwc", (source, weight.source.name), store.buffer.name,
-                    config), index
+    call = PeerCall("conv2d_nhwc", (source, weight.source.name), store.buffer.name, config,
+                    algorithm="im2col")
+    shape = _ConvShape.of(call, weight.source, store.buffer)
+    return replace(call, algorithm=default_conv_algorithm(shape)), index
+
+
+@dataclass(frozen=True)
+class _ConvShape:
+    """What the choice of a convolution's algorithm reads: kernel, strides, dilations,
+    channels in and out, output pixels per image."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    channels: int
+    filters: int
+    pixels: int
+
+    @staticmethod
+    def of(call: PeerCall, weight: Any, output: Any) -> _ConvShape:
+        config = dict(call.config)
+        kh, kw, c, k = (int(d) for d in weight.shape)
+        return _ConvShape((kh, kw), (config["stride_h"], config["stride_w"]),
+                          (config["dilation_h"], config["dilation_w"]), c, k,
+                          int(output.shape[1]) * int(output.shape[2]))
+
+
+def conv_algorithms(shape: _ConvShape) -> list[str]:
+    """The algorithms the shim has for a convolution of ``shape``: ``im2col`` always; the
+    Winograd ones for a 3x3, stride-1, undilated kernel with at least
+    :data:`WINOGRAD_MIN_CHANNELS` channels in and out."""
+    out = ["im2col"]
+    if (shape.kernel == (3, 3) and shape.strides == (1, 1) and shape.dilations == (1, 1)
+            and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS):
+        out += ["winograd_f2", "winograd_f4"]
+    return out
+
+
+def default_conv_algorithm(shape: _ConvShape) -> str:
+    """The algorithm :func:`find_peer` picks for a convolution (rule from
+    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads): F(4x4, 3x3)
+    on large images (>= 24x24 output pixels: fewest multiplications, tiles waste little),
+    F(2x2, 3x3) on smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose
+    there), im2col below (7x7: the GEMMs are too small for either) and for every other
+    kernel."""
+    options = conv_algorithms(shape)
+    if "winograd_f4" in options and shape.pixels >= 24 * 24:
+        return "winograd_f4"
+    if "winograd_f2" in options and shape.pixels >= 12 * 12:
+        return "winograd_f2"
+    return "im2col"
 
 
 def _anchor(func: tirx.PrimFunc) -> tuple[PeerCall, int] | None:
@@ -250,6 +320,27 @@ def find_peer(mod: tvm.IRModule) -> PeerCall | None:
     return found[0] if found else None
 
 
+def peer_variants(mod: tvm.IRModule) -> list[PeerCall]:
+    """Every library call that can replace the anchor of a task module on the CPU: the call
+    :func:`find_peer` picks first, then the other algorithms of a convolution
+    (:func:`conv_algorithms`); empty when the task has no peer. Each builds with
+    ``peer_function(func, call=...)`` / ``peer_task_module(mod, call=...)`` and is told apart by
+    ``algorithm`` (in its :meth:`PeerCall.to_json`)."""
+    default = find_peer(mod)
+    if default is None or default.kind != "conv2d_nhwc":
+        return [default] if default is not None else []
+    func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    root, _ = _stages(func)  # type: ignore[misc]
+    buffers = _buffers_by_name(func, root)
+    shape = _ConvShape.of(default, buffers[default.inputs[1]], buffers[default.output])
+    return [default] + [replace(default, algorithm=a) for a in conv_algorithms(shape)
+                        if a != default.algorithm]
+
+
+def _task(func: tirx.PrimFunc) -> tvm.IRModule:
+    return tvm.IRModule({"main": func})
+
+
 def _buffers_by_name(func: tirx.PrimFunc, root: Any) -> dict[str, Any]:
     out = {str(p.name): p for p in func.params}
     for buf in root.alloc_buffers:
@@ -262,13 +353,20 @@ def _region(buffer: Any) -> Any:
     return buffer[tuple(slice(0, d) for d in buffer.shape)]
 
 
-def peer_function(func: tirx.PrimFunc) -> tirx.PrimFunc:
-    """``func`` with its anchor replaced by the library call (module docstring). Raises
-    ``ValueError`` when ``func`` has no peer."""
+def peer_function(func: tirx.PrimFunc, *, call: PeerCall | None = None
+                  ) -> tirx.PrimFunc:
+    """``func`` with its anchor replaced by the library call (module docstring).
+    ``call``: one of :func:`peer_variants` (default: what :func:`find_peer` picks). Raises
+    ``ValueError`` when ``func`` has no peer or ``call`` is not one of its variants."""
     found = _anchor(func)
     if found is None:
         raise ValueError("the task has no library peer")
-    call, anchor = found
+    chosen, anchor = found
+    if call is not None and call != chosen:
+        if call not in peer_variants(_task(func)):
+            raise ValueError(f"{call} is not a peer variant of the task")
+        chosen = call
+    call = chosen
     root, stages = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
     inputs = [buffers[name] for name in call.inputs]
@@ -305,6 +403,11 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
                                                  shape[-1], a_shape[-1])]
         return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched)]
     x_shape = [int(d) for d in inputs[0].shape]
+    tile = CONV_ALGORITHMS[call.algorithm or "im2col"]
+    if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
+        sizes = (*x_shape, int(inputs[1].shape[3]), shape[1], shape[2])
+        return [*(tirx.IntImm("int64", v) for v in sizes),
+                *(tirx.IntImm("int32", v) for v in (config["pad_top"], config["pad_left"], tile))]
     w_shape = [int(d) for d in inputs[1].shape]
     sizes = (*x_shape, w_shape[0], w_shape[1], w_shape[3], shape[1], shape[2])
     return [*(tirx.IntImm("int64", v) for v in sizes),

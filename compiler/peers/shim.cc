@@ -18,9 +18,26 @@
 // (TVMBackendParallelLaunch), each calling single-threaded sgemm: the library uses exactly the
 // threads TVM's kernels use, and OpenBLAS's own pool never competes with TVM's spinning workers.
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstring>
+#include <list>
+#include <memory>
+#include <mutex>
 #include <vector>
+
+// Data-parallel loops (the im2col copy, the Winograd transforms) are compiled twice on x86-64
+// (target_clones; the dynamic loader picks one by the CPU's features): for AVX + FMA (Intel
+// Haswell, AMD Zen and later: 256-bit float vectors, fused multiply-adds) and for the x86-64
+// baseline, so that the object linked into an artifact runs on any x86-64. ("arch=haswell"
+// would be chosen by CPU model, never on an AMD CPU.)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+#define TUNEHUB_SIMD_CLONES __attribute__((target_clones("fma", "default")))
+#else
+#define TUNEHUB_SIMD_CLONES
+#endif
+// (their helpers always inlined, so that they are compiled inside each clone)
+#define TUNEHUB_INLINE inline __attribute__((always_inline))
 
 // The BLAS: OpenBLAS as the scipy-openblas wheels build it (symbols prefixed ``scipy_``; the
 // ILP64 build that numpy bundles adds the suffix ``64_`` and takes 64-bit sizes). Declared here,
@@ -131,49 +148,432 @@ extern "C" int tunehub_peer_gemm(const float* a, const float* b, float* c, int64
   return 0;
 }
 
+// ---------------------------------------------------------------------------------------------
+// Convolution, NHWC input, HWIO weight, zero padding, groups 1.
+
+namespace {
+
+struct ConvShape {
+  int64_t n, h, w, c;    // input [n, h, w, c]
+  int64_t kh, kw, o;     // weight [kh, kw, c, o]
+  int64_t oh, ow;        // output [n, oh, ow, o]
+  int64_t sh, sw, pt, pl, dh, dw;
+};
+
+// im2col of output pixels [r0, r1) (row r: image r / (oh*ow), pixel r % (oh*ow)) into `cols`,
+// one row of k = kh*kw*c floats per pixel in the weight's (ky, kx, c) order.
+//
+// With dilation_w 1 the kw taps of one kernel row read kw*c contiguous input floats, whatever
+// the stride (the stride only spaces the output pixels): each kernel row is one run, clipped at
+// the image's left and right edges, with zeros outside. This is what makes a 3-channel stem fast
+// (a 7x7 kernel row is one run of 21 floats instead of 7 copies of 3). With dilation_w > 1 each
+// tap is its own run of c floats.
+TUNEHUB_SIMD_CLONES void Im2col(const ConvShape& s, const float* x, int64_t r0, int64_t r1, float* cols) {
+  const int64_t k = s.kh * s.kw * s.c, pixels = s.oh * s.ow, run = s.kw * s.c;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t image = r / pixels, py = (r % pixels) / s.ow, px = r % s.ow;
+    const float* src = x + image * s.h * s.w * s.c;
+    float* row = cols + (r - r0) * k;
+    const int64_t ix0 = px * s.sw - s.pl;
+    for (int64_t ky = 0; ky < s.kh; ++ky) {
+      const int64_t iy = py * s.sh - s.pt + ky * s.dh;
+      float* dst = row + ky * run;
+      if (iy < 0 || iy >= s.h) {
+        std::fill(dst, dst + run, 0.0f);
+        continue;
+      }
+      const float* line = src + iy * s.w * s.c;
+      if (s.dw == 1) {
+        // taps kx in [kx0, kx1) are inside the image
+        const int64_t kx0 = std::min<int64_t>(s.kw, std::max<int64_t>(0, -ix0));
+        const int64_t kx1 = std::max<int64_t>(kx0, std::min<int64_t>(s.kw, s.w - ix0));
+        std::fill(dst, dst + kx0 * s.c, 0.0f);
+        const float* in = line + (ix0 + kx0) * s.c;
+        float* out = dst + kx0 * s.c;
+        for (int64_t i = 0, len = (kx1 - kx0) * s.c; i < len; ++i) out[i] = in[i];
+        std::fill(dst + kx1 * s.c, dst + run, 0.0f);
+      } else {
+        for (int64_t kx = 0; kx < s.kw; ++kx) {
+          const int64_t ix = ix0 + kx * s.dw;
+          float* out = dst + kx * s.c;
+          if (ix < 0 || ix >= s.w) {
+            std::fill(out, out + s.c, 0.0f);
+          } else {
+            const float* in = line + ix * s.c;
+            for (int64_t i = 0; i < s.c; ++i) out[i] = in[i];
+          }
+        }
+      }
+    }
+  }
+}
+
+// The caller's scratch memory, kept between calls (a fresh allocation of megabytes per call is
+// an mmap whose pages fault in again on every call). Worker threads use it through the
+// closure, only during the call.
+float* Scratch(int slot, int64_t floats) {
+  thread_local std::vector<float> buffers[2];
+  std::vector<float>& buffer = buffers[slot];
+  if (static_cast<int64_t>(buffer.size()) < floats) buffer.resize(static_cast<size_t>(floats));
+  return buffer.data();
+}
+
+// Direct convolution as im2col + sgemm.
+//   Many output pixels (>= kSplitRows): row blocks per task, each im2col'd kTileRows rows at a
+//   time (the column block stays in cache) and multiplied by the whole weight.
+//   Few output pixels (deep layers: 14x14, 7x7): all rows im2col'd once (in parallel), then the
+//   product split by output channels, so that each task reads only its slice of the (large)
+//   weight instead of every task reading all of it.
+void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
+  const int64_t k = s.kh * s.kw * s.c, rows = s.n * s.oh * s.ow;
+  if (s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.pt == 0 && s.pl == 0) {
+    ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
+      Sgemm(kNoTrans, r1 - r0, s.o, s.c, x + r0 * s.c, s.c, w, s.o, y + r0 * s.o, s.o);
+    });
+    return;
+  }
+  constexpr int64_t kTileRows = 256, kSplitRows = 512;
+  if (rows < kSplitRows && s.o >= 64) {
+    float* cols = Scratch(0, rows * k);
+    ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
+    ParallelRows(s.o, 32, [&](int64_t c0, int64_t c1) {
+      Sgemm(kNoTrans, rows, c1 - c0, k, cols, k, w + c0, s.o, y + c0, s.o);
+    });
+    return;
+  }
+  ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> cols;
+    cols.resize(static_cast<size_t>(std::min(kTileRows, r1 - r0) * k));
+    for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
+      const int64_t t1 = std::min(r1, t0 + kTileRows);
+      Im2col(s, x, t0, t1, cols.data());
+      Sgemm(kNoTrans, t1 - t0, s.o, k, cols.data(), k, w, s.o, y + t0 * s.o, s.o);
+    }
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Winograd F(m x m, 3 x 3) for 3x3, stride 1, dilation 1 (Lavin & Gray, "Fast Algorithms for
+// Convolutional Neural Networks", 2016). One output tile Y (m x m) of one channel pair is
+//
+//     Y = A^T [ (G g G^T) .* (B^T d B) ] A
+//
+// where d is the (m+2) x (m+2) input patch, g the 3x3 kernel and .* the elementwise product.
+// Summed over input channels, each of the (m+2)^2 elementwise positions p becomes a GEMM:
+//
+//     M[p] (tiles x K) = V[p] (tiles x C) x U[p] (C x K),  V[p] = (B^T d B)[p], U[p] = (G g G^T)[p]
+//
+// So a call is three phases, each parallel on TVM's pool: the input transform (tiles in
+// parallel), (m+2)^2 sgemms (positions in parallel), the output transform (tiles in parallel).
+// The multiplications per output drop from 9*C to (m+2)^2/m^2 * C (F(2,3): 4C, F(4,3): 2.25C);
+// the transforms cost O(C + K) per tile and the numerical error grows with m (F(4,3)'s matrices
+// hold 1/24 .. 8).
+//
+// The transformed weights U ((m+2)^2 * C * K floats) are computed once per weight and kept in
+// a cache (WinogradWeights below).
+
+// F(2x2, 3x3): interpolation points 0, 1, -1 and infinity.
+struct F2 {
+  static constexpr int kM = 2, kAlpha = 4;
+  static constexpr float kBT[4][4] = {{1, 0, -1, 0}, {0, 1, 1, 0}, {0, -1, 1, 0}, {0, 1, 0, -1}};
+  static constexpr float kG[4][3] = {{1, 0, 0}, {0.5f, 0.5f, 0.5f}, {0.5f, -0.5f, 0.5f}, {0, 0, 1}};
+  static constexpr float kAT[2][4] = {{1, 1, 1, 0}, {0, 1, -1, -1}};
+};
+
+// F(4x4, 3x3): interpolation points 0, 1, -1, 2, -2 and infinity.
+struct F4 {
+  static constexpr int kM = 4, kAlpha = 6;
+  static constexpr float kBT[6][6] = {{4, 0, -5, 0, 1, 0},  {0, -4, -4, 1, 1, 0},
+                                      {0, 4, -4, -1, 1, 0}, {0, -2, -1, 2, 1, 0},
+                                      {0, 2, -1, -2, 1, 0}, {0, 4, 0, -5, 0, 1}};
+  static constexpr float kG[6][3] = {{1.0f / 4, 0, 0},
+                                     {-1.0f / 6, -1.0f / 6, -1.0f / 6},
+                                     {-1.0f / 6, 1.0f / 6, -1.0f / 6},
+                                     {1.0f / 24, 1.0f / 12, 1.0f / 6},
+                                     {1.0f / 24, -1.0f / 12, 1.0f / 6},
+                                     {0, 0, 1}};
+  static constexpr float kAT[4][6] = {{1, 1, 1, 1, 1, 0},
+                                      {0, 1, -1, 2, -2, 0},
+                                      {0, 1, 1, 4, 4, 0},
+                                      {0, 1, -1, 8, -8, 1}};
+};
+
+// The transforms work on small tiles of channel vectors: Vec is kLanes consecutive channels
+// (the contiguous NHWC axis; GCC's vector extension, so every operation is a vector operation on
+// any x86-64, 2 SSE or 1 AVX register), a tile Vec[rows][cols]. With the matrices constexpr and
+// the loops unrolled, the zero coefficients cost nothing and the ones are plain adds.
+
+constexpr int kLanes = 8;
+typedef float Vec __attribute__((vector_size(kLanes * sizeof(float))));
+
+TUNEHUB_INLINE Vec Load(const float* p) {
+  Vec v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+TUNEHUB_INLINE Vec Load(const float* p, int64_t count) {
+  Vec v = {};
+  if (count == kLanes) return Load(p);
+  std::memcpy(&v, p, static_cast<size_t>(count) * sizeof(float));
+  return v;
+}
+
+
+TUNEHUB_INLINE void Store(float* p, const Vec& v) { std::memcpy(p, &v, sizeof(v)); }
+
+TUNEHUB_INLINE void Store(float* p, const Vec& v, int64_t count) {
+  if (count == kLanes)
+    Store(p, v);
+  else
+    std::memcpy(p, &v, static_cast<size_t>(count) * sizeof(float));
+}
+
+// out[s][q] = sum_r mx[s][r] * in[r][q]    (in: Vec[R][Q], out: Vec[S][Q]): mx x in
+template <int S, int R, int Q>
+TUNEHUB_INLINE void MulRows(const float (&mx)[S][R], const Vec* in, Vec* out) {
+#pragma GCC unroll 8
+  for (int si = 0; si < S; ++si)
+#pragma GCC unroll 8
+    for (int q = 0; q < Q; ++q) {
+      Vec acc = {};
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if (mx[si][r] != 0.0f) acc += mx[si][r] * in[r * Q + q];
+      out[si * Q + q] = acc;
+    }
+}
+
+// out[q][s] = sum_r mx[s][r] * in[q][r]    (in: Vec[Q][R], out: Vec[Q][S]): in x mx^T
+template <int S, int R, int Q>
+TUNEHUB_INLINE void MulCols(const float (&mx)[S][R], const Vec* in, Vec* out) {
+#pragma GCC unroll 8
+  for (int q = 0; q < Q; ++q)
+#pragma GCC unroll 8
+    for (int si = 0; si < S; ++si) {
+      Vec acc = {};
+#pragma GCC unroll 8
+      for (int r = 0; r < R; ++r)
+        if (mx[si][r] != 0.0f) acc += mx[si][r] * in[q * R + r];
+      out[q * S + si] = acc;
+    }
+}
+
+struct Tiling {
+  int64_t rows, cols, count;  // tiles per image column / row; all tiles of all images
+};
+
+template <typename F>
+Tiling TilesOf(const ConvShape& s) {
+  const int64_t rows = (s.oh + F::kM - 1) / F::kM, cols = (s.ow + F::kM - 1) / F::kM;
+  return {rows, cols, s.n * rows * cols};
+}
+
+// U[p][c][k] = (G g G^T)[p] for g = w[:, :, c, k], input channels [c0, c1).
+template <typename F>
+TUNEHUB_SIMD_CLONES void WeightTransform(const ConvShape& s, const float* w, int64_t c0, int64_t c1, float* u) {
+  constexpr int A = F::kAlpha;
+  Vec g[3 * 3], tmp[A * 3], z[A * A];
+  for (int64_t c = c0; c < c1; ++c)
+    for (int64_t k0 = 0; k0 < s.o; k0 += kLanes) {
+      const int64_t kb = std::min<int64_t>(kLanes, s.o - k0);
+      for (int i = 0; i < 9; ++i) g[i] = Load(w + (i * s.c + c) * s.o + k0, kb);
+      MulRows<A, 3, 3>(F::kG, g, tmp);  // G g
+      MulCols<A, 3, A>(F::kG, tmp, z);  // (G g) G^T
+      for (int p = 0; p < A * A; ++p) Store(u + (p * s.c + c) * s.o + k0, z[p], kb);
+    }
+}
+
+// V[t][p][c] = (B^T d B)[p] for the input patch d of tiles [t0, t1).
+template <typename F>
+TUNEHUB_SIMD_CLONES void InputTransform(const ConvShape& s, const Tiling& tiling, const float* x, int64_t t0,
+                    int64_t t1, float* v) {
+  constexpr int A = F::kAlpha;
+  Vec d[A * A], tmp[A * A], z[A * A];
+  const int64_t per_image = tiling.rows * tiling.cols;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t image = t / per_image, ty = (t % per_image) / tiling.cols,
+                  tx = t % tiling.cols;
+    const int64_t iy0 = ty * F::kM - s.pt, ix0 = tx * F::kM - s.pl;
+    const float* src = x + image * s.h * s.w * s.c;
+    // the patch's rows and columns inside the image (all of them except at the edges)
+    const int i0 = static_cast<int>(std::max<int64_t>(0, -iy0));
+    const int i1 = static_cast<int>(std::min<int64_t>(A, s.h - iy0));
+    const int j0 = static_cast<int>(std::max<int64_t>(0, -ix0));
+    const int j1 = static_cast<int>(std::min<int64_t>(A, s.w - ix0));
+    const bool inside = i0 == 0 && i1 == A && j0 == 0 && j1 == A;
+    for (int64_t c0 = 0; c0 < s.c; c0 += kLanes) {
+      const int64_t cb = std::min<int64_t>(kLanes, s.c - c0);
+      const float* base = src + (iy0 * s.w + ix0) * s.c + c0;
+      if (inside && cb == kLanes) {
+#pragma GCC unroll 8
+        for (int i = 0; i < A; ++i)
+#pragma GCC unroll 8
+          for (int j = 0; j < A; ++j) d[i * A + j] = Load(base + (i * s.w + j) * s.c);
+      } else {
+        for (int i = 0; i < A; ++i)
+          for (int j = 0; j < A; ++j)
+            d[i * A + j] = (i < i0 || i >= i1 || j < j0 || j >= j1)
+                               ? Vec{}
+                               : Load(base + (i * s.w + j) * s.c, cb);
+      }
+      MulRows<A, A, A>(F::kBT, d, tmp);  // B^T d
+      MulCols<A, A, A>(F::kBT, tmp, z);  // (B^T d) B
+      for (int p = 0; p < A * A; ++p) Store(v + (t * A * A + p) * s.c + c0, z[p], cb);
+    }
+  }
+}
+
+// y[tile t] = A^T M[:, t] A for tiles [t0, t1), clipped at the output's bottom and right edges.
+template <typename F>
+TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tiling, const float* mm, int64_t t0,
+                     int64_t t1, float* y) {
+  constexpr int A = F::kAlpha, M = F::kM;
+  Vec e[A * A], tmp[M * A], z[M * M];
+  const int64_t per_image = tiling.rows * tiling.cols;
+  for (int64_t t = t0; t < t1; ++t) {
+    const int64_t image = t / per_image, ty = (t % per_image) / tiling.cols,
+                  tx = t % tiling.cols;
+    const int64_t oy0 = ty * M, ox0 = tx * M;
+    const int rows = static_cast<int>(std::min<int64_t>(M, s.oh - oy0));
+    const int cols = static_cast<int>(std::min<int64_t>(M, s.ow - ox0));
+    float* dst = y + (image * s.oh * s.ow + oy0 * s.ow + ox0) * s.o;
+    for (int64_t k0 = 0; k0 < s.o; k0 += kLanes) {
+      const int64_t kb = std::min<int64_t>(kLanes, s.o - k0);
+      const float* in = mm + t * A * A * s.o + k0;
+      if (kb == kLanes) {
+#pragma GCC unroll 8
+        for (int p = 0; p < A * A; ++p) e[p] = Load(in + p * s.o);
+      } else {
+        for (int p = 0; p < A * A; ++p) e[p] = Load(in + p * s.o, kb);
+      }
+      MulRows<M, A, A>(F::kAT, e, tmp);  // A^T M
+      MulCols<M, A, M>(F::kAT, tmp, z);  // (A^T M) A
+      for (int i = 0; i < rows; ++i)
+        for (int j = 0; j < cols; ++j) Store(dst + (i * s.ow + j) * s.o + k0, z[i * M + j], kb);
+    }
+  }
+}
+
+// The cache of transformed weights, keyed by the weight's address, shape and tile size.
+//
+// Contract: a weight is a constant. An entry also keeps kSamples of the weight's values (spread
+// over the whole tensor) and is used only when they still match bit for bit, so a different
+// tensor later allocated at the same address (a measurement's fresh random arguments, another
+// model's weight) is transformed anew; a weight changed in place but only between the samples
+// would be served stale. Entries are evicted least recently used beyond kCacheBytes.
+class WinogradWeights {
+ public:
+  using Block = std::shared_ptr<const std::vector<float>>;
+
+  template <typename F>
+  static Block Get(const ConvShape& s, const float* w) {
+    static WinogradWeights cache;
+    Key key{w, s.c, s.o, F::kM, Samples(w, 9 * s.c * s.o)};
+    {
+      std::lock_guard<std::mutex> lock(cache.mu_);
+      if (Block hit = cache.FindLocked(key)) return hit;
+    }
+    auto u = std::make_shared<std::vector<float>>(
+        static_cast<size_t>(F::kAlpha * F::kAlpha * s.c * s.o));
+    ParallelRows(s.c, 4, [&](int64_t c0, int64_t c1) {
+      WeightTransform<F>(s, w, c0, c1, u->data());
+    });
+    std::lock_guard<std::mutex> lock(cache.mu_);
+    if (Block hit = cache.FindLocked(key)) return hit;  // another thread was faster
+    cache.entries_.push_front({key, u});
+    cache.bytes_ += u->size() * sizeof(float);
+    while (cache.bytes_ > kCacheBytes && cache.entries_.size() > 1) {
+      cache.bytes_ -= cache.entries_.back().u->size() * sizeof(float);
+      cache.entries_.pop_back();
+    }
+    return u;
+  }
+
+ private:
+  static constexpr size_t kCacheBytes = size_t{512} << 20;
+  static constexpr int kSamples = 64;
+
+  struct Key {
+    const float* w;
+    int64_t c, k;
+    int m;
+    std::array<uint32_t, kSamples> samples;
+    bool operator==(const Key& other) const {
+      return w == other.w && c == other.c && k == other.k && m == other.m &&
+             samples == other.samples;
+    }
+  };
+  struct Entry {
+    Key key;
+    Block u;
+  };
+
+  static std::array<uint32_t, kSamples> Samples(const float* w, int64_t size) {
+    std::array<uint32_t, kSamples> out{};
+    for (int i = 0; i < kSamples; ++i)
+      std::memcpy(&out[i], w + (size - 1) * i / (kSamples - 1), sizeof(uint32_t));
+    return out;
+  }
+
+  Block FindLocked(const Key& key) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->key == key) {
+        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+        return entries_.front().u;
+      }
+    }
+    return nullptr;
+  }
+
+  std::mutex mu_;
+  std::list<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+template <typename F>
+void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) {
+  constexpr int64_t P = F::kAlpha * F::kAlpha;
+  const Tiling tiling = TilesOf<F>(s);
+  const WinogradWeights::Block u = WinogradWeights::Get<F>(s, w);
+  float* v = Scratch(0, P * tiling.count * s.c);
+  float* mm = Scratch(1, P * tiling.count * s.o);
+  ParallelRows(tiling.count, 1, [&](int64_t t0, int64_t t1) {
+    InputTransform<F>(s, tiling, x, t0, t1, v);
+  });
+  ParallelRows(P, 1, [&](int64_t p0, int64_t p1) {
+    for (int64_t p = p0; p < p1; ++p)
+      Sgemm(kNoTrans, tiling.count, s.o, s.c, v + p * s.c, P * s.c, u->data() + p * s.c * s.o,
+            s.o, mm + p * s.o, P * s.o);
+  });
+  ParallelRows(tiling.count, 1, [&](int64_t t0, int64_t t1) {
+    OutputTransform<F>(s, tiling, mm, t0, t1, y);
+  });
+}
+
+}  // namespace
+
 extern "C" int tunehub_peer_conv2d_nhwc(const float* x, const float* w, float* y, int64_t n,
                                         int64_t h, int64_t wd, int64_t ch, int64_t kh,
                                         int64_t kw, int64_t o, int64_t oh, int64_t ow,
                                         int32_t sh, int32_t sw, int32_t pt, int32_t pl,
                                         int32_t dh, int32_t dw) {
   SingleThreadedBlas();
-  const int64_t k = kh * kw * ch, pixels = oh * ow;
-  if (kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0) {
-    ParallelRows(n * pixels, 8, [&](int64_t r0, int64_t r1) {
-      Sgemm(kNoTrans, r1 - r0, o, ch, x + r0 * ch, ch, w, o, y + r0 * o, o);
-    });
-    return 0;
-  }
-  // Rows of all images together (row r: image r / pixels, output pixel r % pixels), im2col'd
-  // and multiplied kTileRows at a time so that the column block stays in cache.
-  constexpr int64_t kTileRows = 256;
-  ParallelRows(n * pixels, 8, [&](int64_t r0, int64_t r1) {
-    thread_local std::vector<float> cols;
-    cols.resize(static_cast<size_t>(std::min(kTileRows, r1 - r0) * k));
-    for (int64_t t0 = r0; t0 < r1; t0 += kTileRows) {
-      const int64_t t1 = std::min(r1, t0 + kTileRows);
-      for (int64_t r = t0; r < t1; ++r) {
-        const int64_t image = r / pixels, py = (r % pixels) / ow, px = r % ow;
-        const float* src = x + image * h * wd * ch;
-        float* row = cols.data() + (r - t0) * k;
-        for (int64_t ky = 0; ky < kh; ++ky) {
-          const int64_t iy = py * sh - pt + ky * dh;
-          for (int64_t kx = 0; kx < kw; ++kx) {
-            const int64_t ix = px * sw - pl + kx * dw;
-            float* dst = row + (ky * kw + kx) * ch;
-            if (iy < 0 || iy >= h || ix < 0 || ix >= wd) {
-              std::fill(dst, dst + ch, 0.0f);
-            } else if (ch < 16) {  // a few channels (an RGB stem): a call per pixel costs more
-              const float* in = src + (iy * wd + ix) * ch;
-              for (int64_t i = 0; i < ch; ++i) dst[i] = in[i];
-            } else {
-              std::memcpy(dst, src + (iy * wd + ix) * ch, ch * sizeof(float));
-            }
-          }
-        }
-      }
-      Sgemm(kNoTrans, t1 - t0, o, k, cols.data(), k, w, o, y + t0 * o, o);
-    }
-  });
+  ConvIm2col({n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw}, x, w, y);
+  return 0;
+}
+
+extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w, float* y,
+                                                 int64_t n, int64_t h, int64_t wd, int64_t ch,
+                                                 int64_t o, int64_t oh, int64_t ow, int32_t pt,
+                                                 int32_t pl, int32_t tile) {
+  SingleThreadedBlas();
+  const ConvShape s{n, h, wd, ch, 3, 3, o, oh, ow, 1, 1, pt, pl, 1, 1};
+  if (tile == 4)
+    ConvWinograd<F4>(s, x, w, y);
+  else if (tile == 2)
+    ConvWinograd<F2>(s, x, w, y);
+  else
+    ConvIm2col(s, x, w, y);  // not a tile size this shim has: the direct convolution
   return 0;
 }

@@ -5,6 +5,7 @@ Real TVM builds and OpenBLAS calls on small one-operator ONNX models (seeded wei
 peer is checked against the task's own (naive) TIR on the same random arguments."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -26,6 +27,7 @@ from compiler.peers import (
     load_peers,
     peer_library,
     peer_task_module,
+    peer_variants,
     peers_supported,
 )
 from compiler.target import cpu_target
@@ -83,19 +85,35 @@ def _partition(proto: onnx.ModelProto, target=None):
                      target or cpu_target(2))
 
 
-def _check_peer(task_mod: tvm.IRModule, target) -> None:
-    """The peer and the task's naive TIR agree on the same random arguments."""
-    load_peers()  # the peer built here calls the shim's symbols: they must be in the process
-    peer = peer_task_module(task_mod)
-    assert peer is not None and "tirx.is_scheduled" in peer["main"].attrs
+#: Max abs error allowed for F(4x4, 3x3) Winograd, relative to the output's largest magnitude:
+#: its transforms hold coefficients up to 8 and 1/24, and on these standard-normal arguments it
+#: measured 1.8e-6 .. 3.0e-6 of the output's magnitude (im2col and F(2x2, 3x3): 2e-7 .. 5e-7,
+#: well inside the fixed 1e-4 of the other peers).
+WINOGRAD_F4_ERROR = 1e-5
+
+
+def _random_args(task_mod: tvm.IRModule) -> list[np.ndarray]:
     shapes = [(tuple(int(d) for d in p.shape), str(p.dtype)) for p in task_mod["main"].params]
-    args = [RNG.standard_normal(s).astype(d) for s, d in shapes]
-    outs = []
-    for mod in (task_mod, peer):
-        tensors = [tvm.runtime.tensor(a) for a in args]
-        tvm.tirx.build(mod, target=target.tvm_target())(*tensors)
-        outs.append(tensors[-1].numpy())
-    np.testing.assert_allclose(outs[1], outs[0], rtol=1e-4, atol=1e-4)
+    return [RNG.standard_normal(s).astype(d) for s, d in shapes]
+
+
+def _run(mod: tvm.IRModule, args: list[np.ndarray], target) -> np.ndarray:
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    tvm.tirx.build(mod, target=target.tvm_target())(*tensors)
+    return tensors[-1].numpy()
+
+
+def _check_peer(task_mod: tvm.IRModule, target, call=None) -> None:
+    """The peer (``call``: one of its variants; default: :func:`find_peer`'s) and the task's
+    naive TIR agree on the same random arguments."""
+    load_peers()  # the peer built here calls the shim's symbols: they must be in the process
+    peer = peer_task_module(task_mod, call=call)
+    assert peer is not None and "tirx.is_scheduled" in peer["main"].attrs
+    args = _random_args(task_mod)
+    ref, out = _run(task_mod, args, target), _run(peer, args, target)
+    algorithm = (call or find_peer(task_mod)).algorithm
+    atol = WINOGRAD_F4_ERROR * np.abs(ref).max() if algorithm == "winograd_f4" else 1e-4
+    np.testing.assert_allclose(out, ref, rtol=1e-4, atol=atol)
 
 
 @pytest.mark.parametrize(
@@ -120,6 +138,72 @@ def test_peer_matches_the_task(label, proto, kind):
              if find_peer(e.dispatched[0]) is not None]
     assert [find_peer(m).kind for _, m in found] == [kind], label
     _check_peer(found[0][1], target)
+
+
+def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
+    parts = _partition(proto, target)
+    (task,) = [e.dispatched[0] for e in parts.extracted if find_peer(e.dispatched[0])]
+    return task
+
+
+@pytest.mark.parametrize(
+    ("label", "proto", "default"),
+    [
+        ("12x12", conv_model(16, 32, 12, 3, 1, 1), "winograd_f2"),
+        ("24x24", conv_model(16, 16, 24, 3, 1, 1), "winograd_f4"),
+        ("13x13 partial tiles", conv_model(8, 24, 13, 3, 1, 1), "winograd_f2"),
+        ("unpadded, channels not a multiple of 8", conv_model(12, 20, 12, 3, 1, 0),
+         "im2col"),
+        ("7x7", conv_model(16, 16, 7, 3, 1, 1), "im2col"),
+    ],
+)
+def test_every_conv_variant_matches_the_task(label, proto, default):
+    """A 3x3 stride-1 convolution has three variants (im2col, Winograd F(2x2) and F(4x4)),
+    the default first; each agrees with the task's TIR (F(4x4) within its error bound)."""
+    target = cpu_target(2)
+    task = _conv_task(proto, target)
+    variants = peer_variants(task)
+    assert variants[0] == find_peer(task) and variants[0].algorithm == default, label
+    assert sorted(v.algorithm for v in variants) == ["im2col", "winograd_f2", "winograd_f4"]
+    assert {v.to_json()["function"] for v in variants} == {
+        "tunehub_peer_conv2d_nhwc", "tunehub_peer_conv2d_nhwc_winograd"}
+    for call in variants:
+        _check_peer(task, target, call)
+
+
+def test_only_3x3_stride_1_convolutions_have_winograd_variants():
+    target = cpu_target(2)
+    for proto in (conv_model(8, 16, 13, 3, 2, 1), conv_model(3, 16, 20, 7, 2, 3),
+                  conv_model(8, 8, 12, 3, 1, 2, dilation=2), conv_model(4, 16, 12, 3, 1, 1)):
+        task = _conv_task(proto, target)
+        assert [v.algorithm for v in peer_variants(task)] == ["im2col"]
+    gemm = [e.dispatched[0] for e in _partition(gemm_model(24, 40, 56), target).extracted]
+    assert [v.kind for m in gemm for v in peer_variants(m)] == ["gemm"]
+    task = _conv_task(conv_model(8, 16, 13, 3, 2, 1), target)
+    with pytest.raises(ValueError, match="not a peer variant"):
+        peer_task_module(task, call=dataclasses.replace(find_peer(task),
+                                                        algorithm="winograd_f2"))
+
+
+def test_winograd_weights_are_transformed_again_when_they_change():
+    """The shim caches a weight's Winograd transform by address: new values written into the
+    same weight tensor (as a measurement's fresh arguments may land at a freed address) are
+    transformed again, not served from the cache."""
+    target = cpu_target(2)
+    task = _conv_task(conv_model(16, 16, 24, 3, 1, 1), target)
+    call = next(v for v in peer_variants(task) if v.algorithm == "winograd_f4")
+    load_peers()
+    peer = tvm.tirx.build(peer_task_module(task, call=call), target=target.tvm_target())
+    args = _random_args(task)
+    tensors = [tvm.runtime.tensor(a) for a in args]
+    weight = [i for i, p in enumerate(task["main"].params) if str(p.name) == call.inputs[1]][0]
+    for _ in range(2):
+        peer(*tensors)
+        out = tensors[-1].numpy()
+        np.testing.assert_allclose(out, _run(task, args, target), rtol=1e-4,
+                                   atol=WINOGRAD_F4_ERROR * np.abs(out).max())
+        args[weight] = RNG.standard_normal(args[weight].shape).astype("float32")
+        tensors[weight].copyfrom(args[weight])  # same address, new values
 
 
 def test_operators_the_library_does_not_cover_have_no_peer():
