@@ -22,6 +22,7 @@ or ``input_ids.1=16,64``.
 from __future__ import annotations
 
 import itertools
+import json
 import math
 import re
 from collections.abc import Mapping, Sequence
@@ -135,6 +136,15 @@ def merge_bucket_options(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
     """The ``--buckets`` options of a command line as one mapping (a name given twice is an
     error)."""
     return parse_bucket_field(";".join(items))
+
+
+def bucket_values(buckets_json: str | None) -> dict[str, tuple[int, ...]]:
+    """The ``buckets`` argument of ``load_model`` that reproduces stored buckets
+    (``ShapeBuckets.to_json()`` as JSON, e.g. a model row's; ``None``: none)."""
+    if not buckets_json:
+        return {}
+    symbols = json.loads(buckets_json).get("symbols", {})
+    return {str(name): tuple(int(v) for v in values) for name, values in symbols.items()}
 
 
 def default_values(dim: SymbolicDim) -> tuple[int, ...]:

@@ -120,6 +120,47 @@ def _infer_with_shape_values(model: onnx.ModelProto) -> dict[str, onnx.ValueInfo
     return values
 
 
+def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of ``model`` (static inputs) whose small shape computations (``Shape`` ->
+    ``Gather`` -> ``Concat``..., :func:`compiler.shape_values.shape_values`) are initializers.
+
+    An exporter keeps them in a graph exported with a symbolic dimension; once the dimension is
+    bound (a shape bucket), TVM's ONNX importer folds ``Shape``/``Gather`` to a scalar PrimValue
+    that its ``Reshape`` converter then refuses ("Reshape expects the input data to be a
+    Tensor"): handing it the values as constants is what a static export does."""
+    current = model
+    for _ in range(2 * _MAX_ROUNDS):
+        values = _infer(current)
+        known = shape_values(current.graph, {name: _static_dims(v) for name, v in values.items()})
+        if not known:
+            break
+        current = substitute_values(current, known)
+    if current is model:
+        return model
+    while True:  # nodes only folded nodes read (the Constant shapes of folded reshapes): gone
+        used = {name for graph in _all_graphs(current.graph) for node in graph.node
+                for name in node.input} | {out.name for out in current.graph.output}
+        live = [node for node in current.graph.node if any(o in used for o in node.output)]
+        if len(live) == len(current.graph.node):
+            break
+        del current.graph.node[:]
+        current.graph.node.extend(live)
+    declared = {value.name for value in current.graph.input}
+    kept = [t for t in current.graph.initializer if t.name in used or t.name in declared]
+    del current.graph.initializer[:]
+    current.graph.initializer.extend(kept)  # what only folded nodes read: gone
+    return current
+
+
+def _all_graphs(graph: onnx.GraphProto) -> Iterator[onnx.GraphProto]:
+    pending = [graph]
+    while pending:
+        current = pending.pop()
+        yield current
+        for node in current.node:
+            pending.extend(_subgraphs(node))
+
+
 def _check_initializers(graph: onnx.GraphProto, limits: ModelLimits) -> set[str]:
     constants: set[str] = set()
     for tensor in graph.initializer:

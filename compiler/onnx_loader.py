@@ -19,7 +19,7 @@ from onnx import helper
 
 from compiler.buckets import SymbolicDim
 from compiler.errors import ModelError
-from compiler.graph_limits import check_graph_limits
+from compiler.graph_limits import check_graph_limits, fold_shape_computations
 from compiler.model_spec import ModelLimits, TensorSpec
 
 _DEFAULT_DOMAINS = ("", "ai.onnx")
@@ -194,18 +194,37 @@ def check_input_sizes(specs: Sequence[TensorSpec], limits: ModelLimits) -> None:
 
 
 def with_static_inputs(model: onnx.ModelProto, specs: Sequence[TensorSpec]) -> onnx.ModelProto:
-    """Return a copy of ``model`` whose graph inputs declare exactly ``specs``' shapes."""
+    """Return a copy of ``model`` whose graph inputs declare exactly ``specs``' shapes.
+
+    A symbol bound this way (an input's ``dim_param``) gets its value in the graph's outputs and
+    ``value_info`` too, and any other ``dim_param`` there is cleared (an exporter annotates
+    intermediates with the symbols, ``s70 + 1``): left symbolic, they kept shape inference from
+    knowing the static shapes of values computed from the input's shape (:mod:`graph_limits`
+    then refused an ``arange`` over the sequence as unbounded)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     by_name = {spec.name: spec for spec in specs}
+    bound: dict[str, int] = {}
     for value_info in fixed.graph.input:
         spec = by_name.get(value_info.name)
         if spec is None:
             continue
         dims = value_info.type.tensor_type.shape.dim
         for dim, value in zip(dims, spec.shape):
+            if dim.dim_param:
+                bound[dim.dim_param] = int(value)
             dim.Clear()
             dim.dim_value = value
+    if bound:
+        for value_info in [*fixed.graph.output, *fixed.graph.value_info]:
+            if not value_info.type.HasField("tensor_type"):
+                continue
+            for dim in value_info.type.tensor_type.shape.dim:
+                if dim.HasField("dim_param"):
+                    value = bound.get(dim.dim_param)
+                    dim.Clear()
+                    if value is not None:
+                        dim.dim_value = value
     return fixed
 
 
@@ -259,6 +278,8 @@ def specialize_onnx(
     input limits checked), and its input specs."""
     specs = _input_specs(model, input_shapes or {}, limits)
     fixed = with_static_inputs(model, specs)
+    if onnx_symbolic_dims(model)[0]:  # bound here: hand TVM the shape values as constants
+        fixed = fold_shape_computations(fixed)  # bounded: small values only
     check_graph_limits(fixed, limits)
     return fixed, specs
 

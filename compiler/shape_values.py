@@ -116,6 +116,22 @@ _EVALUATORS: dict[str, _Eval] = {
 }
 
 
+#: ``Constant`` attributes other than ``value`` and the dtype of the value each one means.
+_CONSTANT_LISTS = {"value_ints": np.int64, "value_int": np.int64,
+                   "value_floats": np.float32, "value_float": np.float32}
+
+
+def _constant_attribute(node: onnx.NodeProto) -> np.ndarray | None:
+    """The value of a ``Constant`` given by ``value_int(s)`` / ``value_float(s)`` (torch's
+    dynamo exporter writes the shapes of reshapes so), if small."""
+    for name, dtype in _CONSTANT_LISTS.items():
+        value = _attr(node, name)
+        if value is not None:
+            array = np.array(value, dtype=dtype)
+            return array if array.size <= MAX_VALUE_ELEMENTS else None
+    return None
+
+
 def _small(tensor: onnx.TensorProto) -> bool:
     return (
         math.prod(tensor.dims) <= MAX_VALUE_ELEMENTS
@@ -142,7 +158,8 @@ def shape_values(
             if node.op_type == "Constant":
                 value = _attr(node, "value")
                 result = (
-                    numpy_helper.to_array(value) if value is not None and _small(value) else None
+                    numpy_helper.to_array(value) if value is not None and _small(value)
+                    else _constant_attribute(node)
                 )
             elif node.op_type in ("Shape", "Size"):
                 dims = static_shapes.get(node.input[0])

@@ -8,8 +8,10 @@ description, its tuning tasks and each task's workload as ``tvm.ir.save_json`` t
 """
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from compiler.model_spec import ModelFormat, ModelLimits
 from compiler.partition import TaskInfo
@@ -26,6 +28,8 @@ class ValidatedModel:
     size_bytes: int
     tasks: tuple[TaskInfo, ...]
     workload_json: tuple[str, ...]
+    #: A symbolic model's shape buckets (``ShapeBuckets.to_json()``), ``None`` for a static one.
+    buckets: dict[str, Any] | None = None
 
 
 def validate_upload(
@@ -35,11 +39,14 @@ def validate_upload(
     limits: ModelLimits,
     expected_format: ModelFormat | None = None,
     display_name: str = "<upload>",
+    buckets: Mapping[str, Sequence[int]] | None = None,
 ) -> ValidatedModel:
     """Load, validate, import and partition the uploaded file at ``path`` for ``target``.
 
-    External data is refused; messages name the file ``display_name``. Raises
-    :class:`compiler.errors.ModelError` for anything wrong with the file.
+    External data is refused; messages name the file ``display_name``. A model with symbolic
+    dimensions is validated with its shape ``buckets`` (:mod:`compiler.buckets`; defaults for
+    a symbol given none). Raises :class:`compiler.errors.ModelError` for anything wrong with
+    the file or the buckets.
     """
     import tvm  # noqa: PLC0415 - TVM in the validating child only
 
@@ -47,8 +54,9 @@ def validate_upload(
 
     prepared = prepare_model(
         path, target, limits=limits, expected_format=expected_format,
-        allow_external_data=False, display_name=display_name,
+        allow_external_data=False, display_name=display_name, buckets=buckets,
     )
+    spec = prepared.model.bucket_spec
     return ValidatedModel(
         format=prepared.model.format,
         sha256=prepared.model.sha256,
@@ -57,4 +65,5 @@ def validate_upload(
         workload_json=tuple(
             tvm.ir.save_json(task.dispatched[0]) for task in prepared.partition.extracted
         ),
+        buckets=None if spec is None else spec.to_json(),
     )

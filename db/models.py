@@ -190,6 +190,8 @@ class ModelRow(Base):
     size: Mapped[int] = mapped_column(BigInteger, nullable=False)
     owner: Mapped[str] = mapped_column(String(128), nullable=False)
     created_at: Mapped[datetime] = _created()
+    #: The shape buckets of a model with symbolic dimensions (JSON), ``NULL`` for static ones.
+    buckets_json: Mapped[str | None] = mapped_column(Text, nullable=True)
 
 
 class ModelWorkloadRow(Base):

@@ -459,6 +459,8 @@ class ModelRecord:
     size: int
     owner: str
     created_at: datetime | None = None
+    #: The shape buckets it was validated with (``ShapeBuckets.to_json()``), ``None``: static.
+    buckets_json: str | None = None
 
 
 @dataclass(frozen=True)

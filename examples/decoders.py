@@ -12,7 +12,8 @@ attention, Mistral with a sliding window shorter than the sequence, Phi with par
 parallel attention/MLP); ``EXTRA_DECODERS`` a few more the benchmark tries
 (``bench/bench_decoder_import.py``), including a mixture-of-experts model that is still refused.
 
-Exports follow :mod:`examples.export`: static shapes (``seq`` fixed at export), atomic writes,
+Exports follow :mod:`examples.export`: static shapes (``seq`` fixed at export; ``export_dynamic``
+keeps it symbolic, for shape buckets), atomic writes,
 ONNX by torch's dynamo exporter at opset ``ONNX_OPSET`` with onnxscript's constant folding only,
 the input named ``input_ids`` and the output ``logits``. ``transformers`` is a development
 dependency (the ``dev`` extra): the service never imports this module.
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -208,6 +210,48 @@ def export_onnx(
 ) -> Path:
     """Write decoder ``name`` at ``[1, seq]`` as one self-contained ONNX file (atomic)."""
     proto = to_onnx_proto(name, seq, opset)
+    return _atomic_write(Path(path), lambda f: f.write(proto.SerializeToString()))
+
+
+SEQ_SYMBOL = "seq"
+"""The ``dim_param`` of the sequence length in :func:`export_dynamic`'s ONNX files (a ``.pt2``
+keeps the symbol torch chose, e.g. ``s70``: the ``Dim``'s name is not saved)."""
+
+
+def to_dynamic_program(name: str, seq: int = DEFAULT_SEQ) -> torch.export.ExportedProgram:
+    """``torch.export.export`` of decoder ``name`` with a symbolic sequence length
+    (``Dim("seq", min=2, max=max_position_embeddings)``; traced on ``[1, seq]``)."""
+    spec = get_decoder(name)
+    config = spec.make_config()
+    limit = int(getattr(config, "max_position_embeddings", None) or config.n_positions)
+    dim = torch.export.Dim(SEQ_SYMBOL, min=2, max=limit)
+    with torch.no_grad():
+        return torch.export.export(
+            spec.build(), (spec.make_input_ids(seq),), dynamic_shapes=({1: dim},)
+        )
+
+
+def _rename_dim_params(proto: onnx.ModelProto, old: str, new: str) -> None:
+    pattern = re.compile(rf"\b{re.escape(old)}\b")
+    graph = proto.graph
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.HasField("dim_param"):
+                dim.dim_param = pattern.sub(new, dim.dim_param)
+
+
+def export_dynamic(name: str, fmt: str, path: str | os.PathLike[str]) -> Path:
+    """Write decoder ``name`` with a symbolic sequence length (:func:`to_dynamic_program`) as
+    ``fmt`` (``"pt2"``, or ``"onnx"`` whose ``input_ids`` has ``dim_param`` ``seq``)."""
+    program = to_dynamic_program(name)
+    if fmt == "pt2":
+        return _atomic_write(Path(path), lambda f: torch.export.save(program, f))
+    if fmt != "onnx":
+        raise ValueError(f"unknown format {fmt!r}; known: onnx, pt2")
+    proto = _onnx_from_program(program, get_decoder(name).make_input_ids(DEFAULT_SEQ), ONNX_OPSET)
+    symbol = proto.graph.input[0].type.tensor_type.shape.dim[1].dim_param
+    if symbol:
+        _rename_dim_params(proto, symbol, SEQ_SYMBOL)
     return _atomic_write(Path(path), lambda f: f.write(proto.SerializeToString()))
 
 

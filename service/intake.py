@@ -8,7 +8,9 @@ the row is deleted and the file removed unless another row still uses the conten
 """
 from __future__ import annotations
 
+import json
 import threading
+from collections.abc import Mapping, Sequence
 from functools import lru_cache
 
 import db
@@ -49,14 +51,17 @@ def validate_and_store(
     expected_format: str | None,
     limits: ModelLimits,
     process_limits: ValidationLimits,
+    buckets: Mapping[str, Sequence[int]] | None = None,
 ) -> db.ModelRecord:
     """Validate ``upload`` in a limited child process (:mod:`service.validation`) and record it
-    for ``owner``. Raises ModelError for a bad model (the temp file is removed then)."""
+    for ``owner``, with the shape buckets it was validated with (a model with symbolic
+    dimensions: ``buckets``, defaults for a symbol given none). Raises ModelError for a bad
+    model or bad buckets (the temp file is removed then)."""
     try:
         spec = target_for(storage, target).spec()
         validated = validate_in_child(
             upload.path, spec, limits=limits, expected_format=expected_format,  # type: ignore[arg-type]
-            display_name=upload.filename, process_limits=process_limits,
+            display_name=upload.filename, process_limits=process_limits, buckets=buckets,
         )
     except BaseException:
         upload.path.unlink(missing_ok=True)
@@ -72,6 +77,9 @@ def validate_and_store(
                 filename=upload.filename,
                 size=validated.size_bytes,
                 owner=owner,
+                buckets_json=None if validated.buckets is None else json.dumps(
+                    validated.buckets, sort_keys=True
+                ),
             )
             register_workloads(storage, validated.tasks, validated.workload_json, model.id)
         except BaseException:

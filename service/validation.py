@@ -38,6 +38,7 @@ import signal
 import tempfile
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
@@ -97,14 +98,15 @@ def _limit_memory(memory_bytes: int) -> None:
 
 def _child(conn: Connection, memory_bytes: int, tmp: str, job: tuple) -> None:
     """Body of the validation process: limit memory, validate, send one message, exit."""
-    path, target, limits, expected_format, display_name = job
+    path, target, limits, expected_format, display_name, buckets = job
     try:
         tempfile.tempdir = tmp
         _limit_memory(memory_bytes)
         from compiler.validation import validate_upload  # noqa: PLC0415 - under the memory limit
 
         result = validate_upload(
-            path, target, limits=limits, expected_format=expected_format, display_name=display_name
+            path, target, limits=limits, expected_format=expected_format,
+            display_name=display_name, buckets=buckets,
         )
         message: tuple = ("ok", result)
     except ModelError as err:
@@ -136,8 +138,10 @@ def validate_in_child(
     expected_format: ModelFormat | None,
     display_name: str,
     process_limits: ValidationLimits,
+    buckets: Mapping[str, Sequence[int]] | None = None,
 ) -> ValidatedModel:
-    """Validate the file at ``path`` in a child process and return what it found.
+    """Validate the file at ``path`` in a child process and return what it found (``buckets``:
+    the shape buckets of a model with symbolic dimensions, :mod:`compiler.buckets`).
 
     Blocks the calling thread for at most ``process_limits.timeout_secs`` (plus process clean-up).
     Raises :class:`ModelError` (the file's fault: refused by the compiler, over the memory or
@@ -146,7 +150,10 @@ def validate_in_child(
     """
     tmp = tempfile.mkdtemp(prefix="tunehub-validate-")
     try:
-        return _Run(process_limits).run(path, target, limits, expected_format, display_name, tmp)
+        return _Run(process_limits).run(
+            path, target, limits, expected_format, display_name, tmp,
+            dict(buckets or {}),
+        )
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -163,10 +170,12 @@ class _Run:
     def __init__(self, limits: ValidationLimits) -> None:
         self.limits = limits
 
-    def run(self, path, target, limits, expected_format, display_name, tmp) -> ValidatedModel:
+    def run(
+        self, path, target, limits, expected_format, display_name, tmp, buckets=None
+    ) -> ValidatedModel:
         context = _forkserver_context()
         receiver, sender = context.Pipe(duplex=False)
-        job = (path, target, limits, expected_format, display_name)
+        job = (path, target, limits, expected_format, display_name, buckets)
         process = context.Process(
             target=_child, args=(sender, self.limits.memory_bytes, tmp, job),
             name="tunehub-validate", daemon=True,

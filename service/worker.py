@@ -308,6 +308,7 @@ class Worker:
         return model
 
     def _finalize(self, current: _Current) -> str:
+        from compiler.buckets import bucket_values  # noqa: PLC0415 - with the compiler
         from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
         from tuner.finalize import (  # noqa: PLC0415 - TVM
             choose_winners,
@@ -326,6 +327,7 @@ class Worker:
                 prepared = prepare_model(
                     path, self.target, limits=self.settings.model_limits(),
                     expected_format=offer.model_format,  # type: ignore[arg-type]
+                    buckets=bucket_values(offer.model_buckets),
                 )
             except ModelError as err:
                 return self._end(offer, "failed", f"model refused: {err}")

@@ -276,6 +276,7 @@ def offer_for(
         model_sha256=None if model is None else model.content_hash,
         model_format=None if model is None else model.format,
         model_filename=None if model is None else model.filename,
+        model_buckets=None if model is None else model.buckets_json,
         tasks=tasks,
     )
 

@@ -289,12 +289,15 @@ ARTIFACT_CHECK_MEMORY = 8 << 30
 
 
 def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *,
-                            timeout: float = ARTIFACT_CHECK_SECS) -> bool:
+                            timeout: float = ARTIFACT_CHECK_SECS,
+                            buckets_json: str | None = None) -> bool:
     """Check an uploaded library on the server, in a fresh process under a time and memory
     limit (the API process never loads a worker's library): it must load, and its outputs must
     match the reference framework's on the job's seeded inputs (:func:`compiler.verify.verify`).
     Returns true when verified; false when only loading could be checked (a CUDA library on a
-    server without a GPU). Raises :class:`db.ConflictError` with the reason otherwise."""
+    server without a GPU). A model with symbolic dimensions is checked at every shape bucket
+    it was uploaded with (``buckets_json``, the model row's). Raises :class:`db.ConflictError`
+    with the reason otherwise."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
@@ -303,7 +306,8 @@ def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *
     code = "from tuner.finalize import _check_artifact_main; _check_artifact_main()"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code, str(model_path), str(library), target_json],
+            [sys.executable, "-c", code, str(model_path), str(library), target_json,
+             buckets_json or ""],
             capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_memory,
             cwd=str(Path(__file__).resolve().parents[1]),
         )
@@ -327,18 +331,20 @@ def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
     import json  # noqa: PLC0415
     import sys  # noqa: PLC0415
 
+    from compiler.buckets import bucket_values  # noqa: PLC0415
     from compiler.loader import load_model  # noqa: PLC0415
     from compiler.runner import LoadedLibrary  # noqa: PLC0415
     from compiler.verify import verify  # noqa: PLC0415
 
     model_path, library, target_json = sys.argv[1], sys.argv[2], sys.argv[3]
+    buckets = bucket_values(sys.argv[4] if len(sys.argv) > 4 else None)
     kind = json.loads(target_json).get("kind", "llvm")
     device = "cuda" if kind == "cuda" else "cpu"
     if device == "cuda" and not tvm.cuda(0).exist:
         tvm.runtime.load_module(library)
         print("load_only")
         return
-    model = load_model(Path(model_path), allow_external_data=False)
+    model = load_model(Path(model_path), allow_external_data=False, buckets=buckets)
     loaded = LoadedLibrary(Path(library), device)
     result = verify(model, loaded.run, device=device)
     if not result.passed:

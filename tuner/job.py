@@ -14,6 +14,11 @@
   reference framework from disk, and published only if verification passes (otherwise the job
   fails, nothing is written); its manifest records the library's measured latency and, on CPU
   targets, the reference framework's on the same inputs (``reference``).
+
+A model with symbolic dimensions is one job over the union of its shape buckets' tasks
+(:mod:`compiler.buckets`: a task several buckets share is one task, its weight the sum), built
+into one library with a function per bucket, verified at every bucket; the summary's
+``buckets`` says which (and which symbols got the default buckets).
 """
 from __future__ import annotations
 
@@ -27,6 +32,7 @@ from typing import Any
 
 from compiler.artifact import check_output_dir
 from compiler.artifact_layout import LIBRARY_NAME, default_storage_dir, job_artifact_dir
+from compiler.model_spec import buckets_json
 from compiler.prepare import PreparedModel
 from compiler.runner import Timing
 from db import Job, JobStatus, NewJobTask, TuningStorage
@@ -406,7 +412,8 @@ def _run_job(
         measured=timing,
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
-        extra={"cost_model": cost_model.summary(),
+        extra={**({"buckets": buckets_json(prepared.model)} if prepared.model.buckets else {}),
+               "cost_model": cost_model.summary(),
                "sibling_seeds": seeds.summary() if seeds is not None else None,
                "search": report.to_json()},
     )

@@ -91,6 +91,9 @@ class WorkOffer(_Message):
     model_format: str | None = None
     model_filename: str | None = None
     model_url: str | None = None
+    #: The shape buckets of a model with symbolic dimensions (``ShapeBuckets.to_json()`` as
+    #: JSON): the finalize step prepares the model with them, as its upload was validated.
+    model_buckets: str | None = None
     job_trial_budget: int = 0
     job_trials_done: int = 0
     tasks: tuple[JobTaskInfo, ...] = ()

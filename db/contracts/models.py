@@ -12,9 +12,11 @@ class ModelStorage(abc.ABC):
 
     @abc.abstractmethod
     def add_model(
-        self, *, content_hash: str, format: str, filename: str, size: int, owner: str
+        self, *, content_hash: str, format: str, filename: str, size: int, owner: str,
+        buckets_json: str | None = None,
     ) -> ModelRecord:
-        """Record an uploaded model; uploading the same content twice returns the first row."""
+        """Record an uploaded model; uploading the same content twice returns the first row.
+        ``buckets_json``: the shape buckets it was validated with (a symbolic model)."""
 
     @abc.abstractmethod
     def get_model(self, model_id: int) -> ModelRecord | None:

@@ -35,11 +35,25 @@ class ModelBase(BaseModel):
     format: Literal["onnx", "pt2"]
 
 
+class ModelBuckets(BaseModel):
+    """The shape buckets of a model with symbolic dimensions: one static specialization per
+    value of each symbol (``compiler.buckets``)."""
+
+    symbols: dict[str, list[int]]
+    defaulted: list[str] = Field(
+        default_factory=list, description="symbols given no buckets, which got the defaults"
+    )
+    description: str = ""
+
+
 class ModelPublic(ModelBase):
     id: int
     size: int = Field(description="bytes")
     sha256: str
     created_at: datetime | None
+    buckets: ModelBuckets | None = Field(
+        default=None, description="shape buckets (a model with symbolic dimensions)"
+    )
 
     @classmethod
     def from_record(cls, row: db.ModelRecord) -> ModelPublic:
@@ -50,6 +64,8 @@ class ModelPublic(ModelBase):
             size=row.size,
             sha256=row.content_hash,
             created_at=row.created_at,
+            buckets=None if row.buckets_json is None
+            else ModelBuckets.model_validate_json(row.buckets_json),
         )
 
 

@@ -212,7 +212,7 @@ def test_migration_0008_up_and_down_keeps_the_rest(db_url):
         assert "library_records" not in inspect(engine).get_table_names()
         with engine.begin() as conn:
             conn.execute(text("INSERT INTO workloads (key, mod_json) VALUES (:k, '{}')"), {"k": WA})
-        assert db.upgrade(engine) == "0008_library_records"
+        assert db.upgrade(engine, "0008_library_records") == "0008_library_records"
         found = inspect(engine)
         assert {i["name"]: i["column_names"] for i in found.get_indexes("library_records")} == {
             "ix_library_records_task": ["workload_id", "target_id"],
@@ -226,7 +226,7 @@ def test_migration_0008_up_and_down_keeps_the_rest(db_url):
         assert "library_records" not in inspect(engine).get_table_names()
         with engine.connect() as conn:  # the rest untouched
             assert conn.execute(text("SELECT key FROM workloads")).scalars().all() == [WA]
-        assert db.upgrade(engine) == "0008_library_records"
+        assert db.upgrade(engine, "0008_library_records") == "0008_library_records"
     finally:
         engine.dispose()
 

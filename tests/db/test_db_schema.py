@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0008_library_records"
+HEAD = "0009_model_buckets"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

@@ -1,11 +1,13 @@
 """``/models``: upload (multipart, streamed, validated, deduplicated), list, get, delete."""
 from __future__ import annotations
 
+import json
 from typing import Annotated
 
 import anyio
 from fastapi import APIRouter, Path, Request, Response, status
 
+from compiler.buckets import parse_bucket_field
 from compiler.errors import ModelError
 from service import intake
 from service.api.deps import CurrentUser, FilesDep, StateDep, StorageDep
@@ -41,6 +43,13 @@ UPLOAD_BODY = {
                             "type": "string",
                             "description": "target the task table is computed for (default cpu)",
                         },
+                        "buckets": {
+                            "type": "string",
+                            "description": "shape buckets of symbolic dimensions, "
+                            "'NAME=V1,V2,...' separated by ';' (e.g. seq=16,64,128): one "
+                            "static specialization per value; a symbol given none gets powers "
+                            "of two from 16 to 128",
+                        },
                     },
                 }
             }
@@ -75,6 +84,25 @@ async def _validate_in_slot(settings, work):
         return await anyio.to_thread.run_sync(work)
     finally:
         limiter.release()
+
+
+def _check_same_buckets(existing, buckets: dict[str, tuple[int, ...]]) -> None:
+    """A model is uploaded once per owner and content, with the buckets its task list was
+    computed for: the same content with other buckets is refused (409) rather than answered
+    with the first upload's tasks."""
+    if not buckets:
+        return
+    stored = json.loads(existing.buckets_json)["symbols"] if existing.buckets_json else {}
+    wanted = {name: sorted(set(values)) for name, values in buckets.items()}
+    if stored != wanted:
+        have = "none" if not stored else " ".join(
+            f"{k}={','.join(map(str, v))}" for k, v in stored.items()
+        )
+        raise ApiError(
+            409, "buckets_conflict",
+            f"this model was already uploaded as model {existing.id} with buckets {have}; "
+            f"delete it (DELETE /models/{existing.id}) to upload it with other buckets",
+        )
 
 
 def model_detail(storage, row) -> ModelDetail:
@@ -136,6 +164,11 @@ async def upload_model(
     if fmt not in (None, "onnx", "pt2"):
         temp.unlink(missing_ok=True)
         raise ApiError(422, "invalid_request", f"format must be 'onnx' or 'pt2', not {fmt!r}")
+    try:
+        buckets = parse_bucket_field(upload.fields.get("buckets") or "")
+    except ModelError as err:
+        temp.unlink(missing_ok=True)
+        raise model_error(err) from None
     existing = await anyio.to_thread.run_sync(
         lambda: storage.find_model(owner=user.name, content_hash=upload.sha256)
     )
@@ -146,6 +179,7 @@ async def upload_model(
                 415, "wrong_format",
                 f"the file was declared as {fmt} but its content is {existing.format}",
             )
+        _check_same_buckets(existing, buckets)
         response.status_code = status.HTTP_200_OK
         response.headers["Location"] = f"{request.url.path}/{existing.id}"
         return await anyio.to_thread.run_sync(model_detail, storage, existing)
@@ -154,7 +188,7 @@ async def upload_model(
         row = intake.validate_and_store(
             storage, files, upload, owner=user.name, target=target,
             expected_format=fmt, limits=settings.model_limits(),
-            process_limits=settings.validation_limits(),
+            process_limits=settings.validation_limits(), buckets=buckets,
         )
         return model_detail(storage, row)
 

@@ -349,7 +349,7 @@ def _server_check(storage, files):
         if model is None or target is None:
             raise db.ConflictError("the job's model is gone: nothing to verify the artifact with")
         return check_artifact_in_child(files.model_path(model.content_hash), library,
-                                       target.target_json)
+                                       target.target_json, buckets_json=model.buckets_json)
 
     return check
 

@@ -1,0 +1,165 @@
+"""Symbolic dimensions as shape buckets (issue 20).
+
+A decoder exported with a symbolic sequence length (``examples.decoders.export_dynamic``: a
+``torch.export`` ``Dim``, and its ONNX export with ``dim_param`` ``seq``) is prepared with
+buckets, one static specialization each, merged into one Relax module (a function per bucket)
+whose tasks are the union of the buckets' tasks by key; it builds into one ``model.so`` that is
+verified at every bucket and, loaded from disk, dispatches on the input's length: the outputs
+match torch / ONNX Runtime at each bucket, and a length of no bucket is a clear error.
+"""
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.artifact import publish_artifact
+from compiler.buckets import (
+    DEFAULT_MAX,
+    SymbolicDim,
+    default_values,
+    merge_bucket_options,
+    parse_bucket_field,
+    resolve_buckets,
+)
+from compiler.build import build_zero_trial
+from compiler.errors import ModelError
+from compiler.prepare import prepare_model
+from compiler.runner import LoadedLibrary
+from compiler.target import cpu_target
+from compiler.verify import compare, reference_outputs
+from examples.decoders import SEQ_SYMBOL, export_dynamic, get_decoder
+
+TARGET = cpu_target(2)
+BUCKETS = (16, 32)
+OFF_BUCKET = 24
+
+
+@pytest.fixture(scope="module")
+def dynamic_decoder(tmp_path_factory):
+    """``dynamic_decoder(fmt)`` → the path of the Llama decoder with a symbolic length."""
+    folder = tmp_path_factory.mktemp("dynamic")
+    paths: dict[str, Path] = {}
+
+    def get(fmt: str) -> Path:
+        if fmt not in paths:
+            paths[fmt] = export_dynamic("llama", fmt, folder / f"llama.{fmt}")
+        return paths[fmt]
+
+    return get
+
+
+def _symbol(prepared) -> str:
+    return prepared.model.bucket_spec.values[0][0]
+
+
+def test_bucket_specs_are_parsed_and_checked() -> None:
+    assert parse_bucket_field("seq=16,64; batch=1,2") == {"seq": (16, 64), "batch": (1, 2)}
+    assert merge_bucket_options(["seq=64,16,16"]) == {"seq": (64, 16, 16)}
+    for bad in ("seq", "seq=", "seq=16,x", "=16", "seq=0", "seq=-4"):
+        with pytest.raises(ModelError) as info:
+            parse_bucket_field(bad)
+        assert info.value.code == "bad_buckets" and "NAME=V1,V2" in info.value.message or (
+            "between 1 and" in info.value.message
+        )
+    with pytest.raises(ModelError, match="twice"):
+        merge_bucket_options(["seq=16", "seq=32"])
+    dims = [SymbolicDim("s0", "ids", 1, 2, 100)]
+    spec = resolve_buckets(dims, {"ids.1": [64, 16, 16]})
+    assert spec.values == (("s0", (16, 64)),) and spec.defaulted == ()
+    with pytest.raises(ModelError, match=r"outside the range .* \(2\.\.100\)"):
+        resolve_buckets(dims, {"s0": [1, 16]})
+    with pytest.raises(ModelError, match=r"not a symbolic dimension .* s0 \(ids\.1\)"):
+        resolve_buckets(dims, {"seq": [16]})
+    assert resolve_buckets(dims, {"s0": [16]}, pinned={"s0": 7}) is None  # --input-shape wins
+    defaulted = resolve_buckets(dims, {})
+    assert defaulted.values == (("s0", (16, 32, 64)),) and defaulted.defaulted == ("s0",)
+    assert "default" in defaulted.describe()
+    assert default_values(SymbolicDim("n", "x", 0)) == (16, 32, 64, DEFAULT_MAX)
+    assert default_values(SymbolicDim("n", "x", 0, 1, 8)) == (1, 2, 4, 8)
+    two = [SymbolicDim("a", "x", 0), SymbolicDim("b", "x", 1)]
+    with pytest.raises(ModelError, match="25 static specializations"):
+        resolve_buckets(two, {"a": [1, 2, 3, 4, 5], "b": [1, 2, 3, 4, 5]})
+
+
+@pytest.mark.parametrize("fmt", ["pt2", "onnx"])
+def test_bucketed_decoder_dispatches_to_each_bucket(dynamic_decoder, fmt, tmp_path) -> None:
+    path = dynamic_decoder(fmt)
+    symbol = SEQ_SYMBOL if fmt == "onnx" else "input_ids.1"  # .pt2: torch's s-name, or the alias
+    prepared = prepare_model(path, TARGET, buckets={symbol: list(BUCKETS)})
+    model = prepared.model
+    assert [dict(b.values) for b in model.buckets] == [{_symbol(prepared): n} for n in BUCKETS]
+    assert [b.model.inputs[0].shape for b in model.buckets] == [(1, n) for n in BUCKETS]
+    functions = [b.function for b in model.buckets]
+    assert functions == [f"main_{_symbol(prepared)}_{n}" for n in BUCKETS]
+    relax_functions = {gv.name_hint for gv, f in prepared.mod.functions_items()
+                       if type(f).__name__ == "Function"}
+    assert relax_functions == set(functions)  # one VM function per bucket, no main
+
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    executable, peers = build_zero_trial(prepared.mod, TARGET, tasks)
+    out = tmp_path / "artifact"
+    manifest = publish_artifact(executable, model, TARGET, out, tasks=[],
+                                link_peers=bool(peers))
+    assert manifest["verification"]["passed"], manifest["verification"]["message"]
+    assert [b["function"] for b in manifest["verification"]["buckets"]] == functions
+    listed = json.loads((out / "manifest.json").read_text())["model"]["buckets"]
+    assert [f["function"] for f in listed["functions"]] == functions
+    assert [f["inputs"][0]["shape"] for f in listed["functions"]] == [[1, n] for n in BUCKETS]
+
+    # Loaded from disk (the bucket table comes from manifest.json), on inputs of its own.
+    library = LoadedLibrary(out / "model.so")
+    spec = get_decoder("llama")
+    for bucket, length in zip(model.buckets, BUCKETS):
+        ids = spec.make_input_ids(length, seed=7).numpy()
+        assert library.function_for([ids]) == bucket.function
+        result = compare(library.run([ids]), reference_outputs(bucket.model, [ids]), fmt)
+        assert result.passed, result.message
+        assert library.run([ids])[0].shape == (1, length, spec.vocab_size)
+    with pytest.raises(ModelError) as info:
+        library.run([spec.make_input_ids(OFF_BUCKET).numpy()])
+    assert info.value.code == "no_bucket"
+    assert "1x24" in info.value.message and all(f in info.value.message for f in functions)
+    assert "not padded" in info.value.message
+    timing = library.time([spec.make_input_ids(BUCKETS[0]).numpy()], repeat=3, min_repeat_ms=1)
+    assert timing.median_secs > 0
+
+
+def test_bucket_tasks_are_the_union_of_the_static_specializations(dynamic_decoder) -> None:
+    path = dynamic_decoder("onnx")
+    bucketed = prepare_model(path, TARGET, buckets={SEQ_SYMBOL: list(BUCKETS)})
+    alone = [prepare_model(path, TARGET, input_shapes={"input_ids": [1, n]}) for n in BUCKETS]
+    weights: Counter[str] = Counter()
+    for prepared in alone:
+        assert not prepared.model.buckets
+        for task in prepared.partition.tasks:
+            weights[task.key] += task.weight
+    # Keys are structural hashes: each bucket's tasks are those of the static model at that
+    # length (shared with it in the database), a task two buckets share would be one task
+    # with its weights summed. (Here none is shared: every matmul's rows are the length.)
+    assert {t.key: t.weight for t in bucketed.partition.tasks} == dict(weights)
+    keys = [{t.key for t in p.partition.tasks} for p in alone]
+    assert len(bucketed.partition.tasks) == len(keys[0] | keys[1])
+
+
+def test_default_buckets_and_pinned_shape(dynamic_decoder) -> None:
+    path = dynamic_decoder("onnx")
+    from compiler.loader import load_model  # loading only: no import, no partition
+
+    model = load_model(path)
+    assert model.bucket_spec.defaulted == (SEQ_SYMBOL,)
+    assert model.bucket_spec.values == ((SEQ_SYMBOL, (16, 32, 64, 128)),)
+    assert model.describe()["buckets"]["defaulted"] == [SEQ_SYMBOL]
+    pinned = load_model(path, input_shapes={"input_ids": [1, 20]}, buckets={SEQ_SYMBOL: [16]})
+    assert not pinned.buckets and pinned.inputs[0].shape == (1, 20)
+    with pytest.raises(ModelError) as info:
+        load_model(path, buckets={"len": [16]})
+    assert info.value.code == "bad_buckets" and "seq (input_ids.1)" in info.value.message
+    with pytest.raises(ModelError, match="outside the range"):
+        load_model(dynamic_decoder("pt2"), buckets={"input_ids.1": [256]})  # Dim max is 128
+    ids = np.zeros((1, 16), dtype=np.int64)
+    assert model.buckets[0].model.inputs[0].shape == ids.shape
