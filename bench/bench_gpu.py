@@ -183,7 +183,8 @@ def gemm_module(n: int, dtype: str):
     b = te.placeholder((n, n), dtype, name="B")
     k = te.reduce_axis((0, n), name="k")
     c = te.compute(
-        (n, n), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k), name="C"
+        (n, n), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
+        name="matmul",  # the name a GEMM anchor has after LegalizeOps (compiler.peers)
     )
     out = c if dtype == acc else te.compute((n, n), lambda i, j: c[i, j].astype(dtype), name="D")
     return tvm.IRModule({"main": te.create_prim_func([a, b, out])})

@@ -24,7 +24,7 @@ from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
 from compiler.model_spec import LoadedModel
-from compiler.peers import peer_library
+from compiler.peers import library_for, peer_library
 from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
 from compiler.verify import VerificationResult, verify
@@ -75,11 +75,12 @@ def build_manifest(
     return manifest
 
 
-def peers_manifest(keys: Collection[str]) -> dict[str, Any] | None:
+def peers_manifest(keys: Collection[str], target: TargetSpec | None = None
+                   ) -> dict[str, Any] | None:
     """The manifest's ``peers``: the library an artifact built with the peers of tasks ``keys``
-    needs at run time (:meth:`compiler.peers.PeerLibrary.describe`) and those tasks; ``None``
-    when it uses none."""
-    library = peer_library() if keys else None
+    for ``target`` (default: a CPU target) needs at run time
+    (:meth:`compiler.peers.PeerLibrary.describe`) and those tasks; ``None`` when it uses none."""
+    library = (library_for(target) if target is not None else peer_library()) if keys else None
     if library is None:
         return None
     return {"runtime_library": library.describe(), "tasks": sorted(keys)}
@@ -109,7 +110,8 @@ def publish_artifact(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        library_path = export_library(executable, staging / LIBRARY_NAME, link_peers=link_peers)
+        library_path = export_library(executable, staging / LIBRARY_NAME, link_peers=link_peers,
+                                      target=target)
         library = LoadedLibrary(
             library_path, target.device, buckets=[b.to_json() for b in model.buckets]
         )

@@ -22,10 +22,11 @@ from compiler.errors import CompileError
 from compiler.lowering import build_untuned, build_with_database
 from compiler.peers import (
     find_peer,
+    library_for,
+    library_unavailable_reason,
     load_peers,
     peer_library,
     peers_supported,
-    unavailable_reason,
 )
 from compiler.target import TargetSpec
 
@@ -61,7 +62,7 @@ def build_zero_trial(
     (:mod:`compiler.default_schedules`); other targets (and a machine without the peer
     library) get :func:`build`'s untuned fallback for what has no peer. Returns the executable
     and the keys of the tasks built with their peer (export it with ``link_peers`` when any)."""
-    if not peers_supported(target):
+    if not peers_supported(target) or target.kind != "cpu":
         return build(mod, target), frozenset()
     keys: frozenset[str] = frozenset()
     if peer_library() is not None:
@@ -71,16 +72,21 @@ def build_zero_trial(
     return build(mod, target, ms.database.MemoryDatabase(), peers=keys), keys
 
 
-def export_library(executable: Any, path: Path, *, link_peers: bool = False) -> Path:
+def export_library(
+    executable: Any, path: Path, *, link_peers: bool = False, target: TargetSpec | None = None
+) -> Path:
     """Write the executable as a shared library at ``path`` atomically (temp file + rename).
-    ``link_peers``: link the peer shim and OpenBLAS in (an executable built with ``peers``);
-    raises :class:`CompileError` when this machine has no peer library."""
+    ``link_peers``: link the peer shim and its library in (an executable built with ``peers``
+    for ``target``, default a CPU target: OpenBLAS; CUDA: cuBLAS); raises
+    :class:`CompileError` when this machine has no peer library for it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {}
     if link_peers:
-        library = peer_library()
+        library = library_for(target) if target is not None else peer_library()
         if library is None:
-            raise CompileError(f"the artifact uses library peers: {unavailable_reason()}")
+            reason = (library_unavailable_reason(target) if target is not None
+                      else "no peer library on this machine")
+            raise CompileError(f"the artifact uses library peers: {reason}")
         kwargs = {"addons": [str(library.object_file)], "options": library.link_options()}
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=".tmp-", dir=path.parent)
     os.close(fd)

@@ -135,12 +135,24 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
         )(mod.clone())
 
 
+def gpu_default_rules() -> list[object]:
+    """DLight's GPU rules in the order ``ms.relax_integration.compile_relax`` applies them to
+    the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`)."""
+    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
+            dl.gpu.Fallback()]
+
+
 def default_task_module(task_mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
     """A task module (``extracted.dispatched[0]``, one PrimFunc ``main``) with its default
-    schedule (:func:`apply_default_schedules`: what a build gives the task when it has no
-    record and no peer), as a module MetaSchedule's builder and runner take; ``None`` when no
-    rule schedules it (the build would use TVM's naive lowering)."""
-    scheduled = apply_default_schedules(task_mod, target)
+    schedule (what a build gives the task when it has no record and no peer: on a CPU target
+    :func:`apply_default_schedules`, on a GPU :func:`gpu_default_rules`), as a module
+    MetaSchedule's builder and runner take; ``None`` when no rule schedules it (a CPU build
+    would use TVM's naive lowering)."""
+    if target.kind.name == "cuda":
+        with target:  # on a copy, as apply_default_schedules
+            scheduled = dl.ApplyDefaultSchedule(*gpu_default_rules())(task_mod.clone())
+    else:
+        scheduled = apply_default_schedules(task_mod, target)
     func = scheduled["main"]
     if not func.attrs or not func.attrs.get("tirx.is_scheduled", False):
         return None

@@ -18,7 +18,8 @@ module (:func:`compiler.importer.import_model`):
 that with TVM's own dataflow-lowering and finalize passes:
 ``ms.relax_integration.compile_relax`` with steps 1, 3 and the fold added.
 Targets on the legacy options (CUDA, and CPU targets stored before the options existed) are
-built by ``compile_relax`` itself, unchanged.
+built by ``compile_relax`` itself, unchanged; a CUDA build with library peers runs
+``compile_relax``'s own steps with the peers applied after fusion (:func:`_cuda_with_peers`).
 """
 from __future__ import annotations
 
@@ -32,7 +33,7 @@ from tvm.relax.transform import MetaScheduleApplyDatabase
 
 from compiler.compile_options import CompileOptions
 from compiler.conv_layout import to_nhwc
-from compiler.default_schedules import apply_default_schedules
+from compiler.default_schedules import apply_default_schedules, gpu_default_rules
 from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
@@ -100,6 +101,8 @@ def build_with_database(
 
     tvm_target = target.tvm_target()
     if target.compile_options.is_legacy:
+        if peers and target.kind == "cuda":
+            return _cuda_with_peers(mod, tvm_target, database, peers)
         if peers:
             raise ValueError(f"{target.describe()} builds without library peers")
         return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
@@ -116,6 +119,30 @@ def build_with_database(
     )
     with tvm_target, tvm.transform.PassContext(opt_level=3):
         return relax.build(scheduled, target=tvm_target, relax_pipeline=late)
+
+
+def _cuda_with_peers(
+    mod: tvm.IRModule, tvm_target: tvm.target.Target, database: Any, peers: Collection[str]
+) -> Any:
+    """``ms.relax_integration.compile_relax``'s pipeline for a GPU target (fuse as tuning did,
+    apply the database, DLight's GPU rules for the rest, lower), with the cuBLAS peers of the
+    tasks keyed in ``peers`` put in after fusion."""
+    from tvm.relax.backend.cuda import pipeline as cuda_pipeline  # noqa: PLC0415 - as CPU's
+    from tvm.s_tir import dlight as dl  # noqa: PLC0415 - only this path
+
+    @tvm.transform.module_pass(opt_level=3)
+    def pipeline(module: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
+        module = fuse(module, tvm_target)
+        module, _ = apply_peers(module, peers, "cuda")
+        module = MetaScheduleApplyDatabase()(module)
+        module = dl.ApplyDefaultSchedule(*gpu_default_rules())(module)
+        return tvm.ir.transform.Sequential([
+            *cuda_pipeline.dataflow_lower_passes(tvm_target),
+            *cuda_pipeline.finalize_passes(tvm_target),
+        ])(module)
+
+    with tvm_target, database, tvm.transform.PassContext(opt_level=3):
+        return relax.build(mod, target=tvm_target, relax_pipeline=pipeline)
 
 
 def build_untuned(mod: tvm.IRModule, target: TargetSpec) -> Any:

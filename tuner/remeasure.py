@@ -18,16 +18,17 @@ artifact). A candidate that no longer builds or runs is left out of its task's c
 whose candidates all fail keeps its best record.
 
 Library peers (issue 21, :mod:`compiler.peers`): a task whose anchor a library implements has
-one more candidate, its peer (the task's PrimFunc with the anchor computed by OpenBLAS), timed in
+one more candidate, its peer (the task's PrimFunc with the anchor computed by OpenBLAS, or by
+cuBLAS on a CUDA target), timed in
 the same rounds as the task's records; where it wins, the build uses it
 (:attr:`TaskRemeasure.peer_won`). Peers are measured on this machine only (an RPC device would
 need the library too) and never without a peer library (:func:`compiler.peers.peer_library`).
 
-TVM's default schedule (:mod:`compiler.default_schedules`) is a candidate too, on the targets
-that use it (:func:`compiler.peers.peers_supported`): a record found by a short search can be
-slower than the default, and a task whose default wins builds without its records
-(:attr:`TaskRemeasure.default_won`; :func:`records_for_build` leaves its records out), so a
-tuned build is never slower on a task than the zero-trial build.
+TVM's default schedule (:mod:`compiler.default_schedules`: the CPU defaults, or DLight's GPU
+rules) is a candidate too: a record found by a short search can be slower than the default, a
+peer's library call plus its epilogue kernel can be too, and a task whose default wins builds
+without its records (:attr:`TaskRemeasure.default_won`; :func:`records_for_build` leaves its
+records out), so a tuned build is never slower on a task than the zero-trial build.
 
 Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: records are not re-measured against each
 other; a task's best record is still timed against its peer), ``TUNEHUB_REMEASURE_ROUNDS`` and
@@ -48,7 +49,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.default_schedules import default_task_module
-from compiler.peers import find_peer, peer_library, peer_task_module, peers_supported
+from compiler.peers import device_of, find_peer, library_for, peer_task_module, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, measurement, spread, trace_hash
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
@@ -228,19 +229,20 @@ def time_side_by_side(
 
 def _peer_candidate(extracted: Any, target: Any, rpc: RpcConfig | None) -> tuple[Any, Any] | None:
     """``(peer module, peer description)`` of a task, or ``None`` (no peer, no library, RPC)."""
-    if rpc is not None or not peers_supported(target) or peer_library() is None:
+    library = library_for(target) if rpc is None else None
+    if library is None:
         return None
-    task_mod = extracted.dispatched[0]
-    call = find_peer(task_mod)
+    task_mod, device = extracted.dispatched[0], device_of(target)
+    call = find_peer(task_mod, device)
     if call is None:
         return None
     try:
-        module = peer_task_module(task_mod)
+        module = peer_task_module(task_mod, device)
     except Exception as err:  # noqa: BLE001 - a peer that cannot be made is left out
         logger.warning("task %s: its library peer could not be made (%s)", extracted.task_name,
                        err)
         return None
-    return module, {**call.to_json(), **peer_library().describe()}  # type: ignore[union-attr]
+    return module, {**call.to_json(), **library.describe()}
 
 
 def _default_candidate(extracted: Any, target: Any) -> tuple[Any, Any] | None:

@@ -6,8 +6,8 @@ MetaSchedule records: the same fused PrimFunc with the anchor computed by OpenBL
 the task's best schedules and the build takes it only for the tasks where it won
 (:func:`apply_peers`); an artifact that uses one links the shim and OpenBLAS
 (:mod:`compiler.peers.library`). Only CPU targets on the current compile options
-(:data:`compiler.compile_options.CPU_DEFAULT`) have peers: legacy NCHW and CUDA targets keep
-their paths.
+(:data:`compiler.compile_options.CPU_DEFAULT`) and CUDA targets have peers (on CUDA, GEMMs by
+cuBLAS: :mod:`compiler.peers.cuda_library`); legacy NCHW CPU targets keep their path.
 """
 from __future__ import annotations
 
@@ -18,7 +18,9 @@ import tvm
 from tvm import tirx
 
 from compiler.keys import workload_key
-from compiler.peers.library import PeerLibrary, load_peers, peer_library, unavailable_reason
+from compiler.peers.cuda_library import cuda_peer_library, cuda_unavailable_reason
+from compiler.peers.library import PeerLibrary, peer_library, unavailable_reason
+from compiler.peers.library import load_peers as _load_cpu_peers
 from compiler.peers.rewrite import PeerCall, find_peer, peer_function, peer_variants
 from compiler.target import TargetSpec
 
@@ -26,6 +28,10 @@ __all__ = [
     "PeerCall",
     "PeerLibrary",
     "apply_peers",
+    "cuda_peer_library",
+    "device_of",
+    "library_for",
+    "library_unavailable_reason",
     "find_peer",
     "load_peers",
     "peer_library",
@@ -38,29 +44,74 @@ __all__ = [
 
 def peers_supported(target: TargetSpec) -> bool:
     """Whether ``target``'s build path can take library peers (see the module docstring)."""
-    return target.kind == "cpu" and not target.compile_options.is_legacy
+    return target.kind == "cuda" or (target.kind == "cpu" and not target.compile_options.is_legacy)
+
+
+def device_of(target: TargetSpec) -> str:
+    """Which shim ``target``'s peers call: ``cuda`` or ``cpu``."""
+    return "cuda" if target.kind == "cuda" else "cpu"
+
+
+def library_for(target: TargetSpec) -> Any:
+    """The peer library ``target``'s peers call (a :class:`PeerLibrary` or
+    :class:`compiler.peers.cuda_library.CudaPeerLibrary`), or ``None``: not available here, or
+    ``target`` takes no peers."""
+    if not peers_supported(target):
+        return None
+    return cuda_peer_library() if target.kind == "cuda" else peer_library()
+
+
+def library_unavailable_reason(target: TargetSpec) -> str:
+    """Why :func:`library_for` is ``None`` for ``target`` (empty when it is not)."""
+    if not peers_supported(target):
+        return f"{target.describe()} takes no library peers"
+    return cuda_unavailable_reason() if target.kind == "cuda" else unavailable_reason()
+
+
+def load_peers() -> None:
+    """Load every peer library this machine has into this process (a runner worker's
+    initializer: must be importable by reference). Never raises (see
+    :func:`compiler.peers.library.load_peers`); the CUDA one only where it was built."""
+    _load_cpu_peers()
+    library = cuda_peer_library() if _has_cuda() else None
+    if library is not None:
+        try:
+            library.load()
+        except OSError as err:
+            import logging  # noqa: PLC0415
+
+            logging.getLogger("tunehub.peers").warning("the CUDA peer library did not load: %s",
+                                                       err)
+
+
+def _has_cuda() -> bool:
+    try:
+        return bool(tvm.cuda(0).exist)
+    except Exception:  # noqa: BLE001 - a runtime without CUDA
+        return False
 
 
 def _as_task(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def peer_task_module(task_mod: tvm.IRModule, *, call: PeerCall | None = None
+def peer_task_module(task_mod: tvm.IRModule, device: str = "cpu", *, call: PeerCall | None = None
                      ) -> tvm.IRModule | None:
-    """The peer of a task module (``extracted.dispatched[0]``) as a module that builds and runs
-    with the task's arguments, or ``None`` when the task has no peer.
+    """The peer of a task module (``extracted.dispatched[0]``) on ``device`` as a module that
+    builds and runs with the task's arguments, or ``None`` when the task has no peer.
     ``call``: one of :func:`peer_variants` (default: :func:`find_peer`'s)."""
-    if find_peer(task_mod) is None:
+    if find_peer(task_mod, device) is None:
         return None
-    return _as_task(peer_function(task_mod["main"], call=call))
+    return _as_task(peer_function(task_mod["main"], device, call=call))
 
 
 def apply_peers(
-    fused: tvm.IRModule, keys: Collection[str] | Mapping[str, PeerCall | None]
+    fused: tvm.IRModule, keys: Collection[str] | Mapping[str, PeerCall | None], device: str = "cpu"
 ) -> tuple[tvm.IRModule, dict[str, Any]]:
     """``fused`` (:func:`compiler.lowering.fused_for_target`) with the PrimFunc of every task
-    whose workload key is in ``keys`` replaced by its peer; returns the module and, by key, the
-    :class:`PeerCall` each replaced task makes. Keys of tasks without a peer are ignored.
+    whose workload key is in ``keys`` replaced by its peer on ``device``; returns the module
+    and, by key, the :class:`PeerCall` each replaced task makes. Keys of tasks without a peer
+    are ignored.
     ``keys`` may also map each key to the variant to use (one of the task's
     :func:`peer_variants`; ``None``: :func:`find_peer`'s), as a caller that measured the
     variants does."""
@@ -75,11 +126,11 @@ def apply_peers(
         key = workload_key(_as_task(func))
         if key not in wanted:
             continue
-        call = find_peer(_as_task(func))
+        call = find_peer(_as_task(func), device)
         if call is None:
             continue
         if isinstance(keys, Mapping) and keys[key] is not None:
             call = keys[key]
-        out.update_func(gvar, peer_function(func, call=call))
+        out.update_func(gvar, peer_function(func, device, call=call))
         replaced[key] = call
     return out, replaced

@@ -42,6 +42,8 @@ _Load = ir.TensorLoad
 
 #: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
 FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc"}
+#: The C entry points of the CUDA shim (``compiler/peers/shim_cuda.cc``), by peer kind.
+CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm"}
 VECTOR_LANES = 8
 #: The shim's entry point for Winograd convolutions (``algorithm`` ``winograd_*``).
 WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
@@ -51,13 +53,20 @@ CONV_ALGORITHMS = {"im2col": 0, "winograd_f2": 2, "winograd_f4": 4}
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).
 WINOGRAD_MIN_CHANNELS = 8
+#: :func:`default_conv_algorithm` picks Winograd only with at least this many channels.
+WINOGRAD_DEFAULT_MIN_CHANNELS = 64
+#: Threads per block of a CUDA peer's epilogue kernel.
+CUDA_THREADS = 256
+#: ``dtype`` codes of ``tunehub_cuda_gemm``: (input dtype, output dtype).
+CUDA_DTYPES = {("float32", "float32"): 0, ("float16", "float16"): 1, ("float16", "float32"): 2}
 
 
 @dataclass(frozen=True)
 class PeerCall:
     """The library call that replaces a task's anchor: ``kind`` (a key of :data:`FUNCTIONS`),
-    the anchor's inputs and output (parameter or buffer names) and the call's integer
-    configuration, in the entry point's argument order.
+    the anchor's inputs and output (parameter or buffer names), the call's integer
+    configuration, in the entry point's argument order, and the ``device`` whose shim it calls
+    (``cpu``: :data:`FUNCTIONS`; ``cuda``: :data:`CUDA_FUNCTIONS`).
     ``algorithm``: how the shim computes it (``conv2d_nhwc``: a key of
     :data:`CONV_ALGORITHMS`; empty for a GEMM); part of the call's identity and of its
     :meth:`to_json`."""
@@ -66,13 +75,14 @@ class PeerCall:
     inputs: tuple[str, ...]
     output: str
     config: tuple[tuple[str, int], ...]
+    device: str = "cpu"
     algorithm: str = ""
 
     @property
     def function(self) -> str:
         if CONV_ALGORITHMS.get(self.algorithm):
             return WINOGRAD_FUNCTION
-        return FUNCTIONS[self.kind]
+        return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:
         out = {"kind": self.kind, "function": self.function, "config": dict(self.config)}
@@ -136,7 +146,7 @@ def _reduction_parts(block: Any) -> tuple[Any, Any, Any, list[Any], list[Any]] |
     if not (isinstance(value, ir.prim.expr.Add) and isinstance(value.a, _Load)
             and value.a.source.same_as(store.buffer) and isinstance(value.b, ir.prim.expr.Mul)):
         return None
-    a, b = value.b.a, value.b.b
+    a, b = _uncast(value.b.a), _uncast(value.b.b)
     if not (isinstance(a, _Load) and isinstance(b, _Load)):
         return None
     spatial = [iv.var for iv in block.iter_vars if iv.iter_type == tirx.IterVar.DataPar]
@@ -148,16 +158,30 @@ def _reduction_parts(block: Any) -> tuple[Any, Any, Any, list[Any], list[Any]] |
     return store, a, b, spatial, reduce
 
 
+def _uncast(expr: Any) -> Any:
+    """``x`` of ``T.Cast(dtype, x)`` (how an fp16 product accumulates in fp32), else ``expr``."""
+    return expr.value if isinstance(expr, ir.prim.expr.Cast) else expr
+
+
 def _float32(*buffers: Any) -> bool:
     return all(str(b.dtype) == "float32" for b in buffers)
 
 
-def _gemm(block: Any, params: set[str]) -> PeerCall | None:
+def _dtypes_supported(device: str, store: Any, a: Any, b: Any) -> bool:
+    if device == "cuda":
+        pair = (str(a.source.dtype), str(store.buffer.dtype))
+        return str(b.source.dtype) == pair[0] and pair in CUDA_DTYPES
+    if not _float32(store.buffer, a.source, b.source):
+        return False
+    return isinstance(store.value.b.a, _Load) and isinstance(store.value.b.b, _Load)
+
+
+def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     parts = _reduction_parts(block)
     if parts is None or not str(block.name_hint).startswith("matmul"):
         return None
     store, a, b, spatial, reduce = parts
-    if len(reduce) != 1 or len(spatial) < 2 or not _float32(store.buffer, a.source, b.source):
+    if len(reduce) != 1 or len(spatial) < 2 or not _dtypes_supported(device, store, a, b):
         return None
     (k,), batch, i, j = reduce, spatial[:-2], spatial[-2], spatial[-1]
     if not _is_vars(a.indices, [*batch, i, k]):
@@ -170,8 +194,10 @@ def _gemm(block: Any, params: set[str]) -> PeerCall | None:
         return None
     if not {a.source.name, b.source.name} <= params:
         return None
-    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name,
-                    (("trans_b", trans_b),))
+    config: tuple[tuple[str, int], ...] = (("trans_b", trans_b),)
+    if device == "cuda":
+        config += (("dtype", CUDA_DTYPES[(str(a.source.dtype), str(store.buffer.dtype))]),)
+    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name, config, device)
 
 
 def _coefficients(expr: Any, variables: list[Any]) -> list[int] | None:
@@ -279,12 +305,16 @@ def conv_algorithms(shape: _ConvShape) -> list[str]:
 
 def default_conv_algorithm(shape: _ConvShape) -> str:
     """The algorithm :func:`find_peer` picks for a convolution (rule from
-    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads): F(4x4, 3x3)
-    on large images (>= 24x24 output pixels: fewest multiplications, tiles waste little),
-    F(2x2, 3x3) on smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose
-    there), im2col below (7x7: the GEMMs are too small for either) and for every other
-    kernel."""
+    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads): Winograd only
+    with at least :data:`WINOGRAD_DEFAULT_MIN_CHANNELS` channels in and out (with fewer, its
+    small-K GEMMs and three passes over memory lost to im2col); then F(4x4, 3x3) on large
+    images (>= 24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on
+    smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose there), im2col
+    below (7x7: the GEMMs are too small, and the transformed weights, 1.8x / 4x the weight,
+    must stream from memory in a whole model) and for every other kernel."""
     options = conv_algorithms(shape)
+    if min(shape.channels, shape.filters) < WINOGRAD_DEFAULT_MIN_CHANNELS:
+        return "im2col"
     if "winograd_f4" in options and shape.pixels >= 24 * 24:
         return "winograd_f4"
     if "winograd_f2" in options and shape.pixels >= 12 * 12:
@@ -292,16 +322,16 @@ def default_conv_algorithm(shape: _ConvShape) -> str:
     return "im2col"
 
 
-def _anchor(func: tirx.PrimFunc) -> tuple[PeerCall, int] | None:
+def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | None:
     found = _stages(func)
     if found is None:
         return None
     _, stages = found
     params = {str(p.name) for p in func.params}
     found: tuple[PeerCall, int] | None = None
-    if stages and (call := _gemm(stages[0].block, params)) is not None:
-        found = call, 0
-    else:
+    if stages and (call := _gemm(stages[0].block, params, device)) is not None:
+        found = _fold_output_cast(call, stages, params) if device == "cuda" else (call, 0)
+    elif device == "cpu":
         found = _conv2d(stages, params)
     if found is None:
         return None
@@ -311,12 +341,33 @@ def _anchor(func: tirx.PrimFunc) -> tuple[PeerCall, int] | None:
     return found
 
 
-def find_peer(mod: tvm.IRModule) -> PeerCall | None:
-    """The library peer of a task module (one PrimFunc), or ``None`` (see module docstring)."""
+def _fold_output_cast(call: PeerCall, stages: list[_Stage], params: set[str]
+                      ) -> tuple[PeerCall, int]:
+    """A CUDA GEMM accumulated in float32 whose whole epilogue is its cast to a float16 output
+    parameter writes that output itself (cuBLAS casts as it stores: one kernel less); returns
+    the call and the index of the last stage it computes."""
+    if len(stages) != 2 or dict(call.config).get("dtype") != CUDA_DTYPES[("float16", "float32")]:
+        return call, 0
+    store = stages[1].block.body
+    value = store.value if isinstance(store, tirx.BufferStore) else None
+    spatial = [iv.var for iv in stages[1].block.iter_vars]
+    if not (isinstance(value, ir.prim.expr.Cast) and str(value.ty) == "float16"
+            and isinstance(value.value, _Load) and str(value.value.source.name) == call.output
+            and str(store.buffer.name) in params and _is_vars(store.indices, spatial)
+            and _is_vars(value.value.indices, spatial)):
+        return call, 0
+    config = tuple((k, CUDA_DTYPES[("float16", "float16")] if k == "dtype" else v)
+                   for k, v in call.config)
+    return PeerCall(call.kind, call.inputs, str(store.buffer.name), config, call.device), 1
+
+
+def find_peer(mod: tvm.IRModule, device: str = "cpu") -> PeerCall | None:
+    """The library peer of a task module (one PrimFunc) on ``device`` (``cpu``: OpenBLAS;
+    ``cuda``: cuBLAS, GEMMs only, float32 or float16), or ``None`` (see module docstring)."""
     funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     if len(funcs) != 1:
         return None
-    found = _anchor(funcs[0])
+    found = _anchor(funcs[0], device)
     return found[0] if found else None
 
 
@@ -353,12 +404,14 @@ def _region(buffer: Any) -> Any:
     return buffer[tuple(slice(0, d) for d in buffer.shape)]
 
 
-def peer_function(func: tirx.PrimFunc, *, call: PeerCall | None = None
+def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | None = None
                   ) -> tirx.PrimFunc:
-    """``func`` with its anchor replaced by the library call (module docstring).
+    """``func`` with its anchor replaced by ``device``'s library call (module docstring; on
+    ``cuda`` the epilogue is one kernel of :data:`CUDA_THREADS`-thread blocks, launched after
+    the call on TVM's stream).
     ``call``: one of :func:`peer_variants` (default: what :func:`find_peer` picks). Raises
     ``ValueError`` when ``func`` has no peer or ``call`` is not one of its variants."""
-    found = _anchor(func)
+    found = _anchor(func, device)
     if found is None:
         raise ValueError("the task has no library peer")
     chosen, anchor = found
@@ -386,7 +439,7 @@ def peer_function(func: tirx.PrimFunc, *, call: PeerCall | None = None
     )
     rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
     rewritten = rewritten.without_attr("layout_free_buffers")
-    return _schedule_epilogue(rewritten, len(stages) - anchor - 1)
+    return _schedule_epilogue(rewritten, len(stages) - anchor - 1, device)
 
 
 def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
@@ -401,7 +454,9 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
         b_batched = int(len(inputs[1].shape) > 2)
         i64 = [tirx.IntImm("int64", v) for v in (batch, shape[-2] if len(shape) > 1 else 1,
                                                  shape[-1], a_shape[-1])]
-        return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched)]
+        extra = [tirx.IntImm("int32", config["dtype"])] if "dtype" in config else []
+        return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched),
+                *extra]
     x_shape = [int(d) for d in inputs[0].shape]
     tile = CONV_ALGORITHMS[call.algorithm or "im2col"]
     if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
@@ -414,25 +469,46 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
             *(tirx.IntImm("int32", v) for _, v in call.config)]
 
 
-def _schedule_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
+def _schedule_epilogue(func: tirx.PrimFunc, epilogue_blocks: int, device: str) -> tirx.PrimFunc:
     """``func`` marked scheduled, its epilogue inlined, parallel and vectorized where the
-    schedule primitives allow (left as loops otherwise: still correct, only slower)."""
+    schedule primitives allow (left as loops otherwise: still correct, only slower); on
+    ``cuda``, one kernel (a GPU has no fallback: the error propagates)."""
+    if device == "cuda":
+        return _cuda_epilogue(func, epilogue_blocks)
     try:
         return _scheduled_epilogue(func, epilogue_blocks)
     except (s_tir.ScheduleError, RuntimeError, ValueError):
         return func.with_attr("tirx.is_scheduled", True)
 
 
+def _inlined_epilogue(sch: s_tir.Schedule) -> Any:
+    """Inline every epilogue block but the last (those that can be); the last block."""
+    blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))][1:]
+    for block in blocks[:-1]:
+        try:
+            sch.compute_inline(block)
+        except s_tir.ScheduleError:
+            pass
+    return sch.get_child_blocks(sch.get_sblock("root"))[-1]
+
+
+def _cuda_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
+    sch = s_tir.Schedule(tvm.IRModule({"main": func}))
+    if epilogue_blocks:
+        last = _inlined_epilogue(sch)
+        loops = sch.get_loops(last)
+        fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
+        threads = min(CUDA_THREADS, int(sch.get(fused).extent))
+        block_x, thread_x = sch.split(fused, [None, threads])
+        sch.bind(block_x, "blockIdx.x")
+        sch.bind(thread_x, "threadIdx.x")
+    return sch.mod["main"].with_attr("tirx.is_scheduled", True)
+
+
 def _scheduled_epilogue(func: tirx.PrimFunc, epilogue_blocks: int) -> tirx.PrimFunc:
     sch = s_tir.Schedule(tvm.IRModule({"main": func}))
     if epilogue_blocks:
-        blocks = [b for b in sch.get_child_blocks(sch.get_sblock("root"))][1:]
-        for block in blocks[:-1]:
-            try:
-                sch.compute_inline(block)
-            except s_tir.ScheduleError:
-                pass
-        last = sch.get_child_blocks(sch.get_sblock("root"))[-1]
+        last = _inlined_epilogue(sch)
         loops = sch.get_loops(last)
         fused = sch.fuse(*loops) if len(loops) > 1 else loops[0]
         extent = int(sch.get(fused).extent)

@@ -1,0 +1,83 @@
+"""CUDA library peers (issue 21): a GEMM task of a CUDA target computed by cuBLAS from its host
+code, the epilogue one TIR kernel; a whole model built with them.
+
+TVM lowers and packages CUDA code on a machine without a GPU, so the detection, the rewrite and
+the build run everywhere; running the peers needs a GPU and cuBLAS (skipped otherwise).
+"""
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+
+import pytest
+from tvm.s_tir import meta_schedule as ms
+
+from bench.bench_gpu import gemm_module
+from compiler.build import build
+from compiler.peers import find_peer, library_for, peer_task_module, peers_supported
+from compiler.peers.rewrite import CUDA_DTYPES
+from compiler.prepare import prepare_model
+from compiler.target import GpuInfo, cpu_target, cuda_target, detect_gpu
+from tests.onnx_factory import two_layer_model
+
+H200 = GpuInfo("NVIDIA H200", "9.0", 132, 49152, 1024, 32, 150_754_820_096)
+GPU = detect_gpu()
+
+
+def test_gemm_peer_calls_cublas_and_writes_a_float16_output_itself() -> None:
+    # float16 accumulated in float32 and cast back: cuBLAS stores the float16 output itself.
+    half = find_peer(gemm_module(256, "float16"), "cuda")
+    assert half is not None and half.output == "D" and half.function == "tunehub_cuda_gemm"
+    assert dict(half.config)["dtype"] == CUDA_DTYPES[("float16", "float16")]
+    single = find_peer(gemm_module(256, "float32"), "cuda")
+    assert single is not None and dict(single.config)["dtype"] == CUDA_DTYPES[("float32",
+                                                                                 "float32")]
+    # The CPU peer takes no float16 and no casts.
+    assert find_peer(gemm_module(256, "float16")) is None
+    script = peer_task_module(gemm_module(256, "float16"), "cuda").script()
+    assert "tunehub_cuda_gemm" in script and "blockIdx" not in script  # no epilogue kernel
+    assert peers_supported(cuda_target(H200)) and peers_supported(cpu_target())
+
+
+def test_a_model_builds_for_cuda_with_its_gemms_on_cublas() -> None:
+    """A two-layer MLP's GEMM tasks (one with a ReLU epilogue) on cuBLAS: each task's host code
+    calls the shim and its epilogue is a kernel bound to blocks and threads; the CUDA build
+    (compile_relax's pipeline with the peers applied after fusion) succeeds."""
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "mlp.onnx"
+        path.write_bytes(two_layer_model().SerializeToString())
+        prepared = prepare_model(path, cuda_target(H200))
+    tasks = list(zip(prepared.partition.tasks, prepared.partition.extracted))
+    keys = {t.key for t, e in tasks if find_peer(e.dispatched[0], "cuda") is not None}
+    assert len(keys) == 2
+    for task, extracted in tasks:
+        if task.key in keys:
+            script = peer_task_module(extracted.dispatched[0], "cuda").script()
+            assert "tunehub_cuda_gemm" in script
+            assert ("blockIdx.x" in script) == ("relu" in task.name)  # the epilogue's kernel
+    executable = build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=keys)
+    assert executable is not None
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no CUDA GPU (tvm.cuda(0).exist is false)")
+def test_cuda_peers_run_and_match_onnx_runtime(tmp_path) -> None:
+    from compiler.artifact import publish_artifact  # noqa: PLC0415
+    from compiler.runner import LoadedLibrary  # noqa: PLC0415
+    from compiler.verify import verify  # noqa: PLC0415
+
+    target = cuda_target(GPU)
+    if library_for(target) is None:
+        pytest.skip("no cuBLAS peer library on this machine")
+    path = tmp_path / "mlp.onnx"
+    path.write_bytes(two_layer_model().SerializeToString())
+    prepared = prepare_model(path, target)
+    keys = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+            if find_peer(e.dispatched[0], "cuda") is not None}
+    executable = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=keys)
+    loaded = LoadedLibrary.from_executable(executable, "cuda")
+    assert verify(prepared.model, loaded.run, device="cuda").passed
+    manifest = publish_artifact(executable, prepared.model, target, tmp_path / "out",
+                                tasks=[t.to_json() for t in prepared.partition.tasks],
+                                link_peers=True)
+    assert manifest["verification"]["passed"]
