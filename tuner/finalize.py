@@ -243,7 +243,7 @@ def publish_tuned(
             "measured": timing["t"].to_json(),
             "reference": reference_timing(prepared),
             "remeasured": remeasured or [],
-            "peers": peers_manifest(peers),
+            "peers": peers_manifest(peers, prepared.target),
         }
 
     executable = build(prepared.mod, prepared.target, database, peers=peers)

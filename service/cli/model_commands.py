@@ -134,7 +134,7 @@ def run_compile(args: argparse.Namespace) -> int:
                      for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
             executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
             extra = {"tuned": False, "zero_trial": True}
-        extra["peers"] = peers_manifest(peers)
+        extra["peers"] = peers_manifest(peers, prepared.target)
         if not peers and unavailable_reason():
             extra["peers_skipped"] = unavailable_reason()
         manifest = publish_artifact(
