@@ -119,8 +119,6 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
          "over the limit"),
         (_write(tmp_path / "ops.onnx", unsupported_ops_model().SerializeToString()),
          "unsupported operator(s): Celu, Det"),
-        (_write(tmp_path / "sym.onnx", matmul_model(rows="batch").SerializeToString()),
-         "--input-shape x="),
         (tmp_path / "missing.onnx", "cannot read model file"),
     ]
     for model, expected in cases:
@@ -143,7 +141,10 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
     monkeypatch.setenv("TUNEHUB_MAX_MODEL_BYTES", "1000")
     _assert_refused(capsys, tmp_path, example_model("mlp", "onnx"), "over the limit of 1000 bytes")
     monkeypatch.delenv("TUNEHUB_MAX_MODEL_BYTES")
-    # A symbolic input works once given a value.
+    # A symbolic input: a bad bucket spec is refused; pinned by --input-shape it is one shape.
+    sym = _write(tmp_path / "sym.onnx", matmul_model(rows="batch").SerializeToString())
+    _assert_refused(capsys, tmp_path, sym, "not a symbolic dimension of the model",
+                    "--buckets", "rows=4")
     code, summary = run_cli(
         "inspect", str(tmp_path / "sym.onnx"), "--input-shape", "x=3,16", "--json"
     )
