@@ -1,7 +1,7 @@
 """The convolution peer's algorithms side by side on single ResNet-18 tasks (issues 19, 21).
 
     python -m bench.bench_conv_peers [--threads 2] [--rounds 7] [--baseline COMMIT]
-        [--min-secs 0.1] [--out DIR]
+        [--min-secs 0.1] [--no-model] [--out DIR]
 
 For every ResNet-18 task whose anchor is a convolution with a library peer
 (:func:`compiler.peers.find_peer`; the model exported at run time, batch 1, 224x224), in one
@@ -16,6 +16,13 @@ round, the order rotated each round; the table gives the median round):
   convolutions only), and which of them :func:`compiler.peers.find_peer` picks by default;
 - **ONNX Runtime** on the same operator: one ``Conv`` (+ the residual ``Add``) + ``Relu`` as the
   task has them, NCHW as ONNX Runtime takes it.
+
+And (unless ``--no-model``) the **whole model** the same way, interleaved: ONNX Runtime and the
+zero-trial build with peers (:func:`compiler.build.build_zero_trial`) three times, its
+convolutions on the baseline shim's im2col, on today's im2col only, and on
+:func:`compiler.peers.find_peer`'s default algorithms; each exported without the shim (resolved
+from the shims loaded into this process, as MetaSchedule's runner does) and checked against
+ONNX Runtime.
 
 Every TVM variant is the whole task (library call + its TIR epilogue) built with
 ``tvm.tirx.build`` and called on fixed random arguments (so a Winograd weight is transformed on
@@ -201,6 +208,70 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return {"tasks": rows}
 
 
+@contextlib.contextmanager
+def _algorithms(choice: str) -> Iterator[None]:
+    """Peers built inside use ``choice``: ``default`` (find_peer's rule), ``im2col`` (today's
+    shim, im2col for every convolution) or ``baseline`` (the baseline shim's im2col)."""
+    from compiler.peers import rewrite
+
+    saved = rewrite.default_conv_algorithm
+    if choice != "default":
+        rewrite.default_conv_algorithm = lambda shape: "im2col"
+    try:
+        if choice == "baseline":
+            with _baseline_functions():
+                yield
+        else:
+            yield
+    finally:
+        rewrite.default_conv_algorithm = saved
+
+
+def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    """ResNet-18 end to end: ONNX Runtime and the zero-trial build with peers on each choice of
+    convolution algorithm (module docstring)."""
+    import onnxruntime as ort
+    import tvm
+    from tvm import relax
+
+    from bench.bench_peers import _timer, interleaved
+    from compiler.build import build_zero_trial, export_library
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from compiler.verify import random_inputs
+    from examples.export import export_onnx
+
+    path = export_onnx("resnet18", work / "resnet18.onnx")
+    target = cpu_target(args.threads)
+    prepared = prepare_model(path, target)
+    inputs = random_inputs(prepared.model.inputs)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = args.threads
+    session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
+    (expected,) = session.run(None, feed)
+    timers = {"ONNX Runtime": _timer(lambda: session.run(None, feed), args.min_secs)}
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    errors: dict[str, float] = {}
+    for choice in ("baseline", "im2col", "default"):
+        with _algorithms(choice):
+            executable, keys = build_zero_trial(prepared.mod, target, tasks)
+        library = export_library(executable, work / f"resnet18-{choice}.so")
+        vm = relax.VirtualMachine(tvm.runtime.load_module(str(library)), tvm.cpu())
+        vm.set_input("main", *[tvm.runtime.tensor(a) for a in inputs])
+        vm.invoke_stateful("main")
+        out = vm.get_outputs("main")
+        out = (out[0] if isinstance(out, (list, tuple)) else out).numpy()
+        label = f"zero-trial + peers, {choice}"
+        errors[label] = float(np.abs(out - expected).max())
+        timers[label] = _timer(lambda vm=vm: vm.invoke_stateful("main"), args.min_secs)
+        print(label, f"{len(keys)} tasks on peers, max abs error vs ORT {errors[label]:.1e}",
+              flush=True)
+    secs = interleaved(timers, args.rounds)
+    return {"ms": {k: v * 1e3 for k, v in secs.items()}, "max abs error vs ORT": errors}
+
+
 def _as_im2col(task_mod: Any) -> Any:
     from compiler.peers import peer_variants
 
@@ -261,6 +332,17 @@ def render(run: dict[str, Any]) -> str:
     for r in run["tasks"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["max error / max |y|"].items())
         lines.append(f"- {r['task']}: {errs}")
+    if "model" in run:
+        model = run["model"]
+        ort_ms = model["ms"]["ONNX Runtime"]
+        lines += ["", "## ResNet-18 end to end (ms, batch 1, 224x224)", "",
+                  "Interleaved with each other in the same rounds, after the single tasks.", "",
+                  "| build | ms | / ONNX Runtime | max abs error vs ONNX Runtime |",
+                  "|---|---|---|---|"]
+        for label, ms in model["ms"].items():
+            err = model["max abs error vs ORT"].get(label)
+            lines.append(f"| {label} | {ms:.2f} | {ms / ort_ms:.2f}x | "
+                         + (f"{err:.1e} |" if err is not None else "— |"))
     return "\n".join(lines) + "\n"
 
 
@@ -270,6 +352,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-secs", type=float, default=0.1)
     parser.add_argument("--baseline", default=BASELINE)
+    parser.add_argument("--no-model", dest="model", action="store_false",
+                        help="only the single tasks, not ResNet-18 end to end")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
@@ -284,6 +368,8 @@ def main(argv: list[str] | None = None) -> int:
     }
     with tempfile.TemporaryDirectory() as tmp:
         run.update(bench(args, Path(tmp)))
+        if args.model:
+            run["model"] = bench_model(args, Path(tmp))
     run["load after"] = _load()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / f"conv_peers_{date}.json").write_text(json.dumps(run, indent=1))

@@ -168,7 +168,8 @@ struct ConvShape {
 // the image's left and right edges, with zeros outside. This is what makes a 3-channel stem fast
 // (a 7x7 kernel row is one run of 21 floats instead of 7 copies of 3). With dilation_w > 1 each
 // tap is its own run of c floats.
-TUNEHUB_SIMD_CLONES void Im2col(const ConvShape& s, const float* x, int64_t r0, int64_t r1, float* cols) {
+TUNEHUB_SIMD_CLONES void Im2col(const ConvShape& s, const float* x, int64_t r0, int64_t r1,
+                                float* cols) {
   const int64_t k = s.kh * s.kw * s.c, pixels = s.oh * s.ow, run = s.kw * s.c;
   for (int64_t r = r0; r < r1; ++r) {
     const int64_t image = r / pixels, py = (r % pixels) / s.ow, px = r % s.ow;
@@ -371,7 +372,8 @@ Tiling TilesOf(const ConvShape& s) {
 
 // U[p][c][k] = (G g G^T)[p] for g = w[:, :, c, k], input channels [c0, c1).
 template <typename F>
-TUNEHUB_SIMD_CLONES void WeightTransform(const ConvShape& s, const float* w, int64_t c0, int64_t c1, float* u) {
+TUNEHUB_SIMD_CLONES void WeightTransform(const ConvShape& s, const float* w, int64_t c0,
+                                         int64_t c1, float* u) {
   constexpr int A = F::kAlpha;
   Vec g[3 * 3], tmp[A * 3], z[A * A];
   for (int64_t c = c0; c < c1; ++c)
@@ -384,10 +386,10 @@ TUNEHUB_SIMD_CLONES void WeightTransform(const ConvShape& s, const float* w, int
     }
 }
 
-// V[t][p][c] = (B^T d B)[p] for the input patch d of tiles [t0, t1).
+// V[t - first][p][c] = (B^T d B)[p] for the input patch d of tiles [t0, t1).
 template <typename F>
-TUNEHUB_SIMD_CLONES void InputTransform(const ConvShape& s, const Tiling& tiling, const float* x, int64_t t0,
-                    int64_t t1, float* v) {
+TUNEHUB_SIMD_CLONES void InputTransform(const ConvShape& s, const Tiling& tiling, const float* x,
+                                        int64_t t0, int64_t t1, int64_t first, float* v) {
   constexpr int A = F::kAlpha;
   Vec d[A * A], tmp[A * A], z[A * A];
   const int64_t per_image = tiling.rows * tiling.cols;
@@ -419,15 +421,16 @@ TUNEHUB_SIMD_CLONES void InputTransform(const ConvShape& s, const Tiling& tiling
       }
       MulRows<A, A, A>(F::kBT, d, tmp);  // B^T d
       MulCols<A, A, A>(F::kBT, tmp, z);  // (B^T d) B
-      for (int p = 0; p < A * A; ++p) Store(v + (t * A * A + p) * s.c + c0, z[p], cb);
+      for (int p = 0; p < A * A; ++p) Store(v + ((t - first) * A * A + p) * s.c + c0, z[p], cb);
     }
   }
 }
 
-// y[tile t] = A^T M[:, t] A for tiles [t0, t1), clipped at the output's bottom and right edges.
+// y[tile t] = A^T M[t - first] A for tiles [t0, t1), clipped at the output's bottom and right
+// edges.
 template <typename F>
-TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tiling, const float* mm, int64_t t0,
-                     int64_t t1, float* y) {
+TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tiling, const float* mm,
+                                         int64_t t0, int64_t t1, int64_t first, float* y) {
   constexpr int A = F::kAlpha, M = F::kM;
   Vec e[A * A], tmp[M * A], z[M * M];
   const int64_t per_image = tiling.rows * tiling.cols;
@@ -440,7 +443,7 @@ TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tilin
     float* dst = y + (image * s.oh * s.ow + oy0 * s.ow + ox0) * s.o;
     for (int64_t k0 = 0; k0 < s.o; k0 += kLanes) {
       const int64_t kb = std::min<int64_t>(kLanes, s.o - k0);
-      const float* in = mm + t * A * A * s.o + k0;
+      const float* in = mm + (t - first) * A * A * s.o + k0;
       if (kb == kLanes) {
 #pragma GCC unroll 8
         for (int p = 0; p < A * A; ++p) e[p] = Load(in + p * s.o);
@@ -536,19 +539,30 @@ void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) 
   constexpr int64_t P = F::kAlpha * F::kAlpha;
   const Tiling tiling = TilesOf<F>(s);
   const WinogradWeights::Block u = WinogradWeights::Get<F>(s, w);
-  float* v = Scratch(0, P * tiling.count * s.c);
-  float* mm = Scratch(1, P * tiling.count * s.o);
-  ParallelRows(tiling.count, 1, [&](int64_t t0, int64_t t1) {
-    InputTransform<F>(s, tiling, x, t0, t1, v);
-  });
-  ParallelRows(P, 1, [&](int64_t p0, int64_t p1) {
-    for (int64_t p = p0; p < p1; ++p)
-      Sgemm(kNoTrans, tiling.count, s.o, s.c, v + p * s.c, P * s.c, u->data() + p * s.c * s.o,
-            s.o, mm + p * s.o, P * s.o);
-  });
-  ParallelRows(tiling.count, 1, [&](int64_t t0, int64_t t1) {
-    OutputTransform<F>(s, tiling, mm, t0, t1, y);
-  });
+  // Tiles in chunks whose V and M take at most kChunkBytes (so that a large image needs no
+  // large scratch, and V and M stay in the last-level cache), at least kMinChunk tiles (the
+  // GEMMs' rows).
+  constexpr int64_t kChunkBytes = int64_t{8} << 20, kMinChunk = 64;
+  const int64_t chunk = std::min(
+      tiling.count,
+      std::max(kMinChunk, kChunkBytes / (P * (s.c + s.o) * static_cast<int64_t>(sizeof(float)))));
+  float* v = Scratch(0, P * chunk * s.c);
+  float* mm = Scratch(1, P * chunk * s.o);
+  for (int64_t first = 0; first < tiling.count; first += chunk) {
+    const int64_t count = std::min(chunk, tiling.count - first);
+    ParallelRows(count, 4, [&](int64_t t0, int64_t t1) {
+      InputTransform<F>(s, tiling, x, first + t0, first + t1, first, v);
+    });
+    // V[:, p] is [count x C] with rows P*C apart, M[:, p] [count x K] with rows P*K apart
+    ParallelRows(P, 1, [&](int64_t p0, int64_t p1) {
+      for (int64_t p = p0; p < p1; ++p)
+        Sgemm(kNoTrans, count, s.o, s.c, v + p * s.c, P * s.c, u->data() + p * s.c * s.o, s.o,
+              mm + p * s.o, P * s.o);
+    });
+    ParallelRows(count, 4, [&](int64_t t0, int64_t t1) {
+      OutputTransform<F>(s, tiling, mm, first + t0, first + t1, first, y);
+    });
+  }
 }
 
 }  // namespace
