@@ -1,6 +1,7 @@
 """Import a validated model into TVM Relax.
 
-``import_model`` promises a Relax ``IRModule`` with one ``main`` function whose parameters are the
+``import_model`` promises a Relax ``IRModule`` with one ``main`` function (a bucketed model: one
+function per shape bucket instead, :mod:`compiler.bucket_module`) whose parameters are the
 user inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded
 into the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network
 produce the same convolution and matmul workloads), everything computed from constants alone
@@ -12,6 +13,8 @@ graph and again on the graph torch's decomposition makes of it, the one TVM tran
 (:mod:`compiler.pt2_ops`, with TuneHub's converters).
 """
 from __future__ import annotations
+
+from dataclasses import replace
 
 import onnx
 import tvm
@@ -212,6 +215,18 @@ def _bind_symbols(mod: tvm.IRModule, model: LoadedModel) -> tvm.IRModule:
 
 
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
+    """A program with symbolic dimensions bound by ``model`` is exported again at its static
+    shapes when torch can (:func:`compiler.pt2_loader.specialize_program`: the same tasks as a
+    static export), else translated symbolically and bound in Relax."""
+    if model.symbol_values:
+        from compiler.pt2_loader import specialize_program  # noqa: PLC0415 - torch, .pt2 only
+
+        missing = unsupported_torch_ops(model.source)  # checked before torch traces anything
+        if missing:
+            raise UnsupportedOperatorsError(missing, "torch.export")
+        static = specialize_program(model.source, model.inputs)
+        if static is not None:
+            return _translate_pt2(replace(model, source=static, symbol_values=()))
     return _bind_symbols(_translate_pt2(model), model)
 
 
@@ -227,20 +242,15 @@ def _guarded(model: LoadedModel, importer) -> tvm.IRModule:
 
 
 def _import_buckets(model: LoadedModel) -> tvm.IRModule:
-    """One normalized module per bucket, merged (:func:`compiler.bucket_module.merge_buckets`).
-    A ``.pt2`` program is decomposed and translated once, then bound per bucket."""
+    """One normalized module per bucket, merged (:func:`compiler.bucket_module.merge_buckets`);
+    each bucket is imported as the static model it is (a ``.pt2``: :func:`_import_pt2`)."""
     from compiler.bucket_module import merge_buckets  # noqa: PLC0415 - bucketed models only
 
+    importer = _import_onnx if model.format == "onnx" else _import_pt2
     modules = []
-    if model.format == "pt2":
-        translated = _guarded(model, lambda: _translate_pt2(model))
-        for bucket in model.buckets:
-            bound = _guarded(bucket.model, lambda b=bucket: _bind_symbols(translated, b.model))
-            modules.append((bucket.function, normalize(bound)))
-    else:
-        for bucket in model.buckets:
-            imported = _guarded(bucket.model, lambda b=bucket: _import_onnx(b.model))
-            modules.append((bucket.function, normalize(imported)))
+    for bucket in model.buckets:
+        imported = _guarded(bucket.model, lambda b=bucket: importer(b.model))
+        modules.append((bucket.function, normalize(imported)))
     return merge_buckets(modules)
 
 

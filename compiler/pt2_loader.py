@@ -123,6 +123,27 @@ def pt2_symbolic_dims(
     return dims, declared
 
 
+def specialize_program(
+    program: torch.export.ExportedProgram, specs: Sequence[TensorSpec]
+) -> torch.export.ExportedProgram | None:
+    """``program`` exported again at the static shapes ``specs`` (its graph module traced on
+    zeros of those shapes: ATen operators of the already loaded graph, no code of the file), or
+    ``None`` when torch refuses (then the caller binds the symbols in Relax instead).
+
+    Every value that depends on no input is then a constant again (the causal mask and the
+    positions over the sequence, :func:`compiler.pt2_ops.input_free_values`), so a bucket's
+    tasks are those of a static export at that length, keys included: binding the symbols only
+    after translation left the mask's ``arange``/``index_tensor`` work as runtime tasks."""
+    examples = tuple(
+        torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)) for spec in specs
+    )
+    try:
+        with torch.no_grad():
+            return torch.export.export(program.module(), examples)
+    except Exception:  # noqa: BLE001 - any refusal by torch: the Relax binding path is used
+        return None
+
+
 def _bound(value: Any) -> int | None:
     """An integer bound of a ``ValueRanges`` end, ``None`` for infinity."""
     try:

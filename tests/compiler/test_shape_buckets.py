@@ -163,3 +163,15 @@ def test_default_buckets_and_pinned_shape(dynamic_decoder) -> None:
         load_model(dynamic_decoder("pt2"), buckets={"input_ids.1": [256]})  # Dim max is 128
     ids = np.zeros((1, 16), dtype=np.int64)
     assert model.buckets[0].model.inputs[0].shape == ids.shape
+
+
+def test_pt2_bucket_has_the_tasks_of_a_static_export(dynamic_decoder, tmp_path) -> None:
+    """A ``.pt2`` bucket is exported again at its length before translation, so its masks are
+    constants and its tasks are exactly a static export's: the same keys in the database."""
+    from examples.decoders import export_pt2
+
+    static = prepare_model(export_pt2("llama", tmp_path / "llama16.pt2", seq=16), TARGET)
+    bucketed = prepare_model(dynamic_decoder("pt2"), TARGET, buckets={"input_ids.1": [16]})
+    assert {t.key for t in bucketed.partition.tasks} == {t.key for t in static.partition.tasks}
+    mask_work = ("arange", "cumsum", "index_tensor", "less_equal")
+    assert not [t.name for t in bucketed.partition.tasks if any(m in t.name for m in mask_work)]
