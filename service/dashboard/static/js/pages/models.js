@@ -8,12 +8,16 @@ export function mount(view, _params, app) {
   const problem = h("div");
   const file = h("input", { type: "file", id: "model-file", name: "file", accept: ".onnx,.pt2", required: true });
   const uploadButton = h("button", { type: "submit", id: "upload-button" }, "Upload");
+  const buckets = h("input", { type: "text", id: "model-buckets", name: "buckets", maxlength: 1000,
+    placeholder: "seq=16,64,128", title: "shape buckets of symbolic dimensions: NAME=V1,V2,... separated by ';'" });
   const uploadNote = h("div", { class: "muted", id: "upload-note" });
   const upload = h("form", { class: "card", id: "upload-form" },
     h("h2", {}, "Upload a model"),
     h("p", { class: "muted" }, "An ONNX file or a torch.export program saved as .pt2. ",
-      "The server validates it and splits it into tuning tasks."),
-    h("div", { class: "row" }, file, uploadButton), uploadNote);
+      "The server validates it and splits it into tuning tasks. A model with symbolic ",
+      "dimensions is compiled once per shape bucket (default: powers of two from 16 to 128)."),
+    h("div", { class: "row" }, file, uploadButton),
+    h("label", {}, "Shape buckets (optional)", buckets), uploadNote);
 
   const modelSelect = h("select", { id: "job-model", name: "model_id", required: true });
   const budget = h("input", { type: "number", id: "job-budget", name: "trial_budget", min: 0, max: 1000000, value: 64, required: true });
@@ -78,7 +82,9 @@ export function mount(view, _params, app) {
         { label: "Shapes", cell: (t) => t.summary },
       ];
       fill(detail, h("section", { class: "card" },
-        h("h2", {}, `${full.filename}: ${full.tasks.length} tuning tasks`), table(columns, full.tasks)));
+        h("h2", {}, `${full.filename}: ${full.tasks.length} tuning tasks`),
+        full.buckets ? h("p", { class: "muted" }, `shape buckets: ${full.buckets.description}`) : null,
+        table(columns, full.tasks)));
     } catch (error) {
       fail(error);
     }
@@ -100,11 +106,13 @@ export function mount(view, _params, app) {
     if (!file.files.length) return;
     const body = new FormData();
     body.append("file", file.files[0]);
+    if (buckets.value.trim()) body.append("buckets", buckets.value.trim());
     uploadButton.disabled = true;
     fill(uploadNote, `uploading and validating ${file.files[0].name}…`);
     try {
       const model = await api("/models", { method: "POST", body });
-      fill(uploadNote, `model #${model.id}: ${model.tasks.length} tuning tasks`);
+      const shapes = model.buckets ? `, shape buckets ${model.buckets.description}` : "";
+      fill(uploadNote, `model #${model.id}: ${model.tasks.length} tuning tasks${shapes}`);
       fill(problem);
       upload.reset();
       await refresh(model.id);
