@@ -175,3 +175,7 @@ def test_pt2_bucket_has_the_tasks_of_a_static_export(dynamic_decoder, tmp_path) 
     assert {t.key for t in bucketed.partition.tasks} == {t.key for t in static.partition.tasks}
     mask_work = ("arange", "cumsum", "index_tensor", "less_equal")
     assert not [t.name for t in bucketed.partition.tasks if any(m in t.name for m in mask_work)]
+    # --input-shape pins the same way: one static specialization, the static export's tasks.
+    pinned = prepare_model(dynamic_decoder("pt2"), TARGET, input_shapes={"input_ids": [1, 16]})
+    assert not pinned.model.buckets
+    assert {t.key for t in pinned.partition.tasks} == {t.key for t in static.partition.tasks}
