@@ -179,3 +179,36 @@ def test_pt2_bucket_has_the_tasks_of_a_static_export(dynamic_decoder, tmp_path) 
     pinned = prepare_model(dynamic_decoder("pt2"), TARGET, input_shapes={"input_ids": [1, 16]})
     assert not pinned.model.buckets
     assert {t.key for t in pinned.partition.tasks} == {t.key for t in static.partition.tasks}
+
+
+def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
+    """Symbols shared by inputs get one value per specialization; two symbols make the product
+    of their buckets, and dispatch matches every input's shape."""
+    from onnx import helper
+
+    from tests.onnx_factory import float_input, make_model
+
+    model = make_model(
+        [helper.make_node("Add", ["x", "y"], ["s"]), helper.make_node("Relu", ["s"], ["z"])],
+        [float_input("x", ["batch", "n"]), float_input("y", ["batch", "n"])],
+        [float_input("z", ["batch", "n"])],
+    )
+    data = model.SerializeToString()
+    prepared = prepare_model(data, TARGET, buckets={"batch": [1, 2], "n": [8]})
+    functions = [b.function for b in prepared.model.buckets]
+    assert functions == ["main_batch_1_n_8", "main_batch_2_n_8"]
+    assert [tuple(s.shape for s in b.model.inputs) for b in prepared.model.buckets] == [
+        ((1, 8), (1, 8)), ((2, 8), (2, 8))
+    ]
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    executable, _ = build_zero_trial(prepared.mod, TARGET, tasks)
+    manifest = publish_artifact(executable, prepared.model, TARGET, tmp_path / "out", tasks=[])
+    assert manifest["verification"]["passed"]
+    library = LoadedLibrary(tmp_path / "out" / "model.so")
+    rng = np.random.default_rng(0)
+    x, y = (rng.standard_normal((2, 8)).astype("float32") for _ in range(2))
+    assert library.function_for([x, y]) == "main_batch_2_n_8"
+    np.testing.assert_allclose(library.run([x, y])[0], np.maximum(x + y, 0), rtol=1e-6)
+    with pytest.raises(ModelError, match="no shape bucket"):
+        library.run([x, y[:1]])  # the inputs disagree: no bucket takes 2x8 with 1x8
