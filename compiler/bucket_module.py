@@ -13,8 +13,10 @@ of them, so the merged module is partitioned, tuned and built like any model:
   Relax executable cannot link another's functions), which is what one library per bucket in
   the artifact directory would have been.
 
-The cost: each bucket's function carries its own copy of the weights (the importer binds them
-as constants per bucket), so ``model.so`` grows with the number of buckets.
+Each bucket's import binds the weights as constants of its own, but the VM executable keeps
+structurally equal constants once: four buckets of a matmul with a 1 MB weight built into a
+1.20 MB ``model.so`` against 1.18 MB for one (weights a tuned schedule prepacks into a layout
+of its own may still differ per bucket).
 
 Each bucket's module comes from the importer with ``main`` and helper functions of its own
 (``fast_softmax`` of :mod:`compiler.fast_math`): helpers get names of their own in the merged

@@ -49,7 +49,10 @@ class LoadedLibrary:
     :meth:`time` call the function whose bucket is exactly the inputs' shapes. Inputs of any
     other shape raise ``ModelError("no_bucket")`` naming the buckets: padding to a larger
     bucket is not correct in general (a sequence length reaches softmax denominators, norms
-    over the sequence, and every position of a non-causal model), so none is applied.
+    over the sequence, and every position of a non-causal model), so none is applied; nor is
+    there a dynamic-shape fallback: TVM 0.27's symbolic imports of the decoders fail (ONNX: its
+    ``Reshape`` converter gets a folded shape scalar; ``.pt2``: Relax cannot prove the mask's
+    slices equal in length, and legalization refuses the resulting tensor of unknown shape).
     """
 
     def __init__(
