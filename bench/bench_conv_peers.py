@@ -1,12 +1,13 @@
 """The convolution peer's algorithms side by side on single ResNet-18 tasks (issues 19, 21).
 
     python -m bench.bench_conv_peers [--threads 2] [--rounds 7] [--baseline COMMIT]
-        [--min-secs 0.1] [--no-model] [--out DIR]
+        [--min-secs 0.1] [--pause 0.05] [--no-model] [--out DIR]
 
 For every ResNet-18 task whose anchor is a convolution with a library peer
 (:func:`compiler.peers.find_peer`; the model exported at run time, batch 1, 224x224), in one
 process, in ``--rounds`` interleaved rounds (each variant runs for at least ``--min-secs`` per
-round, the order rotated each round; the table gives the median round):
+round, in a new random order each round, after ``--pause`` seconds of sleep; the table gives the
+median round):
 
 - **baseline im2col**: the peer as the shim at ``--baseline`` (default: the last commit before
   the Winograd shim) computes it (compiled here with its entry points renamed, so both shims
@@ -41,8 +42,10 @@ import ctypes
 import datetime as dt
 import json
 import os
+import statistics
 import subprocess
 import tempfile
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -140,6 +143,30 @@ def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | Non
     return lambda: session.run(None, feed)
 
 
+def interleaved(timers: dict[str, Callable[[], float]], rounds: int, pause: float,
+                seed: int = 0) -> dict[str, float]:
+    """Median of ``rounds`` rounds per timer. Each round runs every timer once in a new random
+    order, with ``pause`` seconds of sleep before each: a runtime's threads that spin after
+    their call (ONNX Runtime's intra-op pool, TVM's pool) go idle before the next timer starts,
+    and no timer always follows the same one. (With :func:`bench.bench_peers.interleaved`'s
+    fixed rotation, on the loaded 2-core box of 2026-12-01, the baseline shim, always timed right
+    after ONNX Runtime, measured 1.5-2.5x slower than today's shim on tasks where both run the
+    same code; with this order and pause, 0.92-1.0x.)"""
+    import random
+
+    order = list(timers)
+    samples: dict[str, list[float]] = {n: [] for n in order}
+    shuffle = random.Random(seed).shuffle
+    for name in order:  # warm up
+        timers[name]()
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            time.sleep(pause)
+            samples[name].append(timers[name]())
+    return {n: statistics.median(v) for n, v in samples.items()}
+
+
 def _tvm_call(mod: Any, target: Any, args: list[np.ndarray]) -> tuple[Callable[[], Any], Any]:
     import tvm
 
@@ -156,7 +183,7 @@ def _conv_flops(task_mod: Any) -> float:
 
 
 def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from bench.bench_peers import _timer, interleaved
+    from bench.bench_peers import _timer
     from compiler.peers import find_peer, load_peers, peer_task_module, peer_variants
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
@@ -193,7 +220,7 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         ort_run = _ort_conv(task_mod, call, args.threads)
         if ort_run is not None:
             timers["ONNX Runtime"] = _timer(ort_run, args.min_secs)
-        secs = interleaved(timers, args.rounds)
+        secs = interleaved(timers, args.rounds, args.pause)
         config = dict(call.config)
         (kh, kw, c, k), out = shapes[1], shapes[-1]
         rows.append({
@@ -234,7 +261,7 @@ def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import tvm
     from tvm import relax
 
-    from bench.bench_peers import _timer, interleaved
+    from bench.bench_peers import _timer
     from compiler.build import build_zero_trial, export_library
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
@@ -268,8 +295,9 @@ def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         timers[label] = _timer(lambda vm=vm: vm.invoke_stateful("main"), args.min_secs)
         print(label, f"{len(keys)} tasks on peers, max abs error vs ORT {errors[label]:.1e}",
               flush=True)
-    secs = interleaved(timers, args.rounds)
-    return {"ms": {k: v * 1e3 for k, v in secs.items()}, "max abs error vs ORT": errors}
+    secs = interleaved(timers, args.rounds, args.pause)
+    return {"ms": {k: v * 1e3 for k, v in secs.items()}, "max abs error vs ORT": errors,
+            "max |y|": float(np.abs(expected).max())}
 
 
 def _as_im2col(task_mod: Any) -> Any:
@@ -291,7 +319,8 @@ def render(run: dict[str, Any]) -> str:
         f"# Convolution peer algorithms, {run['date']}", "",
         f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`, {m['logical_cpus']} logical CPUs), "
         f"{run['threads']} threads; TVM {m['tvm']}, ONNX Runtime {m['onnxruntime']}; "
-        f"{run['rounds']} interleaved rounds of >= {run['min_secs']} s per variant, medians. "
+        f"{run['rounds']} rounds of >= {run['min_secs']} s per variant, in a new random order "
+        f"each round with {run.get('pause', 0)} s of sleep before each, medians. "
         f"Command: `TVM_NUM_THREADS={run['threads']} python -m bench.bench_conv_peers "
         f"--threads {run['threads']} --rounds {run['rounds']}` at commit {run['commit']}; "
         f"baseline shim: {run['baseline']}.", "",
@@ -336,7 +365,9 @@ def render(run: dict[str, Any]) -> str:
         model = run["model"]
         ort_ms = model["ms"]["ONNX Runtime"]
         lines += ["", "## ResNet-18 end to end (ms, batch 1, 224x224)", "",
-                  "Interleaved with each other in the same rounds, after the single tasks.", "",
+                  "Interleaved with each other in the same rounds, after the single tasks; "
+                  f"the output's largest magnitude is {model.get('max |y|', float('nan')):.3g}.",
+                  "",
                   "| build | ms | / ONNX Runtime | max abs error vs ONNX Runtime |",
                   "|---|---|---|---|"]
         for label, ms in model["ms"].items():
@@ -351,6 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-secs", type=float, default=0.1)
+    parser.add_argument("--pause", type=float, default=0.05,
+                        help="seconds of sleep before each timed run (spinning threads idle)")
     parser.add_argument("--baseline", default=BASELINE)
     parser.add_argument("--no-model", dest="model", action="store_false",
                         help="only the single tasks, not ResNet-18 end to end")
@@ -362,6 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     date = dt.date.today().isoformat()
     run: dict[str, Any] = {
         "date": date, "threads": args.threads, "rounds": args.rounds, "min_secs": args.min_secs,
+        "pause": args.pause,
         "machine": machine(), "baseline": args.baseline, "load before": _load(),
         "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
                                  capture_output=True, text=True).stdout.strip(),
