@@ -43,7 +43,7 @@ def _weight(name: str, shape: tuple[int, ...]) -> onnx.TensorProto:
 
 
 def conv_model(cin: int, cout: int, size: int, kernel: int, stride: int, pad: int,
-               dilation: int = 1, groups: int = 1) -> onnx.ModelProto:
+               dilation: int = 1, groups: int = 1, batch: int = 1) -> onnx.ModelProto:
     """Conv (+ bias) → Relu, NCHW as ONNX has it (the compile path turns it NHWC)."""
     nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel, kernel],
                               strides=[stride, stride], pads=[pad] * 4,
@@ -52,8 +52,8 @@ def conv_model(cin: int, cout: int, size: int, kernel: int, stride: int, pad: in
     out = (size + 2 * pad - dilation * (kernel - 1) - 1) // stride + 1
     graph = helper.make_graph(
         nodes, "conv", [helper.make_tensor_value_info("x", TensorProto.FLOAT,
-                                                      [1, cin, size, size])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, cout, out, out])],
+                                                      [batch, cin, size, size])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [batch, cout, out, out])],
         [_weight("w", (cout, cin // groups, kernel, kernel)), _weight("b", (cout,))])
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
@@ -157,6 +157,7 @@ def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
         ("unpadded, channels not a multiple of 8", conv_model(12, 20, 12, 3, 1, 0),
          "im2col"),
         ("7x7", conv_model(64, 64, 7, 3, 1, 1), "im2col"),
+        ("batch 3, pad 2", conv_model(64, 64, 13, 3, 1, 2, batch=3), "winograd_f2"),
     ],
 )
 def test_every_conv_variant_matches_the_task(label, proto, default):
