@@ -130,12 +130,16 @@ def bench_network(name: str, target, trials: int, work: Path) -> dict[str, Any]:
         row["tuned_peers"] = len((manifest.get("peers") or {}).get("tasks", []))
         row["per_task"] = [
             {"name": t["name"], "candidates": [
-                {("peer" if "peer" in c else "record"): c.get("median_ms"), "chosen": c["chosen"]}
-                for c in t["candidates"]]}
+                {_kind(c): c.get("median_ms"), "chosen": c["chosen"]} for c in t["candidates"]]}
             for t in manifest.get("remeasured", [])
         ]
         storage.close()
     return row
+
+
+def _kind(candidate: dict[str, Any]) -> str:
+    """What a re-measured candidate of the manifest is: ``peer``, ``default`` or ``record``."""
+    return next((k for k in ("peer", "default") if k in candidate), "record")
 
 
 def _fmt(value: Any, digits: int = 3) -> str:

@@ -1,20 +1,23 @@
-"""The CUDA peer library on this machine: cuBLAS behind a small C++ shim (``shim_cuda.cc``).
+"""The CUDA peer library on this machine: cuBLAS and cuDNN behind a small C++ shim
+(``shim_cuda.cc``).
 
-A CUDA task whose anchor is a GEMM (float32, or float16 with float32 accumulation) has one more
-candidate: the same PrimFunc with the GEMM computed by ``cublasGemmEx`` /
-``cublasGemmStridedBatchedEx`` from its host code (:func:`compiler.peers.rewrite.peer_function`
-with ``device="cuda"``; the epilogue stays one TIR kernel). cuBLAS is the one torch's CUDA
-wheels bring (PyPI ``nvidia-cublas*``), else the CUDA toolkit's (``/usr/local/cuda``). Like the
+A CUDA task whose anchor is a GEMM (float32, or float16 with float32 accumulation) or an NCHW
+float32 convolution has one more candidate: the same PrimFunc with the anchor computed by
+``cublasGemmEx`` / ``cublasGemmStridedBatchedEx`` or ``cudnnConvolutionForward`` from its host
+code (:func:`compiler.peers.rewrite.peer_function` with ``device="cuda"``; the epilogue stays
+one TIR kernel). cuBLAS and cuDNN are the ones torch's CUDA wheels bring (PyPI
+``nvidia-cublas*``, ``nvidia-cudnn*``), else the CUDA toolkit's (``/usr/local/cuda``). Like the
 CPU shim (:mod:`compiler.peers.library`), :func:`cuda_peer_library` compiles it once per
 machine into the cache (``TUNEHUB_CACHE_DIR``) with the system C++ compiler and no header:
 
 - ``libtunehub_cuda_peers.so``, loaded ``RTLD_GLOBAL`` into a measuring process;
-- ``tunehub_cuda_peers.o``, linked into an artifact's ``model.so`` with cuBLAS, the CUDA driver
+- ``tunehub_cuda_peers.o``, linked into an artifact's ``model.so`` with cuBLAS, cuDNN, the CUDA
+  driver
   and tvm-ffi (for TVM's current stream), so a fresh process needs only those and the TVM
   runtime.
 
 :func:`cuda_peer_library` returns ``None`` (and :func:`cuda_unavailable_reason` says why) on a
-machine without cuBLAS, the CUDA driver or a compiler, or with ``TUNEHUB_PEERS=0``.
+machine without cuBLAS, cuDNN, the CUDA driver or a compiler, or with ``TUNEHUB_PEERS=0``.
 """
 from __future__ import annotations
 
@@ -54,7 +57,7 @@ class CudaPeerLibrary:
     shared: Path
     object_file: Path
     cublas: SharedLibrary
-    links: tuple[SharedLibrary, ...]  # the CUDA driver, tvm-ffi
+    links: tuple[SharedLibrary, ...]  # cuDNN, the CUDA driver, tvm-ffi
     shim_hash: str
 
     def load(self) -> None:
@@ -70,8 +73,11 @@ class CudaPeerLibrary:
 
     def describe(self) -> dict[str, Any]:
         """What an artifact's manifest says it needs at run time."""
+        cudnn = self.links[0]
         return {"library": LIBRARY, "package": self.cublas.package,
                 "version": self.cublas.version, "path": str(self.cublas.path),
+                "cudnn": {"package": cudnn.package, "version": cudnn.version,
+                          "path": str(cudnn.path)},
                 "shim": self.shim_hash}
 
 
@@ -83,22 +89,32 @@ def _versioned(folder: Path, stem: str) -> Path | None:
     return found[0] if found else plain if plain.exists() else None
 
 
-def find_cublas() -> SharedLibrary:
-    """cuBLAS from a PyPI ``nvidia-cublas*`` wheel, else the CUDA toolkit's. Raises
+def _find_nvidia(package: str, stem: str) -> SharedLibrary:
+    """``stem.so.N`` from a PyPI ``nvidia-<package>*`` wheel, else the CUDA toolkit's. Raises
     ``RuntimeError``."""
     for dist in metadata.distributions():
         name = (dist.metadata["Name"] or "").lower()
-        if not name.startswith("nvidia-cublas"):
+        if not name.startswith(f"nvidia-{package}"):
             continue
         for file in dist.files or ():
-            if re.fullmatch(r"libcublas\.so\.\d+", Path(str(file)).name):
+            if re.fullmatch(rf"{stem}\.so\.\d+", Path(str(file)).name):
                 return SharedLibrary(Path(str(dist.locate_file(file))).resolve(), name,
                                      dist.version)
     for folder in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64",):
-        path = _versioned(folder, "libcublas")
+        path = _versioned(folder, stem)
         if path is not None:
             return SharedLibrary(path, "cuda-toolkit", path.name.rsplit(".so.", 1)[-1])
-    raise RuntimeError("no cuBLAS found (torch's CUDA wheels bring nvidia-cublas)")
+    raise RuntimeError(f"no {stem} found (torch's CUDA wheels bring nvidia-{package})")
+
+
+def find_cublas() -> SharedLibrary:
+    """cuBLAS from a PyPI ``nvidia-cublas*`` wheel, else the CUDA toolkit's."""
+    return _find_nvidia("cublas", "libcublas")
+
+
+def find_cudnn() -> SharedLibrary:
+    """cuDNN from a PyPI ``nvidia-cudnn*`` wheel, else the CUDA toolkit's."""
+    return _find_nvidia("cudnn", "libcudnn")
 
 
 def find_cuda_driver() -> SharedLibrary:
@@ -129,7 +145,7 @@ def _build() -> CudaPeerLibrary:
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++) on this machine")
-    cublas, links = find_cublas(), (find_cuda_driver(), _tvm_ffi())
+    cublas, links = find_cublas(), (find_cudnn(), find_cuda_driver(), _tvm_ffi())
     source_hash = hashlib.sha256(
         SHIM_SOURCE.read_bytes() + str((cublas, links)).encode()).hexdigest()[:16]
     folder = _cache_dir() / "peers" / f"cuda-{source_hash}"

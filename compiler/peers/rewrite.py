@@ -43,7 +43,7 @@ _Load = ir.TensorLoad
 #: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
 FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc"}
 #: The C entry points of the CUDA shim (``compiler/peers/shim_cuda.cc``), by peer kind.
-CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm"}
+CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm", "conv2d_nchw": "tunehub_cuda_conv2d_nchw"}
 VECTOR_LANES = 8
 #: The shim's entry point for Winograd convolutions (``algorithm`` ``winograd_*``).
 WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
@@ -210,9 +210,9 @@ def _coefficients(expr: Any, variables: list[Any]) -> list[int] | None:
         return None
 
 
-def _pad_source(stage: _Stage, padded: Any) -> tuple[str, int, int] | None:
-    """``(input name, pad top, pad left)`` when ``stage`` zero-pads an NHWC input into
-    ``padded``."""
+def _pad_source(stage: _Stage, padded: Any, layout: str = "NHWC") -> tuple[str, int, int] | None:
+    """``(input name, pad top, pad left)`` when ``stage`` zero-pads an input in ``layout``
+    (``NHWC`` or ``NCHW``) into ``padded``."""
     store = stage.block.body
     if not (isinstance(store, tirx.BufferStore) and store.buffer.same_as(padded)):
         return None
@@ -226,9 +226,10 @@ def _pad_source(stage: _Stage, padded: Any) -> tuple[str, int, int] | None:
         if coeffs is None or coeffs[0] != 1:
             return None
         offsets.append(-coeffs[1])
-    if offsets[0] or offsets[3]:
+    rows = layout.index("H")
+    if any(offsets[axis] for axis in range(4) if axis not in (rows, rows + 1)):
         return None
-    return loads[0].source.name, offsets[1], offsets[2]
+    return loads[0].source.name, offsets[rows], offsets[rows + 1]
 
 
 def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
@@ -269,6 +270,52 @@ def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | No
                     algorithm="im2col")
     shape = _ConvShape.of(call, weight.source, store.buffer)
     return replace(call, algorithm=default_conv_algorithm(shape)), index
+
+
+def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
+    """The cuDNN peer of an NCHW convolution (a CUDA target's layout) and the index of its
+    anchor stage: ``Y[n, f, y, x] += P[n, c, y*sh + ry*dh, x*sw + rx*dw] * W[f, c, ry, rx]``,
+    float32, groups 1, padding equal on both sides of each axis (cuDNN's)."""
+    for index in (0, 1):
+        if index < len(stages) and str(stages[index].block.name_hint).startswith("conv2d_nchw"):
+            break
+    else:
+        return None
+    parts = _reduction_parts(stages[index].block)
+    if parts is None:
+        return None
+    store, data, weight, spatial, reduce = parts
+    if len(spatial) != 4 or len(reduce) != 3 or not _float32(store.buffer, data.source,
+                                                              weight.source):
+        return None
+    (n, f, y, x), (rc, ry, rx) = spatial, reduce
+    if not (_is_vars(weight.indices, [f, rc, ry, rx]) and weight.source.name in params):
+        return None
+    rows = _coefficients(data.indices[2], [y, ry])
+    cols = _coefficients(data.indices[3], [x, rx])
+    if (rows is None or cols is None or rows[2] or cols[2]
+            or not _is_vars([data.indices[0], data.indices[1]], [n, rc])):
+        return None
+    if index == 0:
+        source, top, left = data.source.name, 0, 0
+    else:
+        pad = _pad_source(stages[0], data.source, "NCHW")
+        if pad is None:
+            return None
+        source, top, left = pad
+    if source not in params:
+        return None
+    unpadded = stages[0].block.reads[0].source if index else data.source
+    h, w = (int(d) for d in unpadded.shape[2:])
+    kh, kw = (int(d) for d in weight.source.shape[2:])
+    oh, ow = (int(d) for d in store.buffer.shape[2:])
+    if ((h + 2 * top - rows[1] * (kh - 1) - 1) // rows[0] + 1 != oh
+            or (w + 2 * left - cols[1] * (kw - 1) - 1) // cols[0] + 1 != ow):
+        return None  # padded more on one side than the other: not cuDNN's convolution
+    config = (("stride_h", rows[0]), ("stride_w", cols[0]), ("pad_top", top),
+              ("pad_left", left), ("dilation_h", rows[1]), ("dilation_w", cols[1]))
+    return PeerCall("conv2d_nchw", (source, weight.source.name), store.buffer.name, config,
+                    "cuda"), index
 
 
 @dataclass(frozen=True)
@@ -333,6 +380,8 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
         found = _fold_output_cast(call, stages, params) if device == "cuda" else (call, 0)
     elif device == "cpu":
         found = _conv2d(stages, params)
+    else:
+        found = _conv2d_nchw(stages, params)
     if found is None:
         return None
     epilogue = stages[found[1] + 1:]
@@ -458,6 +507,12 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
         return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched),
                 *extra]
     x_shape = [int(d) for d in inputs[0].shape]
+    if call.kind == "conv2d_nchw":  # tunehub_cuda_conv2d_nchw: all int64
+        k, _, kh, kw = (int(d) for d in inputs[1].shape)
+        sizes = (*x_shape, k, kh, kw, shape[2], shape[3], config["stride_h"],
+                 config["stride_w"], config["pad_top"], config["pad_left"], config["dilation_h"],
+                 config["dilation_w"])
+        return [tirx.IntImm("int64", v) for v in sizes]
     tile = CONV_ALGORITHMS[call.algorithm or "im2col"]
     if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
         sizes = (*x_shape, int(inputs[1].shape[3]), shape[1], shape[2])

@@ -1,4 +1,5 @@
-// TuneHub's CUDA library peers: a C entry point that computes a task's GEMM anchor with cuBLAS.
+// TuneHub's CUDA library peers: C entry points that compute a task's anchor with cuBLAS (GEMM)
+// or cuDNN (convolution).
 //
 // A peer PrimFunc for a CUDA target calls it from its host code with T.call_extern (device
 // pointers, shapes as constants); the epilogue stays a TIR kernel launched after it on the same
@@ -11,12 +12,21 @@
 //       B (a weight) serves every batch (the batch folds into M). dtype: 0 = float32 in and out
 //       (fp32 math, no TF32), 1 = float16 in and out, 2 = float16 in, float32 out (both with
 //       fp32 accumulation). Returns 0, or the cuBLAS status of a failed call.
+//   tunehub_cuda_conv2d_nchw(X, W, Y, n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
+//       Y[n, k, oh, ow] = conv(X[n, c, h, w], W[k, c, kh, kw]), float32, groups 1, zero padding
+//       ph / pw on both sides: cudnnConvolutionForward with FMA math (no TF32) and the fastest
+//       algorithm cudnnFindConvolutionForwardAlgorithm measures for the shape, found on the
+//       first call of a shape and kept (with its workspace) for the process. Returns 0, or the
+//       cuDNN status of a failed call.
 //
 // Stream: the one TVM launches its kernels on for the current device (TVMFFIEnvGetStream), so
 // the library call and the epilogue kernel are ordered. One cuBLAS handle per device and thread.
 // cuBLAS, the CUDA driver and tvm-ffi are declared here, so no header is needed.
 #include <cstdint>
 #include <cstdio>
+#include <map>
+#include <mutex>
+#include <tuple>
 #include <unordered_map>
 
 extern "C" {
@@ -32,7 +42,44 @@ int cublasGemmStridedBatchedEx(cublasHandle_t handle, int transa, int transb, in
                                long long stride_a, const void* b, int b_type, int ldb,
                                long long stride_b, const void* beta, void* c, int c_type, int ldc,
                                long long stride_c, int batch_count, int compute_type, int algo);
+typedef void* cudnnHandle_t;
+typedef void* cudnnTensorDescriptor_t;
+typedef void* cudnnFilterDescriptor_t;
+typedef void* cudnnConvolutionDescriptor_t;
+typedef struct {  // cudnnConvolutionFwdAlgoPerf_t
+  int algo;
+  int status;
+  float time;
+  size_t memory;
+  int determinism;
+  int math_type;
+  int reserved[3];
+} ConvAlgoPerf;
+int cudnnCreate(cudnnHandle_t* handle);
+int cudnnSetStream(cudnnHandle_t handle, void* stream);
+int cudnnCreateTensorDescriptor(cudnnTensorDescriptor_t* desc);
+int cudnnSetTensor4dDescriptor(cudnnTensorDescriptor_t desc, int format, int type, int n, int c,
+                               int h, int w);
+int cudnnCreateFilterDescriptor(cudnnFilterDescriptor_t* desc);
+int cudnnSetFilter4dDescriptor(cudnnFilterDescriptor_t desc, int type, int format, int k, int c,
+                               int h, int w);
+int cudnnCreateConvolutionDescriptor(cudnnConvolutionDescriptor_t* desc);
+int cudnnSetConvolution2dDescriptor(cudnnConvolutionDescriptor_t desc, int pad_h, int pad_w,
+                                    int u, int v, int dilation_h, int dilation_w, int mode,
+                                    int compute_type);
+int cudnnSetConvolutionMathType(cudnnConvolutionDescriptor_t desc, int math_type);
+int cudnnFindConvolutionForwardAlgorithm(cudnnHandle_t handle, cudnnTensorDescriptor_t x,
+                                         cudnnFilterDescriptor_t w,
+                                         cudnnConvolutionDescriptor_t conv,
+                                         cudnnTensorDescriptor_t y, int requested, int* returned,
+                                         ConvAlgoPerf* results);
+int cudnnConvolutionForward(cudnnHandle_t handle, const void* alpha, cudnnTensorDescriptor_t x_desc,
+                            const void* x, cudnnFilterDescriptor_t w_desc, const void* w,
+                            cudnnConvolutionDescriptor_t conv_desc, int algo, void* workspace,
+                            size_t workspace_bytes, const void* beta,
+                            cudnnTensorDescriptor_t y_desc, void* y);
 int cuCtxGetDevice(int* device);  // the CUDA driver (libcuda), always present with a GPU
+int cuMemAlloc_v2(unsigned long long* pointer, size_t bytes);
 void* TVMFFIEnvGetStream(int32_t device_type, int32_t device_id);  // tvm-ffi
 }
 
@@ -43,6 +90,7 @@ enum { kR32F = 0, kR16F = 2 };                    // cudaDataType_t
 enum { kCompute32F = 68 };                        // cublasComputeType_t (no TF32)
 enum { kGemmDefault = -1 };                       // cublasGemmAlgo_t
 enum { kDLCUDA = 2 };                             // DLDeviceType
+enum { kNCHW = 0, kFloat = 0, kCrossCorrelation = 1, kFmaMath = 3 };  // cuDNN enums
 
 cublasHandle_t Handle(int device) {
   thread_local std::unordered_map<int, cublasHandle_t> handles;
@@ -84,5 +132,106 @@ extern "C" int tunehub_cuda_gemm(const void* a, const void* b, void* c, int64_t 
                                         m * n, batch, kCompute32F, kGemmDefault);
   }
   if (status != 0) std::fprintf(stderr, "tunehub_cuda_gemm: cuBLAS status %d\n", status);
+  return status;
+}
+
+namespace {
+
+cudnnHandle_t CudnnHandle(int device) {
+  thread_local std::unordered_map<int, cudnnHandle_t> handles;
+  auto found = handles.find(device);
+  if (found != handles.end()) return found->second;
+  cudnnHandle_t handle = nullptr;
+  if (cudnnCreate(&handle) != 0) return nullptr;
+  handles[device] = handle;
+  return handle;
+}
+
+// A convolution shape's descriptors, algorithm and workspace, made on its first call.
+struct ConvPlan {
+  cudnnTensorDescriptor_t x = nullptr, y = nullptr;
+  cudnnFilterDescriptor_t w = nullptr;
+  cudnnConvolutionDescriptor_t conv = nullptr;
+  int algo = 0;
+  void* workspace = nullptr;
+  size_t workspace_bytes = 0;
+};
+
+using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
+                           int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
+
+int MakePlan(cudnnHandle_t handle, const int64_t* d, ConvPlan* plan) {
+  // d: n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw
+  int status = cudnnCreateTensorDescriptor(&plan->x);
+  if (!status) status = cudnnSetTensor4dDescriptor(plan->x, kNCHW, kFloat, d[0], d[1], d[2], d[3]);
+  if (!status) status = cudnnCreateTensorDescriptor(&plan->y);
+  if (!status) status = cudnnSetTensor4dDescriptor(plan->y, kNCHW, kFloat, d[0], d[4], d[7], d[8]);
+  if (!status) status = cudnnCreateFilterDescriptor(&plan->w);
+  if (!status) status = cudnnSetFilter4dDescriptor(plan->w, kFloat, kNCHW, d[4], d[1], d[5], d[6]);
+  if (!status) status = cudnnCreateConvolutionDescriptor(&plan->conv);
+  if (!status)
+    status = cudnnSetConvolution2dDescriptor(plan->conv, d[11], d[12], d[9], d[10], d[13], d[14],
+                                             kCrossCorrelation, kFloat);
+  if (!status) status = cudnnSetConvolutionMathType(plan->conv, kFmaMath);
+  ConvAlgoPerf perf[16];
+  int returned = 0;
+  if (!status)
+    status = cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y,
+                                                  16, &returned, perf);
+  if (status) return status;
+  for (int i = 0; i < returned; ++i) {  // fastest first; FMA math only (no TF32)
+    if (perf[i].status != 0 || (perf[i].math_type != kFmaMath && perf[i].math_type != 0)) continue;
+    plan->algo = perf[i].algo;
+    plan->workspace_bytes = perf[i].memory;
+    if (plan->workspace_bytes) {
+      unsigned long long pointer = 0;
+      if (cuMemAlloc_v2(&pointer, plan->workspace_bytes) != 0) continue;
+      plan->workspace = reinterpret_cast<void*>(pointer);
+    }
+    return 0;
+  }
+  return -1;
+}
+
+}  // namespace
+
+extern "C" int tunehub_cuda_conv2d_nchw(const float* x, const float* w, float* y, int64_t n,
+                                        int64_t c, int64_t h, int64_t wd, int64_t k, int64_t kh,
+                                        int64_t kw, int64_t oh, int64_t ow, int64_t sh,
+                                        int64_t sw, int64_t ph, int64_t pw, int64_t dh,
+                                        int64_t dw) {
+  static std::mutex mutex;
+  static std::map<ConvKey, ConvPlan> plans;
+  int device = 0;
+  cuCtxGetDevice(&device);
+  cudnnHandle_t handle = CudnnHandle(device);
+  if (handle == nullptr) {
+    std::fprintf(stderr, "tunehub_cuda_conv2d_nchw: cudnnCreate failed\n");
+    return 1;
+  }
+  int status = cudnnSetStream(handle, TVMFFIEnvGetStream(kDLCUDA, device));
+  if (status != 0) return status;
+  const int64_t dims[15] = {n, c, h, wd, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw};
+  ConvKey key{device, n, c, h, wd, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw};
+  ConvPlan* plan = nullptr;
+  {
+    std::lock_guard<std::mutex> lock(mutex);
+    auto found = plans.find(key);
+    if (found == plans.end()) {
+      ConvPlan made;
+      status = MakePlan(handle, dims, &made);
+      if (status != 0) {
+        std::fprintf(stderr, "tunehub_cuda_conv2d_nchw: no cuDNN algorithm (status %d)\n",
+                     status);
+        return status;
+      }
+      found = plans.emplace(key, made).first;
+    }
+    plan = &found->second;
+  }
+  const float alpha = 1.0f, beta = 0.0f;
+  status = cudnnConvolutionForward(handle, &alpha, plan->x, x, plan->w, w, plan->conv, plan->algo,
+                                   plan->workspace, plan->workspace_bytes, &beta, plan->y, y);
+  if (status != 0) std::fprintf(stderr, "tunehub_cuda_conv2d_nchw: cuDNN status %d\n", status);
   return status;
 }

@@ -1,5 +1,5 @@
-"""CUDA library peers (issue 21): a GEMM task of a CUDA target computed by cuBLAS from its host
-code, the epilogue one TIR kernel; a whole model built with them.
+"""CUDA library peers (issue 21): a GEMM or convolution task of a CUDA target computed by cuBLAS
+or cuDNN from its host code, the epilogue one TIR kernel; a whole model built with them.
 
 TVM lowers and packages CUDA code on a machine without a GPU, so the detection, the rewrite and
 the build run everywhere; running the peers needs a GPU and cuBLAS (skipped otherwise).
@@ -57,6 +57,24 @@ def test_a_model_builds_for_cuda_with_its_gemms_on_cublas() -> None:
             assert ("blockIdx.x" in script) == ("relu" in task.name)  # the epilogue's kernel
     executable = build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=keys)
     assert executable is not None
+
+
+def test_nchw_convolutions_get_cudnn_peers(example_model) -> None:
+    """The small CNN's convolutions (NCHW on CUDA, with bias/ReLU epilogues) call cuDNN from
+    their host code; the build with them succeeds."""
+    prepared = prepare_model(example_model("small_cnn", "onnx"), cuda_target(H200))
+    tasks = list(zip(prepared.partition.tasks, prepared.partition.extracted))
+    calls = {t.key: find_peer(e.dispatched[0], "cuda") for t, e in tasks}
+    convs = {t.key for t, _ in tasks if "conv2d" in t.name}
+    assert convs and all(calls[k] is not None and calls[k].kind == "conv2d_nchw" for k in convs)
+    assert all(find_peer(e.dispatched[0], "cuda") is None for t, e in tasks
+               if t.key not in convs and "matmul" not in t.name)
+    for task, extracted in tasks:
+        if task.key in convs:
+            script = peer_task_module(extracted.dispatched[0], "cuda").script()
+            assert "tunehub_cuda_conv2d_nchw" in script and "blockIdx.x" in script
+    keys = {k for k, call in calls.items() if call is not None}
+    assert build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=keys)
 
 
 @pytest.mark.gpu
