@@ -13,7 +13,7 @@ import datetime as dt
 import json
 import shutil
 import tempfile
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
@@ -79,11 +79,16 @@ def peers_manifest(keys: Collection[str], target: TargetSpec | None = None
                    ) -> dict[str, Any] | None:
     """The manifest's ``peers``: the library an artifact built with the peers of tasks ``keys``
     for ``target`` (default: a CPU target) needs at run time
-    (:meth:`compiler.peers.PeerLibrary.describe`) and those tasks; ``None`` when it uses none."""
+    (:meth:`compiler.peers.PeerLibrary.describe`), those tasks and, when ``keys`` maps them to
+    the :class:`compiler.peers.PeerCall` each makes, those calls; ``None`` when it uses none."""
     library = (library_for(target) if target is not None else peer_library()) if keys else None
     if library is None:
         return None
-    return {"runtime_library": library.describe(), "tasks": sorted(keys)}
+    out: dict[str, Any] = {"runtime_library": library.describe(), "tasks": sorted(keys)}
+    if isinstance(keys, Mapping):  # the variant each task calls (e.g. a Winograd algorithm)
+        out["calls"] = {key: call.to_json() for key, call in sorted(keys.items())
+                        if call is not None}
+    return out
 
 
 def publish_artifact(

@@ -36,9 +36,10 @@ def build(
     peers: Collection[str] = (),
 ) -> Any:
     """Compile the normalized (unfused) Relax ``mod``; see the module docstring. ``peers``: the
-    workload keys of the tasks built with their library peer (:mod:`compiler.peers`; without a
-    ``database`` the other tasks get TVM's default schedules); export such an executable with
-    ``link_peers``."""
+    workload keys of the tasks built with their library peer (or a mapping from each key to
+    the :class:`compiler.peers.PeerCall` variant to build, as a final build measured them;
+    :mod:`compiler.peers`; without a ``database`` the other tasks get TVM's default schedules);
+    export such an executable with ``link_peers``."""
     try:
         if database is None and not peers:
             return build_untuned(mod, target)

@@ -172,8 +172,9 @@ class Winners:
     remeasured: Mapping[str, TaskRemeasure]
 
     @property
-    def peers(self) -> frozenset[str]:
-        """The keys of the tasks the build computes with their library peer."""
+    def peers(self) -> dict[str, Any]:
+        """By key, the tasks the build computes with a library peer, and the variant
+        (:class:`compiler.peers.PeerCall`) each measured fastest."""
         return peer_keys(self.remeasured)
 
     def outcomes(self, outcomes: Sequence[TaskOutcome]) -> list[TaskOutcome]:

@@ -49,7 +49,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.default_schedules import default_task_module
-from compiler.peers import device_of, find_peer, library_for, peer_task_module, peers_supported
+from compiler.peers import device_of, library_for, peer_task_module, peer_variants, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, measurement, spread, trace_hash
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
@@ -88,7 +88,9 @@ class Candidate:
     """One candidate of a task, re-measured: a stored record (``record`` is its
     ``TuningRecord.as_json()`` list), a library peer (``peer``: what it calls, with which
     library; no record) or TVM's default schedule (``default``: which one; no record).
-    ``rounds_secs`` is the mean run time of each round (empty: it failed to build or run)."""
+    ``rounds_secs`` is the mean run time of each round (empty: it failed to build or run).
+    A peer also has ``peer_call``, the :class:`compiler.peers.PeerCall` the build applies (one
+    of the task's variants: a convolution's ``im2col`` or Winograd algorithms)."""
 
     trace_hash: str
     record: tuple[Any, ...]
@@ -96,6 +98,7 @@ class Candidate:
     rounds_secs: tuple[float, ...]
     peer: Mapping[str, Any] | None = None
     default: Mapping[str, Any] | None = None
+    peer_call: Any = None
 
     @property
     def median_secs(self) -> float | None:
@@ -227,22 +230,24 @@ def time_side_by_side(
     return [tuple(t) for t in times]
 
 
-def _peer_candidate(extracted: Any, target: Any, rpc: RpcConfig | None) -> tuple[Any, Any] | None:
-    """``(peer module, peer description)`` of a task, or ``None`` (no peer, no library, RPC)."""
+def _peer_candidates(extracted: Any, target: Any, rpc: RpcConfig | None
+                     ) -> list[tuple[Any, Any, Any]]:
+    """``(peer module, peer description, PeerCall)`` of each of a task's peer variants
+    (:func:`compiler.peers.peer_variants`); none without a peer, a library, or through RPC."""
     library = library_for(target) if rpc is None else None
     if library is None:
-        return None
+        return []
     task_mod, device = extracted.dispatched[0], device_of(target)
-    call = find_peer(task_mod, device)
-    if call is None:
-        return None
-    try:
-        module = peer_task_module(task_mod, device)
-    except Exception as err:  # noqa: BLE001 - a peer that cannot be made is left out
-        logger.warning("task %s: its library peer could not be made (%s)", extracted.task_name,
-                       err)
-        return None
-    return module, {**call.to_json(), **library.describe()}
+    out = []
+    for call in peer_variants(task_mod, device):
+        try:
+            module = peer_task_module(task_mod, device, call=call)
+        except Exception as err:  # noqa: BLE001 - a peer that cannot be made is left out
+            logger.warning("task %s: its library peer %s could not be made (%s)",
+                           extracted.task_name, call.algorithm or call.kind, err)
+            continue
+        out.append((module, {**call.to_json(), **library.describe()}, call))
+    return out
 
 
 def _default_candidate(extracted: Any, target: Any) -> tuple[Any, Any] | None:
@@ -291,19 +296,19 @@ def remeasure_tasks(
     for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
         mod = extracted.dispatched[0]
         entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]][:top]
-        peer = _peer_candidate(extracted, prepared.target, rpc) if task.tunable else None
+        peers = _peer_candidates(extracted, prepared.target, rpc) if task.tunable else []
         default = (_default_candidate(extracted, prepared.target)
-                   if task.tunable and (entries or peer) else None)
-        if peer is None and len(entries) + (default is not None) < 2:
+                   if task.tunable and (entries or peers) else None)
+        if not peers and len(entries) + (default is not None) < 2:
             continue
         for entry in entries:
             candidate = Candidate(trace_hash=_hash_of(entry), record=tuple(entry),
                                   recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=())
             jobs.append((task, candidate, mod, entry[0]))
-        if peer is not None:
+        for module, description, call in peers:
             candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
-                                  peer=peer[1])
-            jobs.append((task, candidate, peer[0], None))
+                                  peer=description, peer_call=call)
+            jobs.append((task, candidate, module, None))
         if default is not None:
             candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
                                   default=default[1])
@@ -327,9 +332,11 @@ def remeasure_tasks(
     return result
 
 
-def peer_keys(remeasured: Mapping[str, TaskRemeasure]) -> frozenset[str]:
-    """The task keys whose re-measured winner is the library peer (the build's ``peers``)."""
-    return frozenset(key for key, task in remeasured.items() if task.peer_won)
+def peer_keys(remeasured: Mapping[str, TaskRemeasure]) -> dict[str, Any]:
+    """The build's ``peers``: by task key, the :class:`compiler.peers.PeerCall` of each task
+    whose re-measured winner is one of its library peers (the variant that won)."""
+    return {key: task.winner.peer_call for key, task in remeasured.items()  # type: ignore[union-attr]
+            if task.peer_won}
 
 
 def records_for_build(

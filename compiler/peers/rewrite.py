@@ -420,13 +420,13 @@ def find_peer(mod: tvm.IRModule, device: str = "cpu") -> PeerCall | None:
     return found[0] if found else None
 
 
-def peer_variants(mod: tvm.IRModule) -> list[PeerCall]:
-    """Every library call that can replace the anchor of a task module on the CPU: the call
-    :func:`find_peer` picks first, then the other algorithms of a convolution
+def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
+    """Every library call that can replace the anchor of a task module on ``device``: the call
+    :func:`find_peer` picks first, then (CPU) the other algorithms of a convolution
     (:func:`conv_algorithms`); empty when the task has no peer. Each builds with
-    ``peer_function(func, call=...)`` / ``peer_task_module(mod, call=...)`` and is told apart by
-    ``algorithm`` (in its :meth:`PeerCall.to_json`)."""
-    default = find_peer(mod)
+    ``peer_function(func, device, call=...)`` / ``peer_task_module(mod, device, call=...)`` and
+    is told apart by ``algorithm`` (in its :meth:`PeerCall.to_json`)."""
+    default = find_peer(mod, device)
     if default is None or default.kind != "conv2d_nhwc":
         return [default] if default is not None else []
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))

@@ -169,19 +169,24 @@ def run_compile(args: argparse.Namespace) -> int:
 
 def _implementations_from_records(
     storage, prepared, schedules: list[dict[str, Any]]
-) -> tuple[frozenset[str], frozenset[str]]:
+) -> tuple[dict[str, Any], frozenset[str]]:
     """The tasks whose best stored library record (:meth:`db.TuningStorage.best_library_records`)
     measured faster than their best schedule record, or that have no schedule record at all:
-    ``(peer keys, default keys)`` (a ``tvm default`` record is TVM's default schedule; a task
+    ``(peers, default keys)``, ``peers`` mapping each key to the variant the record measured
+    (:class:`compiler.peers.PeerCall`, by its ``algorithm``; a record without one was the
+    convolution's ``im2col``), a ``tvm default`` record being TVM's default schedule (a task
     without any record gets it anyway). Their ``schedules`` rows get ``"implementation"``.
     Nothing on targets whose build has neither peers nor default schedules."""
-    from compiler.peers import peer_library, peers_supported
+    from compiler.peers import device_of, library_for, peer_variants, peers_supported
 
     if not peers_supported(prepared.target):
-        return frozenset(), frozenset()
-    has_peers = peer_library() is not None
+        return {}, frozenset()
+    has_peers = library_for(prepared.target) is not None
+    modules = {t.key: e.dispatched[0]
+               for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)}
     library = storage.best_library_records(prepared.target.key, [row["key"] for row in schedules])
-    peers, defaults = set(), set()
+    peers: dict[str, Any] = {}
+    defaults: set[str] = set()
     for row in schedules:
         best = library.get(row["key"])
         row["implementation"] = "schedule"
@@ -193,12 +198,19 @@ def _implementations_from_records(
             defaults.add(row["key"])
             row["implementation"] = "default"
         elif has_peers:
-            peers.add(row["key"])
+            wanted = best.call.get("algorithm",
+                                   "im2col" if best.call.get("kind") == "conv2d_nhwc" else "")
+            variant = next((v for v in peer_variants(modules[row["key"]],
+                                                     device_of(prepared.target))
+                            if v.algorithm == wanted), None)
+            if variant is None:  # not a variant this build has (another shim): no peer
+                continue
+            peers[row["key"]] = variant
             row["implementation"] = f"{best.library} {best.call.get('kind', '')}".strip()
         else:
             continue
         row["library_ms"] = best.median_secs * 1e3
-    return frozenset(peers), frozenset(defaults)
+    return peers, frozenset(defaults)
 
 
 def _schedules_used(storage, database, prepared) -> list[dict[str, Any]]:

@@ -81,6 +81,7 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     defaults_won = {t["key"] for t in remeasured
                     if any("default" in c and c["chosen"] for c in t["candidates"])}
     assert (manifest["peers"] or {}).get("tasks", []) == sorted(won)
+    assert set((manifest["peers"] or {}).get("calls", {})) == won  # the variant each calls
     # Stored beside their records, tagged with the job; the records themselves are unchanged.
     stored = storage.list_remeasurements(job_id=summary.job_id)
     assert len(stored) == sum(len([c for c in t["candidates"]
@@ -170,3 +171,40 @@ def test_settings_are_checked(monkeypatch):
     assert not RemeasureConfig.from_env().enabled
     with pytest.raises(ValueError, match="finite, positive"):
         db.NewRemeasurement(record_id=1, rounds_secs=(0.0,))
+
+
+@pytest.mark.skipif(peer_library() is None, reason="no peer library on this machine")
+def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
+    """A 3x3 stride-1 convolution has three peer variants (im2col, Winograd F(2x2), F(4x4)):
+    each is timed side by side with the default schedule, and the build's ``peers`` names the
+    variant that won; the artifact built with it matches ONNX Runtime."""
+    from compiler.build import build  # noqa: PLC0415
+    from compiler.peers import peer_variants  # noqa: PLC0415
+    from compiler.runner import LoadedLibrary  # noqa: PLC0415
+    from compiler.verify import verify  # noqa: PLC0415
+    from tests.compiler.test_peers import conv_model  # noqa: PLC0415
+    from tuner.remeasure import peer_keys, remeasure_tasks  # noqa: PLC0415
+
+    path = tmp_path / "conv.onnx"
+    path.write_bytes(conv_model(64, 64, 16, 3, 1, 1).SerializeToString())
+    prepared = prepare_model(path, cpu_target())
+    (task, extracted), = [(t, e) for t, e in zip(prepared.partition.tasks,
+                                                 prepared.partition.extracted) if "conv" in t.name]
+    variants = peer_variants(extracted.dispatched[0])
+    assert {v.algorithm for v in variants} == {"im2col", "winograd_f2", "winograd_f4"}
+    remeasured = remeasure_tasks(prepared, {}, RemeasureConfig(top=2, rounds=2))
+    candidates = remeasured[task.key].candidates
+    assert sorted(c.peer["algorithm"] for c in candidates if c.peer) == sorted(
+        v.algorithm for v in variants)
+    assert sum(c.default is not None for c in candidates) == 1
+    assert all(len(c.rounds_secs) == 2 for c in candidates)
+    peers = peer_keys(remeasured)
+    winner = remeasured[task.key].winner
+    assert (task.key in peers) == (winner.peer is not None)
+    if task.key in peers:
+        assert peers[task.key].algorithm == winner.peer["algorithm"]
+    from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415
+
+    executable = build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=peers)
+    loaded = LoadedLibrary.from_executable(executable, "cpu")
+    assert verify(prepared.model, loaded.run).passed
