@@ -42,15 +42,15 @@ import ctypes
 import datetime as dt
 import json
 import os
-import statistics
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from bench.bench_peers import interleaved
 
 REPO = Path(__file__).resolve().parents[1]
 #: The shim before the Winograd work (im2col copying a tap at a time, row blocks only).
@@ -141,30 +141,6 @@ def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | Non
     if residual:
         feed["r"] = rng.standard_normal(nchw(out)).astype("float32")
     return lambda: session.run(None, feed)
-
-
-def interleaved(timers: dict[str, Callable[[], float]], rounds: int, pause: float,
-                seed: int = 0) -> dict[str, float]:
-    """Median of ``rounds`` rounds per timer. Each round runs every timer once in a new random
-    order, with ``pause`` seconds of sleep before each: a runtime's threads that spin after
-    their call (ONNX Runtime's intra-op pool, TVM's pool) go idle before the next timer starts,
-    and no timer always follows the same one. (With :func:`bench.bench_peers.interleaved`'s
-    fixed rotation, on the loaded 2-core box of 2026-12-01, the baseline shim, always timed right
-    after ONNX Runtime, measured 1.5-2.5x slower than today's shim on tasks where both run the
-    same code; with this order and pause, 0.92-1.0x.)"""
-    import random
-
-    order = list(timers)
-    samples: dict[str, list[float]] = {n: [] for n in order}
-    shuffle = random.Random(seed).shuffle
-    for name in order:  # warm up
-        timers[name]()
-    for _ in range(rounds):
-        shuffle(order)
-        for name in order:
-            time.sleep(pause)
-            samples[name].append(timers[name]())
-    return {n: statistics.median(v) for n, v in samples.items()}
 
 
 def _tvm_call(mod: Any, target: Any, args: list[np.ndarray]) -> tuple[Callable[[], Any], Any]:

@@ -61,15 +61,27 @@ def _timer(call: Callable[[], Any], min_secs: float = 0.2) -> Callable[[], float
     return round_secs
 
 
-def interleaved(timers: dict[str, Callable[[], float]], rounds: int) -> dict[str, float]:
-    """Median of ``rounds`` rounds per timer, the order rotated each round."""
-    names = list(timers)
-    samples: dict[str, list[float]] = {n: [] for n in names}
-    for name in names:  # warm up
+def interleaved(timers: dict[str, Callable[[], float]], rounds: int, pause: float = 0.05,
+                seed: int = 0) -> dict[str, float]:
+    """Median of ``rounds`` rounds per timer. Each round runs every timer once in a new random
+    order, with ``pause`` seconds of sleep before each: a runtime's threads that spin after
+    their call (ONNX Runtime's intra-op pool, TVM's pool) go idle before the next timer starts,
+    and no timer always follows the same one. (With a fixed rotation, on the loaded 2-core box
+    of 2026-12-01, a timer always run right after ONNX Runtime measured 1.5-2.5x slower on
+    tasks where it ran the same code as another; with this order and pause, 0.92-1.0x:
+    ``bench/results/conv_peers_2026-12-01.md``.)"""
+    import random
+    import time
+
+    order = list(timers)
+    samples: dict[str, list[float]] = {n: [] for n in order}
+    shuffle = random.Random(seed).shuffle
+    for name in order:  # warm up
         timers[name]()
-    for index in range(rounds):
-        shift = index % len(names)
-        for name in names[shift:] + names[:shift]:
+    for _ in range(rounds):
+        shuffle(order)
+        for name in order:
+            time.sleep(pause)
             samples[name].append(timers[name]())
     return {n: statistics.median(v) for n, v in samples.items()}
 
