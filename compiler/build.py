@@ -78,7 +78,7 @@ def export_library(
 ) -> Path:
     """Write the executable as a shared library at ``path`` atomically (temp file + rename).
     ``link_peers``: link the peer shim and its library in (an executable built with ``peers``
-    for ``target``, default a CPU target: OpenBLAS; CUDA: cuBLAS); raises
+    for ``target``, default a CPU target: OpenBLAS; CUDA: cuBLAS and cuDNN); raises
     :class:`CompileError` when this machine has no peer library for it."""
     path.parent.mkdir(parents=True, exist_ok=True)
     kwargs: dict[str, Any] = {}

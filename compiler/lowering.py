@@ -125,8 +125,8 @@ def _cuda_with_peers(
     mod: tvm.IRModule, tvm_target: tvm.target.Target, database: Any, peers: Collection[str]
 ) -> Any:
     """``ms.relax_integration.compile_relax``'s pipeline for a GPU target (fuse as tuning did,
-    apply the database, DLight's GPU rules for the rest, lower), with the cuBLAS peers of the
-    tasks keyed in ``peers`` put in after fusion."""
+    apply the database, DLight's GPU rules for the rest, lower), with the cuBLAS / cuDNN peers
+    of the tasks keyed in ``peers`` put in after fusion."""
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline  # noqa: PLC0415 - as CPU's
     from tvm.s_tir import dlight as dl  # noqa: PLC0415 - only this path
 

@@ -18,11 +18,12 @@ artifact). A candidate that no longer builds or runs is left out of its task's c
 whose candidates all fail keeps its best record.
 
 Library peers (issue 21, :mod:`compiler.peers`): a task whose anchor a library implements has
-one more candidate, its peer (the task's PrimFunc with the anchor computed by OpenBLAS, or by
-cuBLAS on a CUDA target), timed in
-the same rounds as the task's records; where it wins, the build uses it
-(:attr:`TaskRemeasure.peer_won`). Peers are measured on this machine only (an RPC device would
-need the library too) and never without a peer library (:func:`compiler.peers.peer_library`).
+more candidates, its peer variants (the task's PrimFunc with the anchor computed by OpenBLAS,
+a convolution as im2col or Winograd, or by cuBLAS / cuDNN on a CUDA target), timed in the same
+rounds as the task's records; where one wins, the build applies that variant
+(:attr:`TaskRemeasure.peer_won`, :func:`peer_keys`). Peers are measured on this machine only (an
+RPC device would need the library too) and never without the target's peer library
+(:func:`compiler.peers.library_for`).
 
 TVM's default schedule (:mod:`compiler.default_schedules`: the CPU defaults, or DLight's GPU
 rules) is a candidate too: a record found by a short search can be slower than the default, a

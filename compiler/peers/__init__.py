@@ -7,7 +7,8 @@ the task's best schedules and the build takes it only for the tasks where it won
 (:func:`apply_peers`); an artifact that uses one links the shim and OpenBLAS
 (:mod:`compiler.peers.library`). Only CPU targets on the current compile options
 (:data:`compiler.compile_options.CPU_DEFAULT`) and CUDA targets have peers (on CUDA, GEMMs by
-cuBLAS: :mod:`compiler.peers.cuda_library`); legacy NCHW CPU targets keep their path.
+cuBLAS and convolutions by cuDNN: :mod:`compiler.peers.cuda_library`); legacy NCHW CPU targets
+keep their path.
 """
 from __future__ import annotations
 

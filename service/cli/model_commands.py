@@ -105,7 +105,7 @@ def run_compile(args: argparse.Namespace) -> int:
     from compiler.artifact import check_output_dir, peers_manifest, publish_artifact
     from compiler.build import build, build_zero_trial
     from compiler.errors import CompileError, ModelError, VerificationError
-    from compiler.peers import unavailable_reason
+    from compiler.peers import library_unavailable_reason
 
     try:
         check_output_dir(args.output, force=args.force)
@@ -135,8 +135,8 @@ def run_compile(args: argparse.Namespace) -> int:
             executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
             extra = {"tuned": False, "zero_trial": True}
         extra["peers"] = peers_manifest(peers, prepared.target)
-        if not peers and unavailable_reason():
-            extra["peers_skipped"] = unavailable_reason()
+        if not peers and library_unavailable_reason(prepared.target):
+            extra["peers_skipped"] = library_unavailable_reason(prepared.target)
         manifest = publish_artifact(
             executable,
             prepared.model,
