@@ -21,7 +21,9 @@ What the decoders did need:
   ``cumsum`` of a boolean or integer tensor is ``int64`` in torch, TVM's keeps the input dtype (a
   boolean running sum: wrong, and it does not compile, ``t.MatchesCode(kDLFloat)``);
   ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (``&``, ``|``, ``^``, ``~`` on masks)
-  become ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module verification.
+  become ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module verification;
+  ``cat`` skips a 1-D empty operand as torch does (the first keys a ``DynamicCache`` stores:
+  a prefill that returns its cache, ``examples/kv_decoder.py``), where TVM refused the ranks.
 
 :func:`unsupported_ops` is the check, at two points of the import (:mod:`compiler.importer`):
 
@@ -46,6 +48,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import tvm
 from torch import fx
 from tvm import relax
 
@@ -114,8 +117,28 @@ def _bitwise(
     return convert
 
 
+def _cat(node: Any, importer: Any) -> relax.Expr:
+    """``aten.cat(tensors, dim=0)`` with torch's legacy rule for empty inputs: a 1-D tensor of
+    size 0 is skipped whatever the others' rank (``transformers``' ``DynamicCache`` starts each
+    layer as ``torch.tensor([])`` and concatenates the first keys onto it, so every prefill that
+    fills a cache has ``cat([tensor([]), keys], -2)``; TVM's converter refuses the mixed ranks)."""
+    tensors = [importer.env[arg] for arg in node.args[0]]
+    dim = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)
+
+    def legacy_empty(x: relax.Expr) -> bool:
+        shape = importer.shape_of(x)
+        return (shape is not None and len(shape) == 1
+                and isinstance(shape[0], tvm.tirx.IntImm) and int(shape[0]) == 0)
+
+    kept = [x for x in tensors if not legacy_empty(x)] or tensors[:1]
+    if len(kept) == 1:
+        return kept[0]
+    return importer.block_builder.emit(relax.op.concat(kept, axis=dim))
+
+
 #: TuneHub's converters (``custom_convert_map`` of ``from_exported_program``), by operator.
 CONVERTERS: dict[str, Callable[[Any, Any], relax.Expr]] = {
+    "cat.default": _cat,
     "cumsum.default": _cumsum,
     "bitwise_and.Tensor": _bitwise(relax.op.bitwise_and, relax.op.logical_and),
     "bitwise_or.Tensor": _bitwise(relax.op.bitwise_or, relax.op.logical_or),
