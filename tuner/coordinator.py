@@ -489,7 +489,8 @@ def accept_batch(
     measurement), attributed to the lease's worker (the caller: ``token_id`` must own it) and
     job; they count only while the lease is active and its job running. Raises
     :class:`db.NotFoundError` (no lease), :class:`Forbidden` (another worker's lease),
-    :class:`db.ConflictError` (a finalize lease, or a batch number ahead of the next expected).
+    :class:`db.ConflictError` (a finalize lease, or a batch number ahead of the next expected:
+    checked before anything is stored, so a refused batch stores nothing).
     """
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
@@ -498,6 +499,10 @@ def accept_batch(
     task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
     if job is None or task is None:  # pragma: no cover - foreign keys
         raise NotFoundError(f"the job of lease {lease_id} is gone")
+    if (lease.status == LeaseStatus.ACTIVE and job.status == JobStatus.RUNNING
+            and batch > lease.batches_done):  # refused before anything is stored
+        raise ConflictError(f"batch {batch} of lease {lease_id} arrived before batch "
+                            f"{lease.batches_done}: upload batches in order")
     workload = storage.get_workload_by_id(task.workload_id)
     target = storage.get_target_by_id(job.target_id)
     assert workload is not None and target is not None  # foreign keys
