@@ -355,7 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(run, indent=1, default=str))
         stem.with_suffix(".md").write_text(render(run))
 
-    cases = [("prefill", s) for s in args.prefill] + [("decode", p) for p in args.past]
+    cases = [("decode", p) for p in args.past] + [("prefill", s) for s in args.prefill]
     with tempfile.TemporaryDirectory(prefix="bench-decoder-") as tmp:
         if args.tune and not args.db:
             args.db = f"sqlite:///{tmp}/tuning.db"
