@@ -51,22 +51,11 @@ from typing import Any
 
 import numpy as np
 
+from bench.bench_peers import _timer
+
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("torch eager", "torch.compile", "ONNX Runtime", "TuneHub zero-trial",
             "TuneHub tuned")
-
-
-def _timer(call: Callable[[], Any], min_secs: float = 0.2) -> Callable[[], float]:
-    """A round of ``call``: run it for at least ``min_secs``; the mean seconds per call."""
-    def round_secs() -> float:
-        count, start = 0, time.perf_counter()
-        while True:
-            call()
-            count += 1
-            elapsed = time.perf_counter() - start
-            if elapsed >= min_secs:
-                return elapsed / count
-    return round_secs
 
 
 def interleaved(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0,

@@ -232,52 +232,36 @@ def _pad_source(stage: _Stage, padded: Any, layout: str = "NHWC") -> tuple[str, 
     return loads[0].source.name, offsets[rows], offsets[rows + 1]
 
 
-def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
-    """The conv peer and the index of its anchor stage (0, or 1 after its padding)."""
-    for index in (0, 1):
-        if index < len(stages) and str(stages[index].block.name_hint).startswith("conv2d_nhwc"):
-            break
-    else:
-        return None
-    block = stages[index].block
-    parts = _reduction_parts(block)
-    if parts is None:
-        return None
-    store, data, weight, spatial, reduce = parts
-    if len(spatial) != 4 or len(reduce) != 3 or not _float32(store.buffer, data.source,
-                                                              weight.source):
-        return None
-    (n, y, x, f), (ry, rx, rc) = spatial, reduce
-    if not (_is_vars(weight.indices, [ry, rx, rc, f]) and weight.source.name in params):
-        return None
-    rows = _coefficients(data.indices[1], [y, ry])
-    cols = _coefficients(data.indices[2], [x, rx])
-    if (rows is None or cols is None or rows[2] or cols[2]
-            or not _is_vars([data.indices[0], data.indices[3]], [n, rc])):
-        return None
-    if index == 0:
-        if data.source.name not in params:
-            return None
-        source, top, left = data.source.name, 0, 0
-    else:
-        pad = _pad_source(stages[0], data.source)
-        if pad is None or pad[0] not in params:
-            return None
-        source, top, left = pad
-    config = (("stride_h", rows[0]), ("stride_w", cols[0]), ("pad_top", top),
-              ("pad_left", left), ("dilation_h", rows[1]), ("dilation_w", cols[1]))
-    call = PeerCall("conv2d_nhwc", (source, weight.source.name), store.buffer.name, config,
-                    algorithm="im2col")
-    shape = _ConvShape.of(call, weight.source, store.buffer)
-    return replace(call, algorithm=default_conv_algorithm(shape)), index
+@dataclass(frozen=True)
+class _ConvMatch:
+    """A convolution anchor read from a task: its stage index (0, or 1 after its padding), the
+    output store, the weight load, the (unpadded) input buffer and its name, the zero padding
+    before the top row and left column, and the ``[stride, dilation, 0]`` coefficients of the
+    row and column indices."""
+
+    index: int
+    store: Any
+    weight: Any
+    source: Any
+    top: int
+    left: int
+    rows: list[int]
+    cols: list[int]
+
+    def config(self) -> tuple[tuple[str, int], ...]:
+        return (("stride_h", self.rows[0]), ("stride_w", self.cols[0]),
+                ("pad_top", self.top), ("pad_left", self.left),
+                ("dilation_h", self.rows[1]), ("dilation_w", self.cols[1]))
 
 
-def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
-    """The cuDNN peer of an NCHW convolution (a CUDA target's layout) and the index of its
-    anchor stage: ``Y[n, f, y, x] += P[n, c, y*sh + ry*dh, x*sw + rx*dw] * W[f, c, ry, rx]``,
-    float32, groups 1, padding equal on both sides of each axis (cuDNN's)."""
+def _match_conv(stages: list[_Stage], params: set[str], layout: str) -> _ConvMatch | None:
+    """The groups-1 float32 convolution anchor of ``stages`` in ``layout`` (``NHWC``: block
+    ``conv2d_nhwc``, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, c] * W[ry, rx, c, f]``;
+    ``NCHW``: block ``conv2d_nchw``, ``Y[n, f, y, x] += P[n, c, ...] * W[f, c, ry, rx]``), whose
+    input is a parameter or the zero padding of one, and whose weight is a parameter."""
+    prefix = f"conv2d_{layout.lower()}"
     for index in (0, 1):
-        if index < len(stages) and str(stages[index].block.name_hint).startswith("conv2d_nchw"):
+        if index < len(stages) and str(stages[index].block.name_hint).startswith(prefix):
             break
     else:
         return None
@@ -288,34 +272,59 @@ def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int]
     if len(spatial) != 4 or len(reduce) != 3 or not _float32(store.buffer, data.source,
                                                               weight.source):
         return None
-    (n, f, y, x), (rc, ry, rx) = spatial, reduce
-    if not (_is_vars(weight.indices, [f, rc, ry, rx]) and weight.source.name in params):
+    if layout == "NHWC":
+        (n, y, x, f), (ry, rx, rc) = spatial, reduce
+        weight_vars, row_axis, batch_and_channel = [ry, rx, rc, f], 1, [0, 3]
+    else:
+        (n, f, y, x), (rc, ry, rx) = spatial, reduce
+        weight_vars, row_axis, batch_and_channel = [f, rc, ry, rx], 2, [0, 1]
+    if not (_is_vars(weight.indices, weight_vars) and weight.source.name in params):
         return None
-    rows = _coefficients(data.indices[2], [y, ry])
-    cols = _coefficients(data.indices[3], [x, rx])
+    rows = _coefficients(data.indices[row_axis], [y, ry])
+    cols = _coefficients(data.indices[row_axis + 1], [x, rx])
     if (rows is None or cols is None or rows[2] or cols[2]
-            or not _is_vars([data.indices[0], data.indices[1]], [n, rc])):
+            or not _is_vars([data.indices[i] for i in batch_and_channel], [n, rc])):
         return None
     if index == 0:
-        source, top, left = data.source.name, 0, 0
+        source, top, left = data.source, 0, 0
     else:
-        pad = _pad_source(stages[0], data.source, "NCHW")
+        pad = _pad_source(stages[0], data.source, layout)
         if pad is None:
             return None
-        source, top, left = pad
-    if source not in params:
+        source, top, left = stages[0].block.reads[0].source, pad[1], pad[2]
+        if str(source.name) != pad[0]:
+            return None
+    if str(source.name) not in params:
         return None
-    unpadded = stages[0].block.reads[0].source if index else data.source
-    h, w = (int(d) for d in unpadded.shape[2:])
-    kh, kw = (int(d) for d in weight.source.shape[2:])
-    oh, ow = (int(d) for d in store.buffer.shape[2:])
-    if ((h + 2 * top - rows[1] * (kh - 1) - 1) // rows[0] + 1 != oh
-            or (w + 2 * left - cols[1] * (kw - 1) - 1) // cols[0] + 1 != ow):
+    return _ConvMatch(index, store, weight, source, top, left, rows, cols)
+
+
+def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
+    """The conv peer and the index of its anchor stage (0, or 1 after its padding)."""
+    match = _match_conv(stages, params, "NHWC")
+    if match is None:
+        return None
+    call = PeerCall("conv2d_nhwc", (str(match.source.name), match.weight.source.name),
+                    match.store.buffer.name, match.config(), algorithm="im2col")
+    shape = _ConvShape.of(call, match.weight.source, match.store.buffer)
+    return replace(call, algorithm=default_conv_algorithm(shape)), match.index
+
+
+def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
+    """The cuDNN peer of an NCHW convolution (a CUDA target's layout) and the index of its
+    anchor stage: float32, groups 1, padding equal on both sides of each axis (cuDNN's)."""
+    match = _match_conv(stages, params, "NCHW")
+    if match is None:
+        return None
+    h, w = (int(d) for d in match.source.shape[2:])
+    kh, kw = (int(d) for d in match.weight.source.shape[2:])
+    oh, ow = (int(d) for d in match.store.buffer.shape[2:])
+    rows, cols = match.rows, match.cols
+    if ((h + 2 * match.top - rows[1] * (kh - 1) - 1) // rows[0] + 1 != oh
+            or (w + 2 * match.left - cols[1] * (kw - 1) - 1) // cols[0] + 1 != ow):
         return None  # padded more on one side than the other: not cuDNN's convolution
-    config = (("stride_h", rows[0]), ("stride_w", cols[0]), ("pad_top", top),
-              ("pad_left", left), ("dilation_h", rows[1]), ("dilation_w", cols[1]))
-    return PeerCall("conv2d_nchw", (source, weight.source.name), store.buffer.name, config,
-                    "cuda"), index
+    return PeerCall("conv2d_nchw", (str(match.source.name), match.weight.source.name),
+                    match.store.buffer.name, match.config(), "cuda"), match.index
 
 
 @dataclass(frozen=True)
