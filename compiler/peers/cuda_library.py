@@ -25,14 +25,13 @@ import functools
 import hashlib
 import os
 import re
-import shutil
 import subprocess
 from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from compiler.peers.library import _cache_dir, _compile, _load
+from compiler.peers.library import _cache_dir, _compile, _load, build_or_reason, cxx
 
 SHIM_SOURCE = Path(__file__).with_name("shim_cuda.cc")
 LIBRARY = "cublas"
@@ -142,9 +141,7 @@ def _tvm_ffi() -> SharedLibrary:
 
 
 def _build() -> CudaPeerLibrary:
-    compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
-    if compiler is None:
-        raise RuntimeError("no C++ compiler (g++) on this machine")
+    compiler = cxx()
     cublas, links = find_cublas(), (find_cudnn(), find_cuda_driver(), _tvm_ffi())
     source_hash = hashlib.sha256(
         SHIM_SOURCE.read_bytes() + str((cublas, links)).encode()).hexdigest()[:16]
@@ -163,12 +160,7 @@ def _build() -> CudaPeerLibrary:
 
 @functools.cache
 def _built() -> tuple[CudaPeerLibrary | None, str]:
-    if os.environ.get("TUNEHUB_PEERS", "1").strip() == "0":
-        return None, "turned off (TUNEHUB_PEERS=0)"
-    try:
-        return _build(), ""
-    except (ImportError, metadata.PackageNotFoundError, RuntimeError, OSError) as err:
-        return None, str(err)
+    return build_or_reason(_build)
 
 
 def cuda_peer_library() -> CudaPeerLibrary | None:

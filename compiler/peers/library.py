@@ -124,12 +124,19 @@ def _compile(source: Path, out: Path, flags: list[str]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
-def _build() -> PeerLibrary:
-    import tvm  # noqa: PLC0415
-
+def cxx() -> str:
+    """The C++ compiler the shims are built with (``$CXX``, else ``g++``/``c++``). Raises
+    ``RuntimeError`` when there is none."""
     compiler = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
     if compiler is None:
         raise RuntimeError("no C++ compiler (g++) on this machine")
+    return compiler
+
+
+def _build() -> PeerLibrary:
+    import tvm  # noqa: PLC0415
+
+    compiler = cxx()
     blas = find_blas()
     runtime_dir = Path(tvm.__file__).parent / "lib"
     source_hash = hashlib.sha256(SHIM_SOURCE.read_bytes() + str(blas).encode()).hexdigest()[:16]
@@ -148,10 +155,17 @@ def _build() -> PeerLibrary:
 
 @functools.cache
 def _built() -> tuple[PeerLibrary | None, str]:
+    return build_or_reason(_build)
+
+
+def build_or_reason(build: Any) -> tuple[Any, str]:
+    """``(build(), "")``, or ``(None, why not)``: peers turned off (``TUNEHUB_PEERS=0``), or
+    ``build`` raised for a missing compiler, library or package (what a peer library's
+    ``unavailable_reason`` reports)."""
     if os.environ.get("TUNEHUB_PEERS", "1").strip() == "0":
         return None, "turned off (TUNEHUB_PEERS=0)"
     try:
-        return _build(), ""
+        return build(), ""
     except (ImportError, PackageNotFoundError, RuntimeError, OSError) as err:
         return None, str(err)
 

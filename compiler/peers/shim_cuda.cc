@@ -92,12 +92,14 @@ enum { kGemmDefault = -1 };                       // cublasGemmAlgo_t
 enum { kDLCUDA = 2 };                             // DLDeviceType
 enum { kNCHW = 0, kFloat = 0, kCrossCorrelation = 1, kFmaMath = 3 };  // cuDNN enums
 
-cublasHandle_t Handle(int device) {
-  thread_local std::unordered_map<int, cublasHandle_t> handles;
+// One library handle per device and thread, made by Create on first use (nullptr if it fails).
+template <int (*Create)(void**)>
+void* Handle(int device) {
+  thread_local std::unordered_map<int, void*> handles;
   auto found = handles.find(device);
   if (found != handles.end()) return found->second;
-  cublasHandle_t handle = nullptr;
-  if (cublasCreate_v2(&handle) != 0) return nullptr;
+  void* handle = nullptr;
+  if (Create(&handle) != 0) return nullptr;
   handles[device] = handle;
   return handle;
 }
@@ -109,7 +111,7 @@ extern "C" int tunehub_cuda_gemm(const void* a, const void* b, void* c, int64_t 
                                  int32_t dtype) {
   int device = 0;
   cuCtxGetDevice(&device);
-  cublasHandle_t handle = Handle(device);
+  cublasHandle_t handle = Handle<cublasCreate_v2>(device);
   if (handle == nullptr) {
     std::fprintf(stderr, "tunehub_cuda_gemm: cublasCreate failed\n");
     return 1;
@@ -136,16 +138,6 @@ extern "C" int tunehub_cuda_gemm(const void* a, const void* b, void* c, int64_t 
 }
 
 namespace {
-
-cudnnHandle_t CudnnHandle(int device) {
-  thread_local std::unordered_map<int, cudnnHandle_t> handles;
-  auto found = handles.find(device);
-  if (found != handles.end()) return found->second;
-  cudnnHandle_t handle = nullptr;
-  if (cudnnCreate(&handle) != 0) return nullptr;
-  handles[device] = handle;
-  return handle;
-}
 
 // A convolution shape's descriptors, algorithm and workspace, made on its first call.
 struct ConvPlan {
@@ -204,7 +196,7 @@ extern "C" int tunehub_cuda_conv2d_nchw(const float* x, const float* w, float* y
   static std::map<ConvKey, ConvPlan> plans;
   int device = 0;
   cuCtxGetDevice(&device);
-  cudnnHandle_t handle = CudnnHandle(device);
+  cudnnHandle_t handle = Handle<cudnnCreate>(device);
   if (handle == nullptr) {
     std::fprintf(stderr, "tunehub_cuda_conv2d_nchw: cudnnCreate failed\n");
     return 1;
