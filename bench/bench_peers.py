@@ -32,6 +32,7 @@ Writes ``peers_<date>.json`` and ``peers_<date>.md`` (machine, date, threads) in
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import os
@@ -126,10 +127,25 @@ def _torch_timer(name: str, inputs: list[np.ndarray], threads: int) -> Callable[
     return _timer(call)
 
 
+def variant_label(call: Any) -> str:
+    """A peer variant's column: its algorithm (``sgemm`` for OpenBLAS's GEMM, whose algorithm
+    is ``""``)."""
+    return call.algorithm or ("sgemm" if call.kind == "gemm" else call.kind)
+
+
+def openblas_call(call: Any) -> Any:
+    """``call`` with the shim's packed-weight GEMM replaced by OpenBLAS (a convolution's
+    ``im2col``, a GEMM's sgemm): the peers before the packed GEMM, for the side by side."""
+    if call.algorithm != "packed":
+        return call
+    return dataclasses.replace(call, algorithm="im2col" if call.kind == "conv2d_nhwc" else "")
+
+
 def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[str, Any]]:
-    """Peer vs default schedule vs best record of every task with a peer, side by side."""
+    """Every peer variant (:func:`compiler.peers.peer_variants`: packed GEMM, OpenBLAS,
+    Winograd) vs default schedule vs best record of every task with a peer, side by side."""
     from compiler.default_schedules import apply_default_schedules
-    from compiler.peers import find_peer, peer_task_module
+    from compiler.peers import find_peer, peer_task_module, peer_variants
     from tuner.remeasure import time_side_by_side
 
     target = prepared.target
@@ -141,10 +157,14 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
         if call is None:
             continue
         row = {"task": task.name, "key": task.key, "weight": task.weight,
-               "mflops": task.flops / 1e6, "peer": f"{call.kind} {dict(call.config)}"}
+               "mflops": task.flops / 1e6, "peer": f"{call.kind} {dict(call.config)}",
+               "default variant": variant_label(call), "variants": []}
         index = len(rows)
         rows.append(row)
-        jobs.append((index, "peer", peer_task_module(task_mod), None))
+        for variant in peer_variants(task_mod):
+            label = f"peer {variant_label(variant)}"
+            row["variants"].append(label)
+            jobs.append((index, label, peer_task_module(task_mod, call=variant), None))
         default = apply_default_schedules(task_mod, target.tvm_target())
         jobs.append((index, "default", default, None))
         best = [e for e in records.get(task.key, []) if e]
@@ -154,11 +174,13 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
     for (index, label, _, _), secs in zip(jobs, times):
         rows[index][f"{label} ms"] = statistics.median(secs) * 1e3 if secs else None
     for row in rows:
-        for label in ("peer", "default", "tuned"):
+        for label in (*row["variants"], "default", "tuned"):
             ms = row.get(f"{label} ms")
             row[f"{label} GFLOP/s"] = row["mflops"] / ms if ms else None
-        if row.get("tuned ms") and row.get("peer ms"):
-            row["chosen"] = "peer" if row["peer ms"] < row["tuned ms"] else "tuned"
+        timed = {label: row[f"{label} ms"] for label in (*row["variants"], "default", "tuned")
+                 if row.get(f"{label} ms")}
+        row["peer ms"] = row.get(f"peer {row['default variant']} ms")
+        row["chosen"] = min(timed, key=timed.get) if timed else None
     return rows
 
 
@@ -193,6 +215,14 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     result["zero-trial peers"] = len(keys)
     timers["zero-trial + peers"], result["checks"]["zero-trial + peers"] = _library_timer(
         zero, inputs, bool(keys), work, prepared.model, f"{name}-zero")
+    if keys:  # the same with OpenBLAS where the packed GEMM is the default
+        from compiler.peers import find_peer
+
+        calls = {key: openblas_call(find_peer(task)) for key, task in tasks if key in keys}
+        openblas = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=calls)
+        timers["zero-trial + peers (OpenBLAS)"], result["checks"][
+            "zero-trial + peers (OpenBLAS)"] = _library_timer(
+            openblas, inputs, True, work, prepared.model, f"{name}-zero-openblas")
     records: dict[str, list] = {}
     if args.tune:
         from db.storage import open_storage
@@ -250,7 +280,7 @@ def machine() -> dict[str, Any]:
 
 
 COLUMNS = ("ONNX Runtime", "torch eager", "TVM untuned", "zero-trial, no peers",
-           "zero-trial + peers", "tuned alone", "tuned + peers")
+           "zero-trial + peers (OpenBLAS)", "zero-trial + peers", "tuned alone", "tuned + peers")
 
 
 def _ms(value: Any) -> str:
@@ -288,15 +318,20 @@ def render(run: dict[str, Any]) -> str:
                          "peers")
     for m in run["models"]:
         lines += ["", f"## {m['model']}: tasks with a peer (ms, GFLOP/s)", "",
-                  "| task | weight | MFLOP | peer call | peer | default schedule | tuned best |"
-                  " chosen |", "|---|---|---|---|---|---|---|---|"]
+                  "Every peer variant of the task (`packed`: im2col + the shim's packed-weight "
+                  "GEMM; `im2col`/`sgemm`: OpenBLAS; `winograd_*`), the zero-trial build's "
+                  "default variant first.", "",
+                  "| task | weight | MFLOP | peer call | peer variants | default schedule |"
+                  " tuned best | fastest |", "|---|---|---|---|---|---|---|---|"]
         for r in m["per task"]:
             def cell(label: str, r: dict = r) -> str:
                 ms = r.get(f"{label} ms")
                 return "—" if ms is None else f"{ms:.3f} ({r[f'{label} GFLOP/s']:.0f})"
+            variants = "; ".join(f"{v.removeprefix('peer ')} {cell(v)}"
+                                 for v in r.get("variants", ["peer"]))
             lines.append(f"| {r['task']} | {r['weight']} | {r['mflops']:.1f} | {r['peer']} | "
-                         f"{cell('peer')} | {cell('default')} | {cell('tuned')} | "
-                         f"{r.get('chosen', '—')} |")
+                         f"{variants} | {cell('default')} | {cell('tuned')} | "
+                         f"{r.get('chosen') or '—'} |")
     return "\n".join(lines) + "\n"
 
 

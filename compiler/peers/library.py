@@ -2,14 +2,17 @@
 
 Library peers (:mod:`compiler.peers.rewrite`) call the C entry points of ``shim.cc``
 (``tunehub_peer_gemm``, ``tunehub_peer_conv2d_nhwc``: OpenBLAS ``sgemm``; the convolution as
-im2col + ``sgemm``; ``tunehub_peer_conv2d_nhwc_winograd``: a 3x3 stride-1 convolution as
-Winograd F(2x2, 3x3) or F(4x4, 3x3), its GEMMs by ``sgemm``). The BLAS is OpenBLAS from PyPI's
-``scipy-openblas32`` wheel (a dependency of TuneHub, so ``pip install`` brings it;
-DYNAMIC_ARCH, so one binary picks its kernels for the CPU it runs on); without it, the ILP64
-OpenBLAS that numpy's own wheel bundles (the same build, 64-bit sizes). :func:`peer_library`
-compiles the shim once per machine and BLAS into the cache (``TUNEHUB_CACHE_DIR``, default
-``~/.cache/tunehub``) with the system C++ compiler (it needs no header: the BLAS and TVM's
-thread pool are declared in the shim):
+im2col + ``sgemm``; ``tunehub_peer_gemm_packed``, ``tunehub_peer_conv2d_nhwc_packed``: the same
+on the shim's own GEMM, whose micro-kernels (AVX-512, or AVX2 + FMA; chosen by the CPU's
+features, ``TUNEHUB_PEERS_ISA=avx2|none`` caps the choice, for tests) read the weight packed
+once and cached, OpenBLAS where neither ISA is there; ``tunehub_peer_conv2d_nhwc_winograd``: a
+3x3 stride-1 convolution as Winograd F(2x2, 3x3) or F(4x4, 3x3), its GEMMs by ``sgemm``).
+The BLAS is OpenBLAS from PyPI's ``scipy-openblas32`` wheel (a dependency of TuneHub, so
+``pip install`` brings it; DYNAMIC_ARCH, so one binary picks its kernels for the CPU it runs
+on); without it, the ILP64 OpenBLAS that numpy's own wheel bundles (the same build, 64-bit
+sizes). :func:`peer_library` compiles the shim once per machine and BLAS into the cache
+(``TUNEHUB_CACHE_DIR``, default ``~/.cache/tunehub``) with the system C++ compiler (it needs
+no header: the BLAS and TVM's thread pool are declared in the shim):
 
 - ``libtunehub_peers.so``, loaded ``RTLD_GLOBAL`` into a process (:meth:`PeerLibrary.load`) so
   that peer kernels built without it resolve their calls to it (MetaSchedule's runner, the

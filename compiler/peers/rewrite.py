@@ -6,12 +6,15 @@ library implements, or ``None``:
 
 - ``gemm``: a ``matmul`` block ``C[..., i, j] += A[..., i, k] * B[(...,) k, j]`` (or
   ``B[(...,) j, k]``), float32, ``A`` and ``B`` parameters of the task, ``B`` 2-D (a weight) or
-  with ``C``'s batch dimensions;
+  with ``C``'s batch dimensions. With a 2-D ``B`` and more than one row its ``algorithm`` is
+  ``packed`` (the shim's GEMM on the weight packed once: :data:`GEMM_ALGORITHMS`), with
+  OpenBLAS's ``sgemm`` (``""``) as the other variant; otherwise ``""`` only;
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
   of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
-  :data:`CONV_ALGORITHMS`: ``im2col`` (im2col + sgemm, any convolution) or, for a 3x3 stride-1
-  undilated one, Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3));
+  :data:`CONV_ALGORITHMS`: ``packed`` (im2col + the shim's packed-weight GEMM) or ``im2col``
+  (im2col + OpenBLAS sgemm), for any convolution, or, for a 3x3 stride-1 undilated one,
+  Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3));
   :func:`find_peer` picks one by :func:`default_conv_algorithm` and :func:`peer_variants` lists
   them all, so that a caller can measure each.
 
@@ -47,9 +50,17 @@ CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm", "conv2d_nchw": "tunehub_cuda_conv
 VECTOR_LANES = 8
 #: The shim's entry point for Winograd convolutions (``algorithm`` ``winograd_*``).
 WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
-#: ``conv2d_nhwc`` algorithms: im2col + sgemm, and Winograd by its output tile (m of F(m x m,
-#: 3x3)); the value is the shim's ``tile`` argument (0: not Winograd).
-CONV_ALGORITHMS = {"im2col": 0, "winograd_f2": 2, "winograd_f4": 4}
+#: The shim's entry points with packed weights (``algorithm`` ``packed``): the same arguments as
+#: :data:`FUNCTIONS`'; the weight is packed into the micro-kernel's panels once and cached.
+PACKED_FUNCTIONS = {"gemm": "tunehub_peer_gemm_packed",
+                    "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_packed"}
+#: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, and Winograd by
+#: its output tile (m of F(m x m, 3x3)); the value is the shim's ``tile`` argument (0: not
+#: Winograd).
+CONV_ALGORITHMS = {"packed": 0, "im2col": 0, "winograd_f2": 2, "winograd_f4": 4}
+#: ``gemm`` algorithms: the shim's packed-weight GEMM, OpenBLAS (``""``, the older records'
+#: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``).
+GEMM_ALGORITHMS = ("packed", "")
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).
 WINOGRAD_MIN_CHANNELS = 8
@@ -82,6 +93,8 @@ class PeerCall:
     def function(self) -> str:
         if CONV_ALGORITHMS.get(self.algorithm):
             return WINOGRAD_FUNCTION
+        if self.algorithm == "packed":
+            return PACKED_FUNCTIONS[self.kind]
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:
@@ -197,7 +210,13 @@ def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     config: tuple[tuple[str, int], ...] = (("trans_b", trans_b),)
     if device == "cuda":
         config += (("dtype", CUDA_DTYPES[(str(a.source.dtype), str(store.buffer.dtype))]),)
-    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name, config, device)
+        return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name, config, device)
+    rows = 1
+    for d in store.buffer.shape[:-1]:
+        rows *= int(d)
+    algorithm = "packed" if len(b.source.shape) == 2 and rows > 1 else ""
+    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name, config, device,
+                    algorithm)
 
 
 def _coefficients(expr: Any, variables: list[Any]) -> list[int] | None:
@@ -349,10 +368,10 @@ class _ConvShape:
 
 
 def conv_algorithms(shape: _ConvShape) -> list[str]:
-    """The algorithms the shim has for a convolution of ``shape``: ``im2col`` always; the
-    Winograd ones for a 3x3, stride-1, undilated kernel with at least
+    """The algorithms the shim has for a convolution of ``shape``: ``packed`` and ``im2col``
+    always; the Winograd ones for a 3x3, stride-1, undilated kernel with at least
     :data:`WINOGRAD_MIN_CHANNELS` channels in and out."""
-    out = ["im2col"]
+    out = ["packed", "im2col"]
     if (shape.kernel == (3, 3) and shape.strides == (1, 1) and shape.dilations == (1, 1)
             and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS):
         out += ["winograd_f2", "winograd_f4"]
@@ -367,15 +386,17 @@ def default_conv_algorithm(shape: _ConvShape) -> str:
     images (>= 24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on
     smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose there), im2col
     below (7x7: the GEMMs are too small, and the transformed weights, 1.8x / 4x the weight,
-    must stream from memory in a whole model) and for every other kernel."""
+    must stream from memory in a whole model) and for every other kernel, where the direct
+    convolution is ``packed`` (im2col + the packed-weight GEMM: 1.3-2.3x OpenBLAS's sgemm on
+    these shapes, ``bench/results/gemm_packed_2026-12-02.md``)."""
     options = conv_algorithms(shape)
     if min(shape.channels, shape.filters) < WINOGRAD_DEFAULT_MIN_CHANNELS:
-        return "im2col"
+        return "packed"
     if "winograd_f4" in options and shape.pixels >= 24 * 24:
         return "winograd_f4"
     if "winograd_f2" in options and shape.pixels >= 12 * 12:
         return "winograd_f2"
-    return "im2col"
+    return "packed"
 
 
 def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | None:
@@ -432,10 +453,14 @@ def find_peer(mod: tvm.IRModule, device: str = "cpu") -> PeerCall | None:
 def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     """Every library call that can replace the anchor of a task module on ``device``: the call
     :func:`find_peer` picks first, then (CPU) the other algorithms of a convolution
-    (:func:`conv_algorithms`); empty when the task has no peer. Each builds with
-    ``peer_function(func, device, call=...)`` / ``peer_task_module(mod, device, call=...)`` and
-    is told apart by ``algorithm`` (in its :meth:`PeerCall.to_json`)."""
+    (:func:`conv_algorithms`) or of a packed GEMM (:data:`GEMM_ALGORITHMS`); empty when the
+    task has no peer. Each builds with ``peer_function(func, device, call=...)`` /
+    ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
+    :meth:`PeerCall.to_json`)."""
     default = find_peer(mod, device)
+    if default is not None and default.kind == "gemm" and default.algorithm == "packed":
+        return [default] + [replace(default, algorithm=a) for a in GEMM_ALGORITHMS
+                            if a != default.algorithm]
     if default is None or default.kind != "conv2d_nhwc":
         return [default] if default is not None else []
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))

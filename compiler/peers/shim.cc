@@ -20,11 +20,17 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <cstdlib>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <vector>
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>  // the packed GEMM's micro-kernels (compiled per ISA by target attributes)
+#endif
 
 // Data-parallel loops (the im2col copy, the Winograd transforms) are compiled twice on x86-64
 // (target_clones; the dynamic loader picks one by the CPU's features): for AVX + FMA (Intel
@@ -253,6 +259,341 @@ void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
   });
 }
 
+// The cache of transformed weights (Winograd's U, packed GEMM panels), keyed by what the
+// transform is (``kind``, ``dims``) and by the weight's address.
+//
+// Contract: a weight is a constant. An entry also keeps kSamples of the weight's values (spread
+// over the whole tensor) and is used only when they still match bit for bit, so a different
+// tensor later allocated at the same address (a measurement's fresh random arguments, another
+// model's weight) is transformed anew; a weight changed in place but only between the samples
+// would be served stale. Entries are evicted least recently used beyond kCacheBytes.
+class WeightCache {
+ public:
+  using Block = std::shared_ptr<const std::vector<float>>;
+  enum Kind {
+    kWinogradF2 = 2,
+    kWinogradF4 = 4,
+    kWinogradF2Packed = 3,
+    kWinogradF4Packed = 5,
+    kPacked = 16,
+    kPackedTransposed = 17
+  };
+
+  // The transform of weight ``w`` (``size`` floats) into ``floats`` floats, made by
+  // ``fill(out)`` on a miss.
+  template <typename Fill>
+  static Block Get(Kind kind, const float* w, int64_t size, int64_t d0, int64_t d1,
+                   int64_t floats, const Fill& fill) {
+    static WeightCache cache;
+    Key key{w, kind, d0, d1, Samples(w, size)};
+    {
+      std::lock_guard<std::mutex> lock(cache.mu_);
+      if (Block hit = cache.FindLocked(key)) return hit;
+    }
+    auto out = std::make_shared<std::vector<float>>(static_cast<size_t>(floats));
+    fill(out->data());
+    std::lock_guard<std::mutex> lock(cache.mu_);
+    if (Block hit = cache.FindLocked(key)) return hit;  // another thread was faster
+    cache.entries_.push_front({key, out});
+    cache.bytes_ += out->size() * sizeof(float);
+    while (cache.bytes_ > kCacheBytes && cache.entries_.size() > 1) {
+      cache.bytes_ -= cache.entries_.back().block->size() * sizeof(float);
+      cache.entries_.pop_back();
+    }
+    return out;
+  }
+
+ private:
+  static constexpr size_t kCacheBytes = size_t{1} << 30;
+  static constexpr int kSamples = 64;
+
+  struct Key {
+    const float* w;
+    Kind kind;
+    int64_t d0, d1;
+    std::array<uint32_t, kSamples> samples;
+    bool operator==(const Key& other) const {
+      return w == other.w && kind == other.kind && d0 == other.d0 && d1 == other.d1 &&
+             samples == other.samples;
+    }
+  };
+  struct Entry {
+    Key key;
+    Block block;
+  };
+
+  static std::array<uint32_t, kSamples> Samples(const float* w, int64_t size) {
+    std::array<uint32_t, kSamples> out{};
+    for (int i = 0; i < kSamples; ++i)
+      std::memcpy(&out[i], w + (size - 1) * i / (kSamples - 1), sizeof(uint32_t));
+    return out;
+  }
+
+  Block FindLocked(const Key& key) {
+    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
+      if (it->key == key) {
+        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
+        return entries_.front().block;
+      }
+    }
+    return nullptr;
+  }
+
+  std::mutex mu_;
+  std::list<Entry> entries_;
+  size_t bytes_ = 0;
+};
+
+// ---------------------------------------------------------------------------------------------
+// GEMM with packed weights: C[M, N] = A[M, K] x B, B a constant weight ([K, N], or [N, K]
+// transposed) packed once into panels of kNR columns, Bp[panel][k][kNR] (zero past N), and kept
+// in the WeightCache. OpenBLAS packs B again on every call and handles few rows poorly; the
+// products of inference (a few to a few thousand rows against a fixed weight) are exactly that
+// case (bench/results/gemm_packed_2026-12-02.md: 1.3-2.3x OpenBLAS on ResNet-18's, BERT's and a
+// decoder's shapes at 2 threads).
+//
+// A micro-kernel computes rows of A against one panel, k in blocks of kKC, the accumulators in
+// registers: AVX-512 12 rows x 32 columns (24 zmm), AVX2 + FMA 6 rows x 16 columns (12 ymm,
+// each panel in two halves); each step broadcasts one element of A per row and multiplies it
+// with the panel's row of B. Which one runs is chosen once from the CPU's features; on a CPU
+// with neither (or not x86-64), the packed entry points fall back to OpenBLAS.
+
+namespace packed {
+
+constexpr int64_t kNR = 32, kKC = 256, kMC = 96;  // panel width, k block, rows per block
+
+// rows [0, m) of A (lda) x one panel block bp (kc x kNR) into C (ldc), ``ncols`` <= kNR valid
+// columns; adds to C unless ``first``.
+using RowsFn = void (*)(int64_t m, int64_t kc, const float* a, int64_t lda, const float* bp,
+                        float* c, int64_t ldc, bool first, int64_t ncols);
+
+#if defined(__x86_64__) && defined(__GNUC__)
+template <int R>
+__attribute__((target("avx512f"), always_inline)) inline void Kernel512(
+    int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc, bool first,
+    int64_t ncols) {
+  __m512 acc0[R], acc1[R];
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm512_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m512 b0 = _mm512_loadu_ps(bp + k * kNR), b1 = _mm512_loadu_ps(bp + k * kNR + 16);
+#pragma GCC unroll 12
+    for (int r = 0; r < R; ++r) {
+      const __m512 av = _mm512_set1_ps(a[r * lda + k]);
+      acc0[r] = _mm512_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm512_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  const __mmask16 m0 = ncols >= 16 ? 0xFFFF : static_cast<__mmask16>((1u << ncols) - 1);
+  const __mmask16 m1 = ncols >= 32   ? 0xFFFF
+                       : ncols <= 16 ? 0
+                                     : static_cast<__mmask16>((1u << (ncols - 16)) - 1);
+#pragma GCC unroll 12
+  for (int r = 0; r < R; ++r) {
+    float* row = c + r * ldc;
+    if (!first) {
+      acc0[r] = _mm512_add_ps(acc0[r], _mm512_maskz_loadu_ps(m0, row));
+      acc1[r] = _mm512_add_ps(acc1[r], _mm512_maskz_loadu_ps(m1, row + 16));
+    }
+    _mm512_mask_storeu_ps(row, m0, acc0[r]);
+    _mm512_mask_storeu_ps(row + 16, m1, acc1[r]);
+  }
+}
+
+__attribute__((target("avx512f"))) void Rows512(int64_t m, int64_t kc, const float* a,
+                                                int64_t lda, const float* bp, float* c,
+                                                int64_t ldc, bool first, int64_t ncols) {
+  int64_t i = 0;
+  for (; i + 12 <= m; i += 12)
+    Kernel512<12>(kc, a + i * lda, lda, bp, c + i * ldc, ldc, first, ncols);
+  a += i * lda;
+  c += i * ldc;
+  switch (m - i) {
+#define TUNEHUB_ROWS(R) \
+  case R:               \
+    Kernel512<R>(kc, a, lda, bp, c, ldc, first, ncols); \
+    break;
+    TUNEHUB_ROWS(1) TUNEHUB_ROWS(2) TUNEHUB_ROWS(3) TUNEHUB_ROWS(4) TUNEHUB_ROWS(5)
+    TUNEHUB_ROWS(6) TUNEHUB_ROWS(7) TUNEHUB_ROWS(8) TUNEHUB_ROWS(9) TUNEHUB_ROWS(10)
+    TUNEHUB_ROWS(11)
+    default:
+      break;
+  }
+}
+
+// 16 columns (one half of a panel: bp and c already offset), ``ncols`` <= 16 valid.
+template <int R>
+__attribute__((target("avx2,fma"), always_inline)) inline void Kernel256(
+    int64_t kc, const float* a, int64_t lda, const float* bp, float* c, int64_t ldc, bool first,
+    int64_t ncols) {
+  __m256 acc0[R], acc1[R];
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) acc0[r] = acc1[r] = _mm256_setzero_ps();
+  for (int64_t k = 0; k < kc; ++k) {
+    const __m256 b0 = _mm256_loadu_ps(bp + k * kNR), b1 = _mm256_loadu_ps(bp + k * kNR + 8);
+#pragma GCC unroll 6
+    for (int r = 0; r < R; ++r) {
+      const __m256 av = _mm256_broadcast_ss(a + r * lda + k);
+      acc0[r] = _mm256_fmadd_ps(av, b0, acc0[r]);
+      acc1[r] = _mm256_fmadd_ps(av, b1, acc1[r]);
+    }
+  }
+  // masked loads and stores (an array indexed at run time would keep the accumulators in
+  // memory instead of registers)
+  const __m256i lane = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256i m0 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols)), lane);
+  const __m256i m1 = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(ncols) - 8), lane);
+#pragma GCC unroll 6
+  for (int r = 0; r < R; ++r) {
+    float* row = c + r * ldc;
+    if (!first) {
+      acc0[r] = _mm256_add_ps(acc0[r], _mm256_maskload_ps(row, m0));
+      acc1[r] = _mm256_add_ps(acc1[r], _mm256_maskload_ps(row + 8, m1));
+    }
+    _mm256_maskstore_ps(row, m0, acc0[r]);
+    _mm256_maskstore_ps(row + 8, m1, acc1[r]);
+  }
+}
+
+__attribute__((target("avx2,fma"))) void Rows256(int64_t m, int64_t kc, const float* a,
+                                                 int64_t lda, const float* bp, float* c,
+                                                 int64_t ldc, bool first, int64_t ncols) {
+  for (int64_t half = 0; half < 2 && half * 16 < ncols; ++half) {
+    const float* b = bp + half * 16;
+    float* ch = c + half * 16;
+    const int64_t nc = std::min<int64_t>(16, ncols - half * 16);
+    int64_t i = 0;
+    for (; i + 6 <= m; i += 6) Kernel256<6>(kc, a + i * lda, lda, b, ch + i * ldc, ldc, first, nc);
+    const float* ar = a + i * lda;
+    float* cr = ch + i * ldc;
+    switch (m - i) {
+#define TUNEHUB_ROWS2(R) \
+  case R:                \
+    Kernel256<R>(kc, ar, lda, b, cr, ldc, first, nc); \
+    break;
+      TUNEHUB_ROWS2(1) TUNEHUB_ROWS2(2) TUNEHUB_ROWS2(3) TUNEHUB_ROWS2(4) TUNEHUB_ROWS2(5)
+      default:
+        break;
+    }
+  }
+}
+#undef TUNEHUB_ROWS
+#undef TUNEHUB_ROWS2
+
+// TUNEHUB_PEERS_ISA (read once per process) caps the choice: "avx2" skips AVX-512, "none"
+// takes OpenBLAS (so that every path can be tested on one machine).
+RowsFn ChooseRows() {
+  __builtin_cpu_init();
+  const char* cap = std::getenv("TUNEHUB_PEERS_ISA");
+  const std::string isa = cap ? cap : "";
+  if (isa == "none") return nullptr;
+  if (isa != "avx2" && __builtin_cpu_supports("avx512f")) return Rows512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Rows256;
+  return nullptr;
+}
+#else
+RowsFn ChooseRows() { return nullptr; }
+#endif
+
+// This CPU's micro-kernel, or nullptr (then the callers use OpenBLAS).
+RowsFn Rows() {
+  static const RowsFn rows = ChooseRows();
+  return rows;
+}
+
+int64_t Panels(int64_t n) { return (n + kNR - 1) / kNR; }
+
+// B ([k, n], or [n, k] when ``trans``) packed into panels [p0, p1) of ``bp``.
+void PackPanels(const float* b, int64_t k, int64_t n, bool trans, int64_t p0, int64_t p1,
+                float* bp) {
+  for (int64_t p = p0; p < p1; ++p) {
+    float* dst = bp + p * k * kNR;
+    const int64_t c0 = p * kNR, cols = std::min(kNR, n - c0);
+    for (int64_t kk = 0; kk < k; ++kk) {
+      float* row = dst + kk * kNR;
+      for (int64_t j = 0; j < cols; ++j) row[j] = trans ? b[(c0 + j) * k + kk] : b[kk * n + c0 + j];
+      std::fill(row + cols, row + kNR, 0.0f);
+    }
+  }
+}
+
+// All of B packed into ``bp`` (serial).
+void Pack(const float* b, int64_t k, int64_t n, bool trans, float* bp) {
+  PackPanels(b, k, n, trans, 0, Panels(n), bp);
+}
+
+// B packed into panels (cached; see WeightCache).
+WeightCache::Block PackedWeight(const float* b, int64_t k, int64_t n, bool trans) {
+  return WeightCache::Get(
+      trans ? WeightCache::kPackedTransposed : WeightCache::kPacked, b, k * n, k, n,
+      Panels(n) * k * kNR, [&](float* bp) {
+        ParallelRows(Panels(n), 1, [&](int64_t p0, int64_t p1) {
+          PackPanels(b, k, n, trans, p0, p1, bp);
+        });
+      });
+}
+
+// C[r0:r1, panels p0:p1] (serial).
+void Multiply(RowsFn rows, int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t n, int64_t k,
+              const float* a, int64_t lda, const float* bp, float* c, int64_t ldc) {
+  for (int64_t m0 = r0; m0 < r1; m0 += kMC) {
+    const int64_t m1 = std::min(r1, m0 + kMC);
+    for (int64_t p = p0; p < p1; ++p) {
+      const int64_t c0 = p * kNR;
+      for (int64_t k0 = 0; k0 < k; k0 += kKC)
+        rows(m1 - m0, std::min(kKC, k - k0), a + m0 * lda + k0, lda, bp + (p * k + k0) * kNR,
+             c + m0 * ldc + c0, ldc, k0 == 0, std::min(kNR, n - c0));
+    }
+  }
+}
+
+// C[M, N] = A[M, K] x Bp on TVM's pool: blocks of kMC rows x one panel, panel-major, in
+// contiguous ranges per task (a task keeps its panels in cache across row blocks).
+void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+          const float* bp, float* c, int64_t ldc) {
+  const int64_t row_blocks = (m + kMC - 1) / kMC, blocks = row_blocks * Panels(n);
+  const auto body = [&](int64_t b0, int64_t b1) {
+    for (int64_t b = b0; b < b1; ++b) {
+      const int64_t p = b / row_blocks, r0 = (b % row_blocks) * kMC;
+      Multiply(rows, r0, std::min(m, r0 + kMC), p, p + 1, n, k, a, lda, bp, c, ldc);
+    }
+  };
+  if (m * n * k < (int64_t{1} << 16)) {  // too little work to share
+    body(0, blocks);
+    return;
+  }
+  ParallelRows(blocks, 1, body);
+}
+
+// The convolution as im2col + packed GEMM (same cases as ConvIm2col).
+void Conv(RowsFn rows, const ConvShape& s, const float* x, const float* w, float* y) {
+  const int64_t k = s.kh * s.kw * s.c, npix = s.n * s.oh * s.ow;
+  const WeightCache::Block bp = PackedWeight(w, k, s.o, false);
+  if (s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.pt == 0 && s.pl == 0) {
+    Gemm(rows, npix, s.o, s.c, x, s.c, bp->data(), y, s.o);
+    return;
+  }
+  constexpr int64_t kSplitRows = 512;
+  if (npix < kSplitRows) {  // few pixels: im2col all of them, then share the GEMM's blocks
+    float* cols = Scratch(0, npix * k);
+    ParallelRows(npix, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
+    Gemm(rows, npix, s.o, k, cols, k, bp->data(), y, s.o);
+    return;
+  }
+  ParallelRows(npix, kMC, [&](int64_t r0, int64_t r1) {
+    thread_local std::vector<float> cols;
+    cols.resize(static_cast<size_t>(std::min(kMC, r1 - r0) * k));
+    for (int64_t t0 = r0; t0 < r1; t0 += kMC) {
+      const int64_t t1 = std::min(r1, t0 + kMC);
+      Im2col(s, x, t0, t1, cols.data());
+      Multiply(rows, 0, t1 - t0, 0, Panels(s.o), s.o, k, cols.data(), k, bp->data(),
+               y + t0 * s.o, s.o);
+    }
+  });
+}
+
+}  // namespace packed
+
 // ---------------------------------------------------------------------------------------------
 // Winograd F(m x m, 3 x 3) for 3x3, stride 1, dilation 1 (Lavin & Gray, "Fast Algorithms for
 // Convolutional Neural Networks", 2016). One output tile Y (m x m) of one channel pair is
@@ -271,7 +612,7 @@ void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
 // hold 1/24 .. 8).
 //
 // The transformed weights U ((m+2)^2 * C * K floats) are computed once per weight and kept in
-// a cache (WinogradWeights below).
+// a cache (WeightCache below).
 
 // F(2x2, 3x3): interpolation points 0, 1, -1 and infinity.
 struct F2 {
@@ -458,87 +799,32 @@ TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tilin
   }
 }
 
-// The cache of transformed weights, keyed by the weight's address, shape and tile size.
-//
-// Contract: a weight is a constant. An entry also keeps kSamples of the weight's values (spread
-// over the whole tensor) and is used only when they still match bit for bit, so a different
-// tensor later allocated at the same address (a measurement's fresh random arguments, another
-// model's weight) is transformed anew; a weight changed in place but only between the samples
-// would be served stale. Entries are evicted least recently used beyond kCacheBytes.
-class WinogradWeights {
- public:
-  using Block = std::shared_ptr<const std::vector<float>>;
-
-  template <typename F>
-  static Block Get(const ConvShape& s, const float* w) {
-    static WinogradWeights cache;
-    Key key{w, s.c, s.o, F::kM, Samples(w, 9 * s.c * s.o)};
-    {
-      std::lock_guard<std::mutex> lock(cache.mu_);
-      if (Block hit = cache.FindLocked(key)) return hit;
-    }
-    auto u = std::make_shared<std::vector<float>>(
-        static_cast<size_t>(F::kAlpha * F::kAlpha * s.c * s.o));
-    ParallelRows(s.c, 4, [&](int64_t c0, int64_t c1) {
-      WeightTransform<F>(s, w, c0, c1, u->data());
-    });
-    std::lock_guard<std::mutex> lock(cache.mu_);
-    if (Block hit = cache.FindLocked(key)) return hit;  // another thread was faster
-    cache.entries_.push_front({key, u});
-    cache.bytes_ += u->size() * sizeof(float);
-    while (cache.bytes_ > kCacheBytes && cache.entries_.size() > 1) {
-      cache.bytes_ -= cache.entries_.back().u->size() * sizeof(float);
-      cache.entries_.pop_back();
-    }
-    return u;
-  }
-
- private:
-  static constexpr size_t kCacheBytes = size_t{512} << 20;
-  static constexpr int kSamples = 64;
-
-  struct Key {
-    const float* w;
-    int64_t c, k;
-    int m;
-    std::array<uint32_t, kSamples> samples;
-    bool operator==(const Key& other) const {
-      return w == other.w && c == other.c && k == other.k && m == other.m &&
-             samples == other.samples;
-    }
-  };
-  struct Entry {
-    Key key;
-    Block u;
-  };
-
-  static std::array<uint32_t, kSamples> Samples(const float* w, int64_t size) {
-    std::array<uint32_t, kSamples> out{};
-    for (int i = 0; i < kSamples; ++i)
-      std::memcpy(&out[i], w + (size - 1) * i / (kSamples - 1), sizeof(uint32_t));
-    return out;
-  }
-
-  Block FindLocked(const Key& key) {
-    for (auto it = entries_.begin(); it != entries_.end(); ++it) {
-      if (it->key == key) {
-        entries_.splice(entries_.begin(), entries_, it);  // most recently used first
-        return entries_.front().u;
-      }
-    }
-    return nullptr;
-  }
-
-  std::mutex mu_;
-  std::list<Entry> entries_;
-  size_t bytes_ = 0;
-};
-
 template <typename F>
 void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) {
   constexpr int64_t P = F::kAlpha * F::kAlpha;
   const Tiling tiling = TilesOf<F>(s);
-  const WinogradWeights::Block u = WinogradWeights::Get<F>(s, w);
+  // U[p] ([C x K] per position) as plain rows for sgemm, or, where the packed GEMM's
+  // micro-kernel runs, packed into its panels (Up[p][panel][C][kNR]).
+  const packed::RowsFn rows = packed::Rows();
+  const int64_t panel_floats = packed::Panels(s.o) * s.c * packed::kNR;
+  const auto transform = [&](float* out) {
+    ParallelRows(s.c, 4, [&](int64_t c0, int64_t c1) { WeightTransform<F>(s, w, c0, c1, out); });
+  };
+  const WeightCache::Block u =
+      rows == nullptr
+          ? WeightCache::Get(F::kM == 4 ? WeightCache::kWinogradF4 : WeightCache::kWinogradF2, w,
+                             9 * s.c * s.o, s.c, s.o, P * s.c * s.o, transform)
+          : WeightCache::Get(
+                F::kM == 4 ? WeightCache::kWinogradF4Packed : WeightCache::kWinogradF2Packed, w,
+                9 * s.c * s.o, s.c, s.o, P * panel_floats, [&](float* out) {
+                  std::vector<float> plain(static_cast<size_t>(P * s.c * s.o));
+                  transform(plain.data());
+                  ParallelRows(P, 1, [&](int64_t p0, int64_t p1) {
+                    for (int64_t q = p0; q < p1; ++q)
+                      packed::Pack(plain.data() + q * s.c * s.o, s.c, s.o, false,
+                                   out + q * panel_floats);
+                  });
+                });
   // Tiles in chunks whose V and M take at most kChunkBytes (so that a large image needs no
   // large scratch, and V and M stay in the last-level cache), at least kMinChunk tiles (the
   // GEMMs' rows).
@@ -555,16 +841,20 @@ void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) 
     });
     // V[:, p] is [count x C] with rows P*C apart, M[:, p] [count x K] with rows P*K apart
     ParallelRows(P, 1, [&](int64_t p0, int64_t p1) {
-      for (int64_t p = p0; p < p1; ++p)
-        Sgemm(kNoTrans, count, s.o, s.c, v + p * s.c, P * s.c, u->data() + p * s.c * s.o, s.o,
-              mm + p * s.o, P * s.o);
+      for (int64_t p = p0; p < p1; ++p) {
+        if (rows != nullptr)
+          packed::Multiply(rows, 0, count, 0, packed::Panels(s.o), s.o, s.c, v + p * s.c,
+                           P * s.c, u->data() + p * panel_floats, mm + p * s.o, P * s.o);
+        else
+          Sgemm(kNoTrans, count, s.o, s.c, v + p * s.c, P * s.c, u->data() + p * s.c * s.o,
+                s.o, mm + p * s.o, P * s.o);
+      }
     });
     ParallelRows(count, 4, [&](int64_t t0, int64_t t1) {
       OutputTransform<F>(s, tiling, mm, first + t0, first + t1, first, y);
     });
   }
 }
-
 }  // namespace
 
 extern "C" int tunehub_peer_conv2d_nhwc(const float* x, const float* w, float* y, int64_t n,
@@ -589,5 +879,34 @@ extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w,
     ConvWinograd<F2>(s, x, w, y);
   else
     ConvIm2col(s, x, w, y);  // not a tile size this shim has: the direct convolution
+  return 0;
+}
+
+// The same products with packed weights (see namespace packed). A GEMM whose B is not a weight
+// (b_batched), a single row (sgemv), or a CPU without the micro-kernels takes OpenBLAS.
+extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c, int64_t batch,
+                                        int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                        int32_t b_batched) {
+  const packed::RowsFn rows = packed::Rows();
+  if (rows == nullptr || b_batched || batch * m == 1)
+    return tunehub_peer_gemm(a, b, c, batch, m, n, k, trans_b, b_batched);
+  const WeightCache::Block bp = packed::PackedWeight(b, k, n, trans_b != 0);
+  packed::Gemm(rows, batch * m, n, k, a, k, bp->data(), c, n);
+  return 0;
+}
+
+extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,
+                                               int64_t n, int64_t h, int64_t wd, int64_t ch,
+                                               int64_t kh, int64_t kw, int64_t o, int64_t oh,
+                                               int64_t ow, int32_t sh, int32_t sw, int32_t pt,
+                                               int32_t pl, int32_t dh, int32_t dw) {
+  const ConvShape s{n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw};
+  const packed::RowsFn rows = packed::Rows();
+  if (rows == nullptr) {
+    SingleThreadedBlas();
+    ConvIm2col(s, x, w, y);
+  } else {
+    packed::Conv(rows, s, x, w, y);
+  }
   return 0;
 }

@@ -153,23 +153,26 @@ def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
         ("24x24", conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
         ("13x13 partial tiles", conv_model(64, 72, 13, 3, 1, 1), "winograd_f2"),
         ("26x26 partial tiles", conv_model(64, 64, 26, 3, 1, 1), "winograd_f4"),
-        ("few channels", conv_model(8, 24, 24, 3, 1, 1), "im2col"),
+        ("few channels", conv_model(8, 24, 24, 3, 1, 1), "packed"),
         ("unpadded, channels not a multiple of 8", conv_model(12, 20, 12, 3, 1, 0),
-         "im2col"),
-        ("7x7", conv_model(64, 64, 7, 3, 1, 1), "im2col"),
+         "packed"),
+        ("7x7", conv_model(64, 64, 7, 3, 1, 1), "packed"),
         ("batch 3, pad 2", conv_model(64, 64, 13, 3, 1, 2, batch=3), "winograd_f2"),
     ],
 )
 def test_every_conv_variant_matches_the_task(label, proto, default):
-    """A 3x3 stride-1 convolution has three variants (im2col, Winograd F(2x2) and F(4x4)),
-    the default first; each agrees with the task's TIR (F(4x4) within its error bound)."""
+    """A 3x3 stride-1 convolution has four variants (im2col on the packed-weight GEMM or on
+    OpenBLAS, Winograd F(2x2) and F(4x4)), the default first; each agrees with the task's TIR
+    (F(4x4) within its error bound)."""
     target = cpu_target(2)
     task = _conv_task(proto, target)
     variants = peer_variants(task)
     assert variants[0] == find_peer(task) and variants[0].algorithm == default, label
-    assert sorted(v.algorithm for v in variants) == ["im2col", "winograd_f2", "winograd_f4"]
+    assert sorted(v.algorithm for v in variants) == [
+        "im2col", "packed", "winograd_f2", "winograd_f4"]
     assert {v.to_json()["function"] for v in variants} == {
-        "tunehub_peer_conv2d_nhwc", "tunehub_peer_conv2d_nhwc_winograd"}
+        "tunehub_peer_conv2d_nhwc", "tunehub_peer_conv2d_nhwc_packed",
+        "tunehub_peer_conv2d_nhwc_winograd"}
     for call in variants:
         _check_peer(task, target, call)
 
@@ -179,23 +182,30 @@ def test_only_3x3_stride_1_convolutions_have_winograd_variants():
     for proto in (conv_model(8, 16, 13, 3, 2, 1), conv_model(3, 16, 20, 7, 2, 3),
                   conv_model(8, 8, 12, 3, 1, 2, dilation=2), conv_model(4, 16, 12, 3, 1, 1)):
         task = _conv_task(proto, target)
-        assert [v.algorithm for v in peer_variants(task)] == ["im2col"]
+        assert [v.algorithm for v in peer_variants(task)] == ["packed", "im2col"]
     gemm = [e.dispatched[0] for e in _partition(gemm_model(24, 40, 56), target).extracted]
-    assert [v.kind for m in gemm for v in peer_variants(m)] == ["gemm"]
+    assert [(v.kind, v.algorithm) for m in gemm for v in peer_variants(m)] == [
+        ("gemm", "packed"), ("gemm", "")]
     task = _conv_task(conv_model(8, 16, 13, 3, 2, 1), target)
     with pytest.raises(ValueError, match="not a peer variant"):
         peer_task_module(task, call=dataclasses.replace(find_peer(task),
                                                         algorithm="winograd_f2"))
 
 
-def test_winograd_weights_are_transformed_again_when_they_change():
-    """The shim caches a weight's Winograd transform by address: new values written into the
-    same weight tensor (as a measurement's fresh arguments may land at a freed address) are
-    transformed again, not served from the cache."""
+@pytest.mark.parametrize(("proto", "algorithm"), [
+    (conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
+    (conv_model(16, 40, 9, 3, 2, 1), "packed"),
+    (gemm_model(24, 40, 56), "packed"),
+])
+def test_cached_weights_are_transformed_again_when_they_change(proto, algorithm):
+    """The shim caches a weight's Winograd transform or packed panels by address: new values
+    written into the same weight tensor (as a measurement's fresh arguments may land at a freed
+    address) are transformed again, not served from the cache."""
     target = cpu_target(2)
-    task = _conv_task(conv_model(64, 64, 24, 3, 1, 1), target)
+    parts = _partition(proto, target)
+    (task,) = [e.dispatched[0] for e in parts.extracted if find_peer(e.dispatched[0])]
     call = find_peer(task)
-    assert call.algorithm == "winograd_f4"
+    assert call.algorithm == algorithm
     load_peers()
     peer = tvm.tirx.build(peer_task_module(task, call=call), target=target.tvm_target())
     args = _random_args(task)
@@ -208,6 +218,53 @@ def test_winograd_weights_are_transformed_again_when_they_change():
                                    atol=WINOGRAD_F4_ERROR * np.abs(out).max())
         args[weight] = RNG.standard_normal(args[weight].shape).astype("float32")
         tensors[weight].copyfrom(args[weight])  # same address, new values
+
+
+@pytest.mark.parametrize(("label", "proto"), [
+    ("dense", gemm_model(24, 40, 56)),
+    ("rows past a block, columns past a panel", gemm_model(131, 300, 70)),
+    ("few rows, many panels", gemm_model(5, 64, 200)),
+    ("one row", gemm_model(1, 40, 200)),
+])
+def test_every_gemm_variant_matches_the_task(label, proto):
+    """A GEMM against a weight with more than one row runs on the packed-weight GEMM by
+    default and has OpenBLAS as its other variant; a single row (a GEMV) only OpenBLAS's
+    sgemv. Each agrees with the task's TIR."""
+    target = cpu_target(2)
+    parts = _partition(proto, target)
+    (task,) = [e.dispatched[0] for e in parts.extracted if find_peer(e.dispatched[0])]
+    variants = peer_variants(task)
+    rows = int(task["main"].params[0].shape[0])
+    assert [v.algorithm for v in variants] == (["packed", ""] if rows > 1 else [""]), label
+    for call in variants:
+        _check_peer(task, target, call)
+
+
+ISA_CHECK = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.compiler import test_peers as t
+from compiler.target import cpu_target
+for proto in (t.gemm_model(131, 300, 70), t.gemm_model(5, 64, 200),
+              t.conv_model(16, 40, 9, 3, 2, 1), t.conv_model(64, 72, 13, 3, 1, 1)):
+    task = t._conv_task(proto, cpu_target(2))
+    for call in t.peer_variants(task):
+        t._check_peer(task, cpu_target(2), call)
+print("ok")
+"""
+
+
+@pytest.mark.parametrize("isa", ["avx2", "none"])
+def test_packed_variants_match_under_every_isa(isa):
+    """The packed GEMM's AVX2 micro-kernel (``TUNEHUB_PEERS_ISA=avx2`` on an AVX-512 machine)
+    and its OpenBLAS fallback (``none``) give the task's results too, in every variant
+    (Winograd's GEMMs run on the same kernels); each in a fresh process (the shim chooses once
+    per process)."""
+    env = {**os.environ, "TUNEHUB_PEERS_ISA": isa}
+    done = subprocess.run([sys.executable, "-c", ISA_CHECK, str(REPO)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")
 
 
 def test_operators_the_library_does_not_cover_have_no_peer():
@@ -240,13 +297,13 @@ print(repr(vm["main"](tvm.runtime.tensor(x)).numpy().tolist()))
 
 
 @pytest.mark.parametrize(("proto", "algorithm"), [
-    (conv_model(8, 16, 12, 3, 1, 1), "im2col"),
+    (conv_model(8, 16, 12, 3, 1, 1), "packed"),
     (conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
 ])
 def test_zero_trial_artifact_runs_in_a_fresh_process(tmp_path, proto, algorithm):
     """The artifact links the shim and OpenBLAS: a process with nothing but the TVM runtime
     loads and runs it (no peer library loaded, no TuneHub import) and matches ONNX Runtime,
-    with its convolution on im2col or on Winograd."""
+    with its convolution on the packed-weight GEMM or on Winograd."""
     import onnxruntime as ort
 
     assert find_peer(_conv_task(proto, cpu_target(2))).algorithm == algorithm
