@@ -6,10 +6,14 @@
     .venv/bin/python -m bench.bench_models --retime DIR [--threads 2]
 
 For each example network at batch 1 it measures, in one run and on the same inputs: ONNX Runtime,
-torch eager, ``torch.compile`` (inductor), TVM untuned, and TuneHub tuned after each cumulative
-trial budget (the database keeps growing: the 1,000-trial artifact is the 200-trial job plus a
-``--continue`` job of 800 more, and so on). Latencies are medians of repeated runs with
-``--threads`` intra-op threads for every framework (TVM's target has ``num-cores = threads``).
+torch eager, ``torch.compile`` (inductor), TVM untuned, TuneHub's zero-trial build (rung ``0``:
+library peers and TVM's default schedules, as ``tunehub compile`` without a database) and TuneHub
+tuned after each cumulative trial budget (the database keeps growing: the 1,000-trial artifact is
+the 200-trial job plus a ``--continue`` job of 800 more, and so on). After all tuning, every
+framework and every rung's artifact is timed side by side in one process
+(:func:`interleaved_latencies`, ``--rounds`` interleaved rounds, medians); TVM untuned (seconds a
+call) is timed once, apart. ``--threads`` intra-op threads for every framework (TVM's target has
+``num-cores = threads``).
 
 Every TuneHub run uses MetaSchedule's cold XGBModel (``cost_model="cold"``): these runs are the cold
 baseline of ``bench/bench_cost_model.py``, which reads the database ``--db`` keeps.
@@ -55,6 +59,14 @@ REPO = Path(__file__).resolve().parents[1]
 PATHS = ("today", "new")
 
 
+#: How the table's latencies were taken (the report says it).
+INTERLEAVED_NOTE = (
+    "Latencies (but TVM untuned's) are medians of interleaved rounds in one process after all "
+    "tuning (`interleaved_latencies`: ONNX Runtime, torch eager, torch.compile and every rung's "
+    "artifact, a new random order each round). `TuneHub 0` is the zero-trial build (library "
+    "peers + TVM's default schedules, no tuning).")
+
+
 def rung(path: str, budget: int | str) -> str:
     """The column label of ``path``'s rung ``budget`` (``"500"`` or ``"NCHW 500"``)."""
     return str(budget) if path == "new" else f"NCHW {budget}"
@@ -95,6 +107,20 @@ def torch_latencies(name: str, inputs: list[np.ndarray], threads: int) -> dict[s
         except Exception as err:  # noqa: BLE001 - reported in the table
             out["torch.compile"] = f"failed: {type(err).__name__}"
     return out
+
+
+def zero_trial_rung(row: dict, prepared, work: Path) -> None:
+    """The zero-trial build (library peers + TVM's default schedules, no database: what
+    ``tunehub compile`` gives) of ``row``'s model, exported as rung ``0``."""
+    from compiler.build import build_zero_trial, export_library
+
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    executable, keys = build_zero_trial(prepared.mod, prepared.target, tasks)
+    export_library(executable, work / f"{row['model']}-0" / "model.so", link_peers=bool(keys),
+                   target=prepared.target)
+    row["TuneHub 0"] = None  # timed with the others (interleaved_latencies)
+    row["trials 0"] = 0
 
 
 def baseline_row(name: str, threads: int, work: Path) -> tuple[dict, object, list[np.ndarray]]:
@@ -204,24 +230,80 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     }
 
 
-def retime(work: Path, threads: int) -> tuple[list[dict], list[int], dict | None]:
-    """Measure baselines and every stored rung artifact of ``work/rows.json`` again."""
+def interleaved_latencies(name: str, model_path: Path, threads: int, libraries: dict[str, Path],
+                          rounds: int) -> dict[str, float]:
+    """Median seconds per call of ONNX Runtime, torch eager, ``torch.compile`` and each library of
+    ``libraries`` (label -> ``model.so``) on ``name``'s seeded inputs, timed side by side in one
+    process: :func:`bench.bench_peers.interleaved` rounds (a new random order each round, a pause
+    before each timer), each timer running for at least 0.2 s a round. The machines these
+    benchmarks run on change speed by up to 2x within minutes, so latencies taken one framework
+    after another are not comparable; these are."""
+    import torch
+
+    from bench.bench_peers import _ort_timer, _timer, _torch_timer, interleaved
+    from compiler.loader import load_model
     from compiler.runner import LoadedLibrary
+    from compiler.verify import random_inputs
+    from examples.networks import EXAMPLES
+
+    inputs = random_inputs(load_model(model_path).inputs)
+    timers = {"ONNX Runtime": _ort_timer(model_path, inputs, threads),
+              "torch eager": _torch_timer(name, inputs, threads)}
+    try:
+        compiled = torch.compile(EXAMPLES[name].build().eval())
+        tensors = [torch.from_numpy(a) for a in inputs]
+        with torch.no_grad():
+            compiled(*tensors)
+
+        def call_compiled() -> None:
+            with torch.no_grad():
+                compiled(*tensors)
+        timers["torch.compile"] = _timer(call_compiled)
+    except Exception as err:  # noqa: BLE001 - reported in the table
+        print(f"torch.compile failed on {name}: {type(err).__name__}: {err}", flush=True)
+    for label, path in libraries.items():
+        library = LoadedLibrary(path, "cpu")
+        library.vm.set_input("main", *library._to_device(inputs))  # noqa: SLF001
+        timers[label] = _timer(lambda vm=library.vm: vm.invoke_stateful("main"))
+    return interleaved(timers, rounds)
+
+
+def rung_libraries(work: Path, model: str, labels: list[str]) -> dict[str, Path]:
+    """``TuneHub <label>`` -> the ``model.so`` each rung of ``model`` published under ``work``."""
+    out = {}
+    for label in labels:
+        library = work / f"{model}-{label.replace(' ', '-')}" / "model.so"
+        if library.exists():
+            out[f"TuneHub {label}"] = library
+    return out
+
+
+def retime(work: Path, threads: int, rounds: int = 7) -> tuple[list[dict], list[int], dict | None]:
+    """Measure baselines and every stored rung artifact of ``work/rows.json`` again, side by side
+    (:func:`interleaved_latencies`); TVM untuned apart (seconds a call)."""
+    from compiler.build import build
+    from compiler.prepare import prepare_model
+    from compiler.runner import LoadedLibrary
+    from compiler.target import cpu_target
+    from compiler.verify import random_inputs
 
     saved = json.loads((work / "rows.json").read_text())
     budgets = saved["budgets"]
-    labels = [rung(p, b) for p in saved.get("paths", ["new"]) for b in budgets]
+    labels = ["0", *(rung(p, b) for p in saved.get("paths", ["new"]) for b in budgets),
+              "top-up"]
     rows = []
     for old in saved["rows"]:
-        (work / "retime").mkdir(exist_ok=True)
-        row, _, inputs = baseline_row(old["model"], threads, work / "retime")
-        for key, value in old.items():
-            if key.startswith(("trials ", "wall ", "verified ", "tasks reused ")):
-                row[key] = value
-        for label in [*labels, "top-up"]:
-            library = work / f"{old['model']}-{label.replace(' ', '-')}" / "model.so"
-            if f"TuneHub {label}" in old and library.exists():
-                row[f"TuneHub {label}"] = LoadedLibrary(library).time(inputs).median_secs
+        row = {k: v for k, v in old.items()
+               if k in ("model", "tasks", "path", "TVM untuned")
+               or k.startswith(("trials ", "wall ", "verified ", "tasks reused "))}
+        path = Path(old["path"])
+        row.update(interleaved_latencies(old["model"], path, threads,
+                                         rung_libraries(work, old["model"], labels), rounds))
+        if "TVM untuned" not in row:
+            prepared = prepare_model(path, cpu_target(threads))
+            untuned = LoadedLibrary.from_executable(build(prepared.mod, prepared.target))
+            row["TVM untuned"] = untuned.time(random_inputs(prepared.model.inputs),
+                                              repeat=3).median_secs
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     return rows, budgets, saved.get("throughput"), saved.get("paths", ["new"])
@@ -265,7 +347,7 @@ def write_report(
     ]
     if note:
         lines += [note, ""]
-    columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned"]
+    columns = ["ONNX Runtime", "torch eager", "torch.compile", "TVM untuned", "TuneHub 0"]
     labels = [rung(p, b) for p in (paths or ["new"]) for b in budgets]
     columns += [f"TuneHub {label}" for label in labels]
     if any("TuneHub top-up" in row for row in rows):
@@ -332,15 +414,17 @@ def main() -> int:
                         "named models that the database lacks, with N trials (see above)")
     parser.add_argument("--paths", nargs="+", choices=PATHS, default=["new"],
                         help="compile paths to tune, side by side (see above)")
+    parser.add_argument("--rounds", type=int, default=7,
+                        help="interleaved timing rounds of the final side by side")
     parser.add_argument("--retime", type=Path, metavar="DIR",
                         help="re-measure baselines and the artifacts a --work run left in DIR")
     args = parser.parse_args()
     if args.retime:
-        rows, budgets, throughput, paths = retime(args.retime, args.threads)
+        rows, budgets, throughput, paths = retime(args.retime, args.threads, args.rounds)
         print(write_report(rows, budgets, throughput, args.threads, note=(
             "Latencies re-measured in one run with `--retime` from the artifacts each rung "
-            "published (tuning itself ran earlier, see trials and wall times)."), out=args.out,
-            paths=paths))
+            "published (tuning itself ran earlier, see trials and wall times). "
+            + INTERLEAVED_NOTE), out=args.out, paths=paths))
         return 0
     import db
 
@@ -363,6 +447,7 @@ def main() -> int:
         prepared = {}
         for name in args.models:
             row, prepared[name, "new"], _ = baseline_row(name, args.threads, work)
+            zero_trial_rung(row, prepared[name, "new"], work)
             if "today" in args.paths:
                 from compiler.prepare import prepare_model
                 from compiler.target import cpu_target
@@ -393,7 +478,16 @@ def main() -> int:
                 print(json.dumps(row, default=str), flush=True)
                 save_rows(work, rows, budgets, throughput, paths)
         storage.close()
-    print(write_report(rows, budgets, throughput, args.threads, out=args.out, paths=paths))
+        labels = ["0", *(rung(p, b) for p in paths for b in budgets), "top-up"]
+        for row in rows:  # the table's latencies: all side by side, at the end
+            if row["model"] in args.models:
+                row.update(interleaved_latencies(row["model"], Path(row["path"]), args.threads,
+                                                 rung_libraries(work, row["model"], labels),
+                                                 args.rounds))
+                print(json.dumps(row, default=str), flush=True)
+        save_rows(work, rows, budgets, throughput, paths)
+    print(write_report(rows, budgets, throughput, args.threads, out=args.out, paths=paths,
+                       note=INTERLEAVED_NOTE))
     return 0
 
 
