@@ -264,16 +264,18 @@ class JobTaskRow(Base):
 
 
 class TaskLeaseRow(Base):
-    """A worker's lease: a trial batch of one job task (``tune``) or a job's ``finalize`` step.
+    """A worker's lease: a trial batch of one job task (``tune``), a job's ``finalize`` step, or
+    its ``preview`` (the zero-trial artifact built while the job tunes).
 
-    ``work_key`` names the work (``task:<id>`` / ``finalize:<job id>``); at most one *active*
+    ``work_key`` names the work (``task:<id>`` / ``finalize:<job id>`` / ``preview:<job id>``);
+    at most one *active*
     lease per work key (partial unique index), so two claimers can never both hold it.
     ``expires_at`` moves forward with the worker's heartbeats and uploads (database clock).
     """
 
     __tablename__ = "task_leases"
     __table_args__ = (
-        CheckConstraint("kind IN ('tune', 'finalize')", name="kind"),
+        CheckConstraint("kind IN ('tune', 'finalize', 'preview')", name="kind"),
         CheckConstraint(
             "status IN ('active', 'done', 'expired', 'returned', 'failed', 'cancelled')",
             name="status",
@@ -335,6 +337,8 @@ class ArtifactRow(Base):
     size: Mapped[int] = mapped_column(BigInteger, nullable=False)
     verified: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=text("false"))
     manifest_json: Mapped[str] = mapped_column(Text, nullable=False, server_default="{}")
+    #: ``final`` (the job's result) or ``preview`` (its zero-trial build, published while it tunes)
+    kind: Mapped[str] = mapped_column(String(16), nullable=False, server_default="final")
     created_at: Mapped[datetime] = _created()
 
 

@@ -107,7 +107,7 @@ class LeaseStatus:
     OUTCOMES: Final = (DONE, RETURNED, FAILED, CANCELLED)
 
 
-LEASE_KINDS: Final = ("tune", "finalize")
+LEASE_KINDS: Final = ("tune", "finalize", "preview")
 TOKEN_KINDS: Final = ("user", "worker")
 
 
@@ -621,6 +621,9 @@ class LeaseBatchResult:
 
 @dataclass(frozen=True)
 class Artifact:
+    """A published library of a job: ``kind`` ``final`` (the job's result, built from its tuned
+    records) or ``preview`` (its zero-trial build, published while the job tunes)."""
+
     id: int
     job_id: int
     path: str
@@ -628,6 +631,7 @@ class Artifact:
     size: int
     verified: bool
     manifest_json: str
+    kind: str = "final"
     created_at: datetime | None = None
 
 

@@ -14,7 +14,9 @@ same (the coordinator's rules are in :mod:`tuner.coordinator`):
    tracker) and uploads every measured batch; ending the lease, it reports what the search's
    features did. A **finalize** lease: fetch the model, compile it with the best records,
    verify it against the reference framework and upload the artifact
-   (:func:`tuner.finalize.publish_tuned`).
+   (:func:`tuner.finalize.publish_tuned`). A **preview** lease: the same with no records (library
+   peers and TVM's default schedules, :func:`tuner.finalize.publish_zero_trial`), uploaded as the
+   job's preview while it tunes.
 3. A heartbeat thread stamps the worker every ``heartbeat_secs``, which keeps its lease alive;
    when the coordinator no longer lists the lease (expired, the job cancelled), or an upload
    answers that it should stop, tuning stops at the next batch.
@@ -36,8 +38,10 @@ import socket
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from compiler.errors import ModelError, VerificationError
 from service.files import FileStore
@@ -182,6 +186,8 @@ class Worker:
         try:
             if offer.kind == "tune":
                 return self._tune(current)
+            if offer.kind == "preview":
+                return self._preview(current)
             return self._finalize(current)
         except WorkerApiError as err:
             logger.warning("lease %s ended by the coordinator: %s", offer.lease_id, err.detail)
@@ -307,9 +313,53 @@ class Worker:
             self._task_models.pop(next(iter(self._task_models)))
         return model
 
-    def _finalize(self, current: _Current) -> str:
+    def _prepared(self, offer: WorkOffer, folder: Path) -> Any:
+        """The job's model, downloaded into ``folder`` and prepared for this worker's target as
+        its upload was (format, buckets); a ``str`` (why not) when it cannot be."""
         from compiler.buckets import bucket_values  # noqa: PLC0415 - with the compiler
         from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
+
+        try:
+            path = self.client.model_file(offer, folder)
+        except WorkerApiError as err:
+            return err.detail
+        try:
+            return prepare_model(
+                path, self.target, limits=self.settings.model_limits(),
+                expected_format=offer.model_format,  # type: ignore[arg-type]
+                buckets=bucket_values(offer.model_buckets),
+            )
+        except ModelError as err:
+            return f"model refused: {err}"
+
+    def _build_and_publish(self, current: _Current, build: Callable[[Path], Any]) -> str:
+        """Run ``build(out_dir)`` (it writes a verified artifact) in a staging folder and upload
+        what it wrote for ``current``'s lease; end the lease ``failed`` with the error when the
+        build raises."""
+        offer = current.offer
+        staged = self.client.staging_dir()
+        out_dir = staged / "artifact"
+        try:
+            build(out_dir)
+        except VerificationError as err:
+            _rmtree(staged)
+            return self._end(offer, "failed", str(err))
+        except Exception as err:  # noqa: BLE001
+            logger.exception("%s of job %s failed", offer.kind, offer.job_id)
+            _rmtree(staged)
+            return self._end(offer, "failed", f"{type(err).__name__}: {err}")
+        if current.lost or self.stop.is_set():
+            _rmtree(staged)
+            return "lost" if current.lost else self._end(offer, "returned")
+        try:
+            end = self.client.publish(offer.lease_id, out_dir)
+        finally:
+            _rmtree(staged)
+        logger.info("job %s %s: %s artifact published", offer.job_id, end.job_status,
+                    offer.kind)
+        return "done"
+
+    def _finalize(self, current: _Current) -> str:
         from tuner.finalize import (  # noqa: PLC0415 - TVM
             choose_winners,
             finalize_outcomes,
@@ -319,18 +369,9 @@ class Worker:
 
         offer = current.offer
         with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
-            try:
-                path = self.client.model_file(offer, Path(tmp))
-            except WorkerApiError as err:
-                return self._end(offer, "failed", err.detail)
-            try:
-                prepared = prepare_model(
-                    path, self.target, limits=self.settings.model_limits(),
-                    expected_format=offer.model_format,  # type: ignore[arg-type]
-                    buckets=bucket_values(offer.model_buckets),
-                )
-            except ModelError as err:
-                return self._end(offer, "failed", f"model refused: {err}")
+            prepared = self._prepared(offer, Path(tmp))
+            if isinstance(prepared, str):
+                return self._end(offer, "failed", prepared)
             try:
                 remeasure = RemeasureConfig.from_env()
             except ValueError as err:  # a bad TUNEHUB_REMEASURE_* setting: say so, keep serving
@@ -339,9 +380,8 @@ class Worker:
                 task.key: self.client.records(task.key, offer.target.key, max(1, remeasure.top))
                 for task in prepared.partition.tasks
             }
-            staged = self.client.staging_dir()
-            out_dir = staged / "artifact"
-            try:
+
+            def build(out_dir: Path) -> None:
                 # The top records re-measured side by side; the build uses each task's winner,
                 # and the manifest carries the re-measurements for the server to store.
                 winners = choose_winners(prepared, best, remeasure, rpc=self.rpc)
@@ -351,22 +391,22 @@ class Worker:
                     trials_measured=offer.job_trials_done, outcomes=outcomes,
                     remeasured=winners.to_json(), peers=winners.peers,
                 )
-            except VerificationError as err:
-                _rmtree(staged)
-                return self._end(offer, "failed", str(err))
-            except Exception as err:  # noqa: BLE001
-                logger.exception("finalize of job %s failed", offer.job_id)
-                _rmtree(staged)
-                return self._end(offer, "failed", f"{type(err).__name__}: {err}")
-            if current.lost or self.stop.is_set():
-                _rmtree(staged)
-                return "lost" if current.lost else self._end(offer, "returned")
-            try:
-                end = self.client.publish(offer.lease_id, out_dir)
-            finally:
-                _rmtree(staged)
-        logger.info("job %s %s: artifact published", offer.job_id, end.job_status)
-        return "done"
+
+            return self._build_and_publish(current, build)
+
+    def _preview(self, current: _Current) -> str:
+        """The job's zero-trial library (:func:`tuner.finalize.publish_zero_trial`), verified and
+        uploaded as its preview while other leases tune it."""
+        from tuner.finalize import publish_zero_trial  # noqa: PLC0415 - TVM
+
+        offer = current.offer
+        with tempfile.TemporaryDirectory(prefix="tunehub-preview-") as tmp:
+            prepared = self._prepared(offer, Path(tmp))
+            if isinstance(prepared, str):
+                return self._end(offer, "failed", prepared)
+            return self._build_and_publish(
+                current, lambda out_dir: publish_zero_trial(prepared, out_dir,
+                                                            job_id=offer.job_id))
 
     # -- shutdown ------------------------------------------------------------------------------
     def shutdown(self, signum: int) -> None:

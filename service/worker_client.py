@@ -84,13 +84,15 @@ class WorkClient(Protocol):
                search: SearchReport | None = None) -> LeaseEnd: ...
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
-        """A local path of the finalize lease's model file (downloaded into ``folder``)."""
+        """A local path of the finalize (or preview) lease's model file (downloaded into
+        ``folder``)."""
 
     def staging_dir(self) -> Path:
         """A new empty folder to write an artifact into before :meth:`publish`."""
 
     def publish(self, lease_id: int, staged: Path) -> LeaseEnd:
-        """Hand over a verified artifact (``model.so`` + ``manifest.json``); completes the job."""
+        """Hand over a verified artifact (``model.so`` + ``manifest.json``); a finalize lease's
+        completes the job, a preview lease's becomes the job's preview."""
 
     def close(self) -> None: ...
 

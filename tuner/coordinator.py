@@ -21,6 +21,13 @@ Life of a job (see the lease contract in :mod:`db.base`):
    against the reference framework and uploads the artifact (:func:`accept_artifact`), which
    completes the job.
 
+**Preview.** While a job still has tasks to tune, one worker takes its preview lease first (one
+at a time; one that failed, was lost or returned is tried again, :data:`PREVIEW_ATTEMPTS` leases
+in all): it builds the zero-trial library (library peers and TVM's default schedules, no
+records), verifies it and uploads it like a finalize artifact; :func:`accept_artifact`
+publishes it as the job's ``preview`` and leaves the job running. A user has a verified library
+in seconds, the tuned one when the job ends.
+
 Leases live while their worker heartbeats (:func:`heartbeat`); every request for work first
 expires silent workers' leases (:meth:`db.TuningStorage.reap_expired_leases`), so their work goes
 back to the queue with the batches already uploaded kept.
@@ -67,6 +74,10 @@ from tuner.work import (
 
 logger = logging.getLogger("tunehub.coordinator")
 
+
+
+#: Preview leases a job gets at most, whatever became of them (failed, expired, returned).
+PREVIEW_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -154,16 +165,21 @@ def owned_lease(storage: TuningStorage, lease_id: int, token_id: int | None) -> 
     return lease
 
 
+#: Lease kinds whose worker builds the whole model (and downloads it for that).
+BUILD_KINDS = ("finalize", "preview")
+
+
 def finalizing_job(storage: TuningStorage, job_id: int, token_id: int | None) -> TaskLease:
-    """The active finalize lease of ``job_id`` held by a worker of ``token_id`` (what a model
-    download needs). Raises :class:`Forbidden` when there is none."""
+    """An active finalize or preview lease of ``job_id`` held by a worker of ``token_id`` (what
+    a model download needs). Raises :class:`Forbidden` when there is none."""
     for lease in storage.list_leases(job_id=job_id, status=LeaseStatus.ACTIVE, limit=1000):
-        if lease.kind == "finalize":
+        if lease.kind in BUILD_KINDS:
             try:
                 return owned_lease(storage, lease.id, token_id)
             except Forbidden:
-                break
-    raise Forbidden(f"no active finalize lease of job {job_id} is held by this worker")
+                continue
+    raise Forbidden(f"no active finalize or preview lease of job {job_id} is held by this "
+                    "worker")
 
 
 def heartbeat(
@@ -187,9 +203,9 @@ def lease_work(
     """The next piece of work for worker ``name`` (on its registered target), and how many jobs
     of that target are still open (queued or running; 0 means a ``--once`` worker may stop).
 
-    Order: expire silent workers' leases; finalize a job whose tasks are all done; lease a
-    queued task of a running job (priority, age, heaviest task); else start the next queued job
-    and lease its first task.
+    Order: expire silent workers' leases; finalize a job whose tasks are all done; build the
+    preview of a running job that has none; lease a queued task of a running job (priority,
+    age, heaviest task); else start the next queued job and lease its preview or first task.
     """
     worker = find_worker(storage, name)
     check_instance(worker, instance)
@@ -216,6 +232,10 @@ def lease_work(
 
 def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy):
     lease = storage.claim_finalize_lease(name, target_id=target_id, lease_secs=policy.lease_secs)
+    if lease is None:
+        lease = storage.claim_preview_lease(name, target_id=target_id,
+                                            lease_secs=policy.lease_secs,
+                                            max_attempts=PREVIEW_ATTEMPTS)
     if lease is None:
         lease = storage.claim_task_lease(
             name, target_id=target_id, lease_secs=policy.lease_secs,
@@ -565,11 +585,13 @@ def accept_artifact(
     storage: TuningStorage, lease_id: int, staged: Path, destination: Path,
     *, token_id: int | None = None, check=None,
 ) -> Path:
-    """Publish a finalize lease's verified artifact and complete its job.
+    """Publish a finalize lease's verified artifact and complete its job, or a preview lease's
+    as the job's preview (the job goes on).
 
     ``staged`` holds ``model.so`` and ``manifest.json`` (written by the worker, verified against
-    the reference framework); it is moved to ``destination`` (on the same file system) and the
-    job becomes ``succeeded``. Refused (:class:`db.ConflictError`, nothing published) when the
+    the reference framework); it is moved to ``destination`` (on the same file system; a
+    preview to ``destination``'s sibling ``<name>-preview``) and the job becomes ``succeeded``
+    (a finalize lease). Refused (:class:`db.ConflictError`, nothing published) when the
     manifest does not say the verification passed, the library is missing or ``check`` refuses
     it (:func:`tuner.finalize.check_artifact_in_child`, what the REST route passes: the server
     re-verifies what a remote worker publishes). ``token_id``: the worker token, which must own
@@ -577,8 +599,11 @@ def accept_artifact(
     the job is no longer active.
     """
     lease = owned_lease(storage, lease_id, token_id)
-    if lease.kind != "finalize" or lease.status != LeaseStatus.ACTIVE:
+    if lease.kind not in BUILD_KINDS or lease.status != LeaseStatus.ACTIVE:
         raise InvalidTransitionError("task lease", lease_id, lease.status, "done")
+    preview = lease.kind == "preview"
+    if preview:
+        destination = destination.with_name(f"{destination.name}-preview")
     library = staged / LIBRARY_NAME
     try:
         manifest = json.loads((staged / MANIFEST_NAME).read_text(encoding="utf-8"))
@@ -609,13 +634,17 @@ def accept_artifact(
         shutil.rmtree(trash, ignore_errors=True)
     staged.rename(destination)
     try:
-        storage.complete_finalize(
+        (storage.complete_preview if preview else storage.complete_finalize)(
             lease_id, path=str(destination), sha256=digest, size=size,
             manifest_json=json.dumps(manifest), verified=verified,
         )
     except BaseException:
         shutil.rmtree(destination, ignore_errors=True)
         raise
+    if preview:
+        logger.info("job %s: preview artifact %s from worker %s", lease.job_id, destination,
+                    lease.worker)
+        return destination
     try:  # the artifact is published: its re-measurements are a record of how, never a gate
         _store_remeasurements(storage, lease, manifest.get("remeasured"))
     except Exception:  # noqa: BLE001

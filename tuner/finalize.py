@@ -256,6 +256,39 @@ def publish_tuned(
     return manifest, timing["t"]
 
 
+def publish_zero_trial(
+    prepared: PreparedModel, out_dir: Path, *, job_id: int | None = None, force: bool = False
+) -> dict[str, Any]:
+    """The zero-trial library of ``prepared``: every task with a library peer on it, the others
+    on TVM's default schedules (:func:`compiler.build.build_zero_trial`), no records; verified,
+    timed and written to ``out_dir`` like every artifact (:func:`publish_artifact`: nothing is
+    written when the verification fails, :class:`compiler.errors.VerificationError`). The
+    manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
+    and, for a job's preview, its ``job_id``. Returns the manifest."""
+    from compiler.build import build_zero_trial  # noqa: PLC0415 - beside its only caller here
+    from compiler.peers import library_unavailable_reason  # noqa: PLC0415
+
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
+    extra: dict[str, Any] = {"tuned": False, "zero_trial": True,
+                             "peers": peers_manifest(peers, prepared.target)}
+    if job_id is not None:
+        extra["job_id"] = job_id
+    if not peers and library_unavailable_reason(prepared.target):
+        extra["peers_skipped"] = library_unavailable_reason(prepared.target)
+
+    def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
+        timing = library.time(random_inputs(prepared.model.inputs))
+        return {**extra, "measured": timing.to_json(), "reference": reference_timing(prepared)}
+
+    return publish_artifact(
+        executable, prepared.model, prepared.target, out_dir,
+        tasks=[t.to_json() for t in prepared.partition.tasks], extra=timed_extra, force=force,
+        link_peers=bool(peers),
+    )
+
+
 def tvm_module(mod_json: str) -> tvm.IRModule:
     """The TIR module of a workload from its stored JSON (``tvm.ir.save_json``)."""
     return tvm.ir.load_json(mod_json)

@@ -3,7 +3,8 @@ them as they are (they are its request and response bodies), and workers parse t
 
 A worker asks for work and gets a :class:`WorkOffer`: a lease of one job task's trials
 (``kind="tune"``: the workload's TIR module, the trial count, the batch size) or of a job's
-finalize step (``kind="finalize"``: the model to compile and the job's tasks). A tune lease then
+finalize step (``kind="finalize"``: the model to compile and the job's tasks) or preview
+(``kind="preview"``: the same, built with no records while the job tunes). A tune lease then
 fetches its :class:`LeaseContext` (the records its search starts from, the schedules the server
 already holds, the task's siblings' best schedules). Measurements go back as
 :class:`BatchUpload` batches, acknowledged with a :class:`BatchAck`; the lease ends with a
@@ -70,12 +71,13 @@ class WorkOffer(_Message):
     ``tune``: measure ``trials`` candidates of the workload ``mod_json`` (``tvm.ir.save_json`` of
     its TIR module) in batches of ``batch_size``, starting from the lease's
     :class:`LeaseContext`; ``finalize``: compile the model (``model_url``) with the best records,
-    verify it, upload the artifact. ``expires_at`` is ISO 8601 (database clock): the worker keeps
-    the lease by heartbeating well before it.
+    verify it, upload the artifact; ``preview``: the same with no records (library peers and
+    TVM's default schedules), published as the job's preview while it tunes. ``expires_at`` is
+    ISO 8601 (database clock): the worker keeps the lease by heartbeating well before it.
     """
 
     lease_id: int
-    kind: Literal["tune", "finalize"]
+    kind: Literal["tune", "finalize", "preview"]
     job_id: int
     target: TargetInfo
     expires_at: str | None

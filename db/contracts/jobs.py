@@ -181,6 +181,17 @@ class JobStorage(abc.ABC):
         """Lease the finalize step of a running job whose tasks are all finished, or ``None``."""
 
     @abc.abstractmethod
+    def claim_preview_lease(
+        self, worker: str, *, target_id: int, lease_secs: float, max_attempts: int = 2
+    ) -> TaskLease | None:
+        """Lease the preview of a running job of ``target_id`` (its zero-trial artifact, built
+        while the job tunes) to ``worker``: a job with tasks still queued or running, without a
+        preview artifact, and with fewer than ``max_attempts`` preview leases so far, whatever
+        became of them (one at a time; a preview is a convenience: a lease that failed, expired
+        or was returned is tried again, but never for long). ``None`` when there is no such
+        job."""
+
+    @abc.abstractmethod
     def get_lease(self, lease_id: int) -> TaskLease | None:
         """The lease, or ``None``."""
 
@@ -229,7 +240,7 @@ class JobStorage(abc.ABC):
         ``cancelled``) and move its work on: a task is ``succeeded`` once its budget is counted
         (or a ``done`` lease measured fewer trials than leased: the search ran out of
         candidates), ``failed`` after ``max_attempts`` expired/failed leases, else ``queued``
-        again; a failed finalize lease fails its job.
+        again; a failed finalize lease fails its job; a preview lease moves nothing.
 
         Raises:
             NotFoundError: no such lease.
@@ -264,6 +275,26 @@ class JobStorage(abc.ABC):
             NotFoundError: no such lease.
             ConflictError: not a finalize lease.
             InvalidTransitionError: the lease is not active or the job is no longer running.
+        """
+
+    @abc.abstractmethod
+    def complete_preview(
+        self,
+        lease_id: int,
+        *,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str,
+        verified: bool,
+    ) -> Artifact:
+        """End an active preview lease ``done`` and record the job's preview artifact (``kind``
+        ``preview``), in one transaction; the job's status is not changed.
+
+        Raises:
+            NotFoundError: no such lease.
+            ConflictError: not a preview lease.
+            InvalidTransitionError: the lease is not active.
         """
 
     @abc.abstractmethod

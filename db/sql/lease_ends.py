@@ -65,6 +65,8 @@ class LeaseEndSQL(SQLBase, JobStorage):
 
     def _release_work(self, session, lease: TaskLeaseRow, *, max_attempts: int) -> None:
         """After ``lease`` ended: move its task (or its job, for a finalize lease) on."""
+        if lease.kind == "preview":  # a convenience: its end moves neither task nor job
+            return
         job = session.get(JobRow, lease.job_id, populate_existing=True)
         outcome = lease.status
         if lease.kind == "finalize":
@@ -131,6 +133,34 @@ class LeaseEndSQL(SQLBase, JobStorage):
                 self._release_work(session, lease, max_attempts=max_attempts)
                 released.append(lease_id)
         return released
+
+    def complete_preview(
+        self,
+        lease_id: int,
+        *,
+        path: str,
+        sha256: str,
+        size: int,
+        manifest_json: str,
+        verified: bool,
+    ) -> Artifact:
+        with self._session(write=True) as session:
+            lease = session.get(TaskLeaseRow, lease_id)
+            if lease is None:
+                raise NotFoundError(f"task lease {lease_id} does not exist")
+            if lease.kind != "preview":
+                raise ConflictError(
+                    f"lease {lease_id} is a {lease.kind} lease, not a preview lease"
+                )
+            self._end_lease(session, lease_id, LeaseStatus.DONE)
+            artifact = ArtifactRow(
+                job_id=lease.job_id, path=path, sha256=sha256, size=size,
+                manifest_json=manifest_json, verified=verified, kind="preview",
+            )
+            session.add(artifact)
+            session.flush()
+            session.refresh(artifact)
+            return frozen(Artifact, artifact)
 
     def complete_finalize(
         self,

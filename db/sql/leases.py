@@ -12,7 +12,7 @@ from sqlalchemy import case, func, not_, or_, select, update
 
 from db.contracts.jobs import JobStorage
 from db.errors import ConflictError, NotFoundError
-from db.models import JobRow, JobTaskRow, TaskLeaseRow
+from db.models import ArtifactRow, JobRow, JobTaskRow, TaskLeaseRow
 from db.sql.base import SQLBase, frozen
 from db.sql.jobs import job_task_row
 from db.types import Job, JobStatus, LeaseBatchResult, LeaseStatus, NewJobTask, TaskLease
@@ -176,6 +176,64 @@ class LeaseSQL(SQLBase, JobStorage):
                 try:
                     # The partial unique index on the active work key settles a race between
                     # two claimers (PostgreSQL: the second waits for the first, then fails).
+                    with session.begin_nested():
+                        session.add(lease)
+                        session.flush()
+                except exc.IntegrityError:
+                    continue
+                session.refresh(lease)
+                return frozen(TaskLease, lease)
+        return None
+
+    def claim_preview_lease(
+        self, worker: str, *, target_id: int, lease_secs: float, max_attempts: int = 2
+    ) -> TaskLease | None:
+        from sqlalchemy import exc  # noqa: PLC0415
+
+        unfinished = (
+            select(JobTaskRow.id)
+            .where(
+                JobTaskRow.job_id == JobRow.id,
+                JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+            )
+            .exists()
+        )
+        previewed = (
+            select(ArtifactRow.id)
+            .where(ArtifactRow.job_id == JobRow.id, ArtifactRow.kind == "preview")
+            .exists()
+        )
+        previews = (
+            select(func.count())
+            .select_from(TaskLeaseRow)
+            .where(TaskLeaseRow.job_id == JobRow.id, TaskLeaseRow.kind == "preview")
+            .scalar_subquery()
+        )
+        candidates = (
+            select(JobRow.id)
+            .where(
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+                unfinished,
+                not_(previewed),
+                previews < max_attempts,
+            )
+            .order_by(JobRow.priority.desc(), JobRow.id)
+            .limit(5)
+        )
+        with self._session(write=True) as session:
+            for job_id in list(session.scalars(candidates)):
+                lease = TaskLeaseRow(
+                    job_id=job_id,
+                    task_id=None,
+                    kind="preview",
+                    work_key=f"preview:{job_id}",
+                    worker=worker,
+                    status=LeaseStatus.ACTIVE,
+                    trials=0,
+                    expires_at=self._db_now_plus(lease_secs),
+                )
+                try:  # the partial unique index on the active work key settles a race
                     with session.begin_nested():
                         session.add(lease)
                         session.flush()

@@ -142,6 +142,13 @@ class ArtifactPublic(BaseModel):
     library_url: str
     manifest_url: str
 
+    @classmethod
+    def of(cls, artifact: db.Artifact, base_url: str) -> ArtifactPublic:
+        """``artifact`` with its download links under ``base_url`` (a job's artifacts folder)."""
+        return cls(sha256=artifact.sha256, size=artifact.size, verified=artifact.verified,
+                   created_at=artifact.created_at, library_url=f"{base_url}/model.so",
+                   manifest_url=f"{base_url}/manifest.json")
+
 
 class JobPublic(BaseModel):
     id: int
@@ -199,6 +206,9 @@ class JobDetail(JobPublic):
     )
     reference_framework: str | None = Field(None, description="'onnxruntime' or 'torch'")
     artifact: ArtifactPublic | None
+    preview: ArtifactPublic | None = Field(
+        None, description="the job's zero-trial build (library peers and TVM's default "
+        "schedules), verified and published while the job tunes; null until a worker built it")
 
     @classmethod
     def build(
@@ -210,6 +220,7 @@ class JobDetail(JobPublic):
         target_key: str | None,
         prefix: str,
         model_tasks: int | None = None,
+        preview: db.Artifact | None = None,
     ) -> JobDetail:
         public = JobPublic.from_job(job, target_key=target_key, prefix=prefix)
         bests = [t.best_mean_secs for t in tasks if t.best_mean_secs is not None]
@@ -229,14 +240,7 @@ class JobDetail(JobPublic):
             reference = reference if isinstance(reference, dict) else {}
             if manifest.get("estimated_ms") is not None:
                 estimated = manifest["estimated_ms"] / 1e3
-            artifact_public = ArtifactPublic(
-                sha256=artifact.sha256,
-                size=artifact.size,
-                verified=artifact.verified,
-                created_at=artifact.created_at,
-                library_url=f"{public.url}/artifacts/model.so",
-                manifest_url=f"{public.url}/artifacts/manifest.json",
-            )
+            artifact_public = ArtifactPublic.of(artifact, f"{public.url}/artifacts")
         return cls(
             **public.model_dump(),
             tasks=[JobTaskPublic.from_task(t) for t in tasks],
@@ -246,6 +250,8 @@ class JobDetail(JobPublic):
             reference_latency_ms=reference.get("median_ms"),
             reference_framework=reference.get("framework"),
             artifact=artifact_public,
+            preview=ArtifactPublic.of(preview, f"{public.url}/artifacts/preview")
+            if preview is not None and preview.verified else None,
         )
 
 
@@ -513,10 +519,11 @@ class WorkerHeartbeat(BaseModel):
 
 
 class LeasePublic(BaseModel):
-    """A lease: a trial batch of one job task (``tune``) or a job's ``finalize`` step."""
+    """A lease: a trial batch of one job task (``tune``), a job's ``finalize`` step or its
+    ``preview`` (the zero-trial build published while it tunes)."""
 
     id: int
-    kind: Literal["tune", "finalize"]
+    kind: Literal["tune", "finalize", "preview"]
     job_id: int
     task_id: int | None
     worker: str

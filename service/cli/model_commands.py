@@ -103,7 +103,7 @@ def run_compile(args: argparse.Namespace) -> int:
     record (a peer's or TVM's default schedule's) where that measured faster
     (:func:`_implementations_from_records`)."""
     from compiler.artifact import check_output_dir, peers_manifest, publish_artifact
-    from compiler.build import build, build_zero_trial
+    from compiler.build import build
     from compiler.errors import CompileError, ModelError, VerificationError
     from compiler.peers import library_unavailable_reason
 
@@ -115,7 +115,11 @@ def run_compile(args: argparse.Namespace) -> int:
     use_database = args.tuned or args.db is not None
     storage = open_storage_from_args(args) if use_database else None
     try:
-        if storage is not None:
+        if storage is None:
+            from tuner.finalize import publish_zero_trial
+
+            manifest = publish_zero_trial(prepared, args.output, force=args.force)
+        else:
             from db.metaschedule_database import MetaScheduleDatabase
 
             database = MetaScheduleDatabase(storage, prepared.target)
@@ -127,26 +131,20 @@ def run_compile(args: argparse.Namespace) -> int:
                 best = top_records(prepared, database, 1)
                 database = database_from_records(
                     prepared, {k: v for k, v in best.items() if k not in defaults})
-            extra: dict[str, Any] = {"tuned": True, "schedules": schedules}
-            executable = build(prepared.mod, prepared.target, database, peers=peers)
-        else:
-            tasks = [(t.key, e.dispatched[0])
-                     for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
-            executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
-            extra = {"tuned": False, "zero_trial": True}
-        extra["peers"] = peers_manifest(peers, prepared.target)
-        if not peers and library_unavailable_reason(prepared.target):
-            extra["peers_skipped"] = library_unavailable_reason(prepared.target)
-        manifest = publish_artifact(
-            executable,
-            prepared.model,
-            prepared.target,
-            args.output,
-            tasks=task_rows(prepared),
-            extra=extra,
-            force=args.force,
-            link_peers=bool(peers),
-        )
+            extra: dict[str, Any] = {"tuned": True, "schedules": schedules,
+                                     "peers": peers_manifest(peers, prepared.target)}
+            if not peers and library_unavailable_reason(prepared.target):
+                extra["peers_skipped"] = library_unavailable_reason(prepared.target)
+            manifest = publish_artifact(
+                build(prepared.mod, prepared.target, database, peers=peers),
+                prepared.model,
+                prepared.target,
+                args.output,
+                tasks=task_rows(prepared),
+                extra=extra,
+                force=args.force,
+                link_peers=bool(peers),
+            )
     except (CompileError, VerificationError) as err:
         raise CliError(str(err), exit_code=1) from None
     finally:

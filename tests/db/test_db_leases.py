@@ -87,6 +87,50 @@ def test_lease_batches_finish_and_finalize(storage, target_id, workloads):
     ]
 
 
+def test_preview_lease_once_per_tuning_job(storage, target_id, workloads):
+    """A running job with tasks to tune has one preview lease at a time; its artifact is the
+    job's preview (the job goes on); a failed or returned preview is tried again, two leases in
+    all; a job whose tasks are all finished gets none, and a preview lease's end moves no
+    task."""
+    job = _started_job(storage, target_id, workloads[:2], [4, 4])
+    preview = storage.claim_preview_lease("w1", target_id=target_id, lease_secs=60)
+    assert preview.kind == "preview" and preview.job_id == job.id and preview.task_id is None
+    assert storage.claim_preview_lease("w2", target_id=target_id, lease_secs=60) is None
+    storage.finish_lease(preview.id, "failed", error="verification failed")
+    assert storage.get_job(job.id).status == "running"
+    assert {t.status for t in storage.list_job_tasks(job.id)} == {"queued"}
+    again = storage.claim_preview_lease("w2", target_id=target_id, lease_secs=60)
+    assert again is not None and again.id != preview.id
+    with pytest.raises(db.ConflictError):
+        storage.complete_finalize(again.id, path="/p", sha256="cd" * 32, size=1,
+                                  manifest_json="{}", verified=True)
+    artifact = storage.complete_preview(again.id, path="/p", sha256="cd" * 32, size=1,
+                                        manifest_json="{}", verified=True)
+    assert artifact.kind == "preview" and storage.get_lease(again.id).status == "done"
+    assert storage.get_job(job.id).status == "running"  # the job goes on tuning
+    assert storage.claim_preview_lease("w3", target_id=target_id, lease_secs=60) is None
+    with pytest.raises(db.ConflictError):  # a tune lease is not a preview lease
+        lease = storage.claim_task_lease("w3", target_id=target_id, lease_secs=60, max_trials=4)
+        storage.complete_preview(lease.id, path="/q", sha256="ef" * 32, size=1,
+                                 manifest_json="{}", verified=True)
+
+    other = _started_job(storage, target_id, workloads[2:3], [4])
+    for name, outcome in (("w4", "returned"), ("w5", "failed")):  # two leases: no third try
+        lease = storage.claim_preview_lease(name, target_id=target_id, lease_secs=60)
+        assert lease.job_id == other.id
+        storage.finish_lease(lease.id, outcome, error="no compiler")
+    assert storage.claim_preview_lease("w6", target_id=target_id, lease_secs=60) is None
+
+    done = _started_job(storage, target_id, workloads[3:4], [4])
+    lease = storage.claim_task_lease("w7", target_id=target_id, lease_secs=60, max_trials=64)
+    while lease is not None and lease.job_id != done.id:
+        lease = storage.claim_task_lease("w7", target_id=target_id, lease_secs=60, max_trials=64)
+    storage.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=1e-3, lease_secs=60)
+    storage.finish_lease(lease.id, "done")
+    assert storage.claim_preview_lease("w8", target_id=target_id, lease_secs=60) is None
+    assert [a.kind for a in storage.list_artifacts(job.id)] == ["preview"]
+
+
 def test_expired_lease_requeues_the_rest_once(storage, target_id, workloads):
     job = _started_job(storage, target_id, workloads[:1], [12])
     lost = storage.claim_task_lease("dead", target_id=target_id, lease_secs=1, max_trials=12)

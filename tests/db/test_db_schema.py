@@ -10,7 +10,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0009_model_buckets"
+HEAD = "0010_preview_artifacts"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

@@ -60,6 +60,23 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         assert manifest["verification"]["passed"] is True and manifest["tuned"] is True
         assert manifest["job_id"] == job["id"]
 
+        # The job's preview: its zero-trial build (library peers, default schedules), built,
+        # verified and published by the embedded worker before it tuned.
+        preview = job["preview"]
+        assert preview["verified"] is True and preview["sha256"] != artifact["sha256"]
+        assert preview["library_url"].endswith(f"/jobs/{job['id']}/artifacts/preview/model.so")
+        preview_library = client.get(preview["library_url"].removeprefix("/api/v1"))
+        assert preview_library.status_code == 200
+        assert hashlib.sha256(preview_library.content).hexdigest() == preview["sha256"]
+        preview_manifest = client.get(preview["manifest_url"].removeprefix("/api/v1")).json()
+        assert preview_manifest["zero_trial"] is True and preview_manifest["tuned"] is False
+        assert preview_manifest["job_id"] == job["id"]
+        assert preview_manifest["verification"]["passed"] is True
+        assert preview_manifest["measured"]["median_ms"] > 0
+        leases = client.get("/workers/leases", params={"job_id": job["id"]}).json()["data"]
+        kinds = [lease["kind"] for lease in sorted(leases, key=lambda lease: lease["id"])]
+        assert kinds[0] == "preview" and kinds[-1] == "finalize" and kinds.count("preview") == 1
+
         # The tuning database: this model's workloads have records, the job's records are listed.
         workloads = client.get("/workloads", params={"model_id": model["id"]}).json()
         assert workloads["count"] == 3

@@ -161,6 +161,8 @@ def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
     detail = _error(alice.post(f"/jobs/{job_id}/cancel"), 409, "job_finished")
     assert "already cancelled" in detail
     _error(alice.get(f"/jobs/{job_id}/artifacts/manifest.json"), 409, "no_artifact")
+    _error(alice.get(f"/jobs/{job_id}/artifacts/preview/model.so"), 409, "no_preview")
+    _error(alice.get(f"/jobs/{job_id}/artifacts/preview/other.so"), 422, "invalid_request")
     _error(alice.get("/no/such/path"), 404, "not_found")
     _error(alice.put("/jobs"), 405, "method_not_allowed")
     assert alice.get("/health").json() == {"status": "ok"}

@@ -205,6 +205,11 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
             assert sorted(x["task_id"] for x in tune) == sorted(t["id"] for t in final["tasks"])
             assert {x["status"] for x in leases} == {"done"}
             assert [x["kind"] for x in leases].count("finalize") == 1
+            # One worker built the job's zero-trial preview first; the server re-verified it.
+            assert [x["kind"] for x in leases].count("preview") == 1
+            assert final["preview"]["verified"] is True
+            preview = user.get(final["preview"]["manifest_url"].removeprefix("/api/v1")).json()
+            assert preview["zero_trial"] and preview["server_verification"]["passed"] is True
             assert all(t["status"] == "succeeded" and t["trials_done"] == t["trial_budget"]
                        for t in final["tasks"])
             assert final["trials_done"] == 12 == sum(x["trials_done"] for x in tune)

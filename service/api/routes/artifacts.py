@@ -1,4 +1,5 @@
-"""``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job."""
+"""``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job,
+and under ``/preview`` those of its zero-trial build, published while the job tunes."""
 from __future__ import annotations
 
 from pathlib import Path as FsPath
@@ -10,7 +11,7 @@ from fastapi.responses import FileResponse
 import db
 from service.api.deps import CurrentUser, StorageDep
 from service.api.errors import ApiError
-from service.api.routes.jobs import JobId, owned_job
+from service.api.routes.jobs import JobId, latest_artifact, owned_job
 from service.api.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs/{job_id}/artifacts", tags=["artifacts"])
@@ -35,11 +36,40 @@ def download_artifact(
     user: CurrentUser,
 ) -> FileResponse:
     job = owned_job(storage, user, job_id)
-    artifact = next((a for a in reversed(storage.list_artifacts(job_id)) if a.verified), None)
+    artifact = latest_artifact(storage.list_artifacts(job_id), "final")
     if job.status != db.JobStatus.SUCCEEDED or artifact is None:
         raise ApiError(
             409, "no_artifact", f"job {job_id} has no verified artifact (status: {job.status})"
         )
+    return _file_response(job_id, artifact, name)
+
+
+@router.get(
+    "/preview/{name}",
+    response_class=FileResponse,
+    responses={
+        200: {"content": {"application/octet-stream": {}, "application/json": {}}},
+        404: {"model": ErrorBody},
+        409: {"model": ErrorBody},
+    },
+    summary="Download the zero-trial model.so or manifest.json a worker published while the job "
+    "tunes (library peers and TVM's default schedules, verified)",
+)
+def download_preview(
+    job_id: JobId,
+    name: Annotated[Literal["model.so", "manifest.json"], Path()],
+    storage: StorageDep,
+    user: CurrentUser,
+) -> FileResponse:
+    owned_job(storage, user, job_id)
+    artifact = latest_artifact(storage.list_artifacts(job_id), "preview")
+    if artifact is None:
+        raise ApiError(409, "no_preview", f"job {job_id} has no verified preview artifact (yet)")
+    return _file_response(job_id, artifact, name, prefix="preview-")
+
+
+def _file_response(job_id: int, artifact: db.Artifact, name: str, prefix: str = ""
+                   ) -> FileResponse:
     path = FsPath(artifact.path) / name
     if not path.is_file():
         raise ApiError(404, "artifact_missing", f"the artifact file {name} of job {job_id} is gone")
@@ -47,5 +77,5 @@ def download_artifact(
         name == "model.so"
     ) else None
     return FileResponse(
-        path, media_type=_MEDIA[name], filename=f"job-{job_id}-{name}", headers=headers
+        path, media_type=_MEDIA[name], filename=f"job-{job_id}-{prefix}{name}", headers=headers
     )

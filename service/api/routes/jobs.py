@@ -34,12 +34,17 @@ def job_detail(storage: db.TuningStorage, job_id: int, user) -> JobDetail:
     if progress is None or progress.job.owner != user.name:
         raise not_found("job", job_id)
     job = progress.job
-    verified = [a for a in progress.artifacts if a.verified]
-    artifact = verified[-1] if verified and job.status == db.JobStatus.SUCCEEDED else None
+    artifact = latest_artifact(progress.artifacts, "final")
     return JobDetail.build(
-        job, list(progress.tasks), artifact, target_key=progress.target_key, prefix=API_PREFIX,
-        model_tasks=progress.model_tasks,
+        job, list(progress.tasks), artifact if job.status == db.JobStatus.SUCCEEDED else None,
+        target_key=progress.target_key, prefix=API_PREFIX, model_tasks=progress.model_tasks,
+        preview=latest_artifact(progress.artifacts, "preview"),
     )
+
+
+def latest_artifact(artifacts, kind: str) -> db.Artifact | None:
+    """The newest verified artifact of ``kind`` (``final`` or ``preview``) among a job's."""
+    return next((a for a in reversed(list(artifacts)) if a.verified and a.kind == kind), None)
 
 
 def cached_job_detail(state: ServiceState, job_id: int, user) -> JobDetail:

@@ -181,7 +181,7 @@ def lease(
         raise not_found("worker", name) from None
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
-    if offer is not None and offer.kind == "finalize":
+    if offer is not None and offer.kind in coordinator.BUILD_KINDS:
         offer = offer.model_copy(
             update={"model_url": f"{API_PREFIX}/workers/jobs/{offer.job_id}/model"})
     return LeaseOffer(lease=offer, pending_jobs=pending)
@@ -277,7 +277,7 @@ def finish_lease(
 
 @router.get(
     "/jobs/{job_id}/model", responses=_OWNED, response_class=FileResponse,
-    summary="The model file of a job (for its finalize lease)",
+    summary="The model file of a job (for its finalize or preview lease)",
 )
 def job_model(
     job_id: Annotated[int, Path(ge=1, le=MAX_ID)], storage: StorageDep, files: FilesDep,
@@ -285,7 +285,7 @@ def job_model(
 ) -> FileResponse:
     job = storage.get_job(job_id)
     if job is not None:
-        try:  # only for the worker holding the job's finalize lease
+        try:  # only for the worker holding the job's finalize or preview lease
             coordinator.finalizing_job(storage, job_id, _worker.token_id)
         except coordinator.Forbidden as err:
             raise _forbidden(err) from None
@@ -301,7 +301,8 @@ def job_model(
 @router.post(
     "/leases/{lease_id}/artifact", response_model=LeaseEnd,
     responses={**_CONFLICT, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
-    summary="Upload the verified artifact of a finalize lease (completes the job)",
+    summary="Upload the verified artifact of a finalize lease (completes the job) or of a "
+    "preview lease (the job's zero-trial preview; the job goes on)",
 )
 def upload_artifact(
     lease_id: LeaseId,

@@ -58,6 +58,11 @@ export function mount(view, { jobId }, app) {
       actions.push(
         h("button", { type: "button", onclick: () => fetchFile("artifacts/model.so", `job-${job.id}-model.so`) }, "Download model.so"),
         h("button", { type: "button", class: "secondary", onclick: () => fetchFile("artifacts/manifest.json", `job-${job.id}-manifest.json`) }, "manifest.json"));
+    } else if (job.preview) {
+      // The zero-trial build a worker published while the job tunes (verified, not tuned).
+      actions.push(
+        h("button", { type: "button", class: "secondary", title: "library peers and TVM's default schedules, verified; the tuned library replaces it when the job ends",
+          onclick: () => fetchFile("artifacts/preview/model.so", `job-${job.id}-preview-model.so`) }, "Download zero-trial preview"));
     }
     fill(head,
       h("div", {},
