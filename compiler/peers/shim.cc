@@ -12,7 +12,11 @@
 //   tunehub_peer_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, O, OH, OW, sh, sw, pt, pl, dh, dw)
 //       Y[n, OH, OW, O] = conv(X[n, H, W, C], W[KH, KW, C, O]), zero padding, groups 1: im2col
 //       of a block of output rows, then sgemm (a 1x1 stride-1 unpadded conv is one sgemm).
-// All tensors are compact float32 on the CPU. Both return 0.
+//   tunehub_peer_gemm_packed(...), tunehub_peer_conv2d_nhwc_packed(...)
+//       The same arguments, on the shim's own GEMM: the weight packed once into the micro-kernel's
+//       panels (cached), AVX-512 or AVX2 + FMA micro-kernels (namespace packed); OpenBLAS where
+//       the CPU has neither. tunehub_peer_conv2d_nhwc_winograd's GEMMs use it too.
+// All tensors are compact float32 on the CPU. All return 0.
 //
 // Threads: the work is split into row blocks run on TVM's own thread pool
 // (TVMBackendParallelLaunch), each calling single-threaded sgemm: the library uses exactly the
