@@ -144,23 +144,9 @@ class LeaseEndSQL(SQLBase, JobStorage):
         manifest_json: str,
         verified: bool,
     ) -> Artifact:
-        with self._session(write=True) as session:
-            lease = session.get(TaskLeaseRow, lease_id)
-            if lease is None:
-                raise NotFoundError(f"task lease {lease_id} does not exist")
-            if lease.kind != "preview":
-                raise ConflictError(
-                    f"lease {lease_id} is a {lease.kind} lease, not a preview lease"
-                )
-            self._end_lease(session, lease_id, LeaseStatus.DONE)
-            artifact = ArtifactRow(
-                job_id=lease.job_id, path=path, sha256=sha256, size=size,
-                manifest_json=manifest_json, verified=verified, kind="preview",
-            )
-            session.add(artifact)
-            session.flush()
-            session.refresh(artifact)
-            return frozen(Artifact, artifact)
+        return self._complete_build("preview", lease_id, ArtifactRow(
+            path=path, sha256=sha256, size=size, manifest_json=manifest_json, verified=verified,
+            kind="preview"))
 
     def complete_finalize(
         self,
@@ -172,24 +158,28 @@ class LeaseEndSQL(SQLBase, JobStorage):
         manifest_json: str,
         verified: bool,
     ) -> Artifact:
+        return self._complete_build("finalize", lease_id, ArtifactRow(
+            path=path, sha256=sha256, size=size, manifest_json=manifest_json, verified=verified))
+
+    def _complete_build(self, kind: str, lease_id: int, artifact: ArtifactRow) -> Artifact:
+        """End the active ``kind`` lease ``lease_id`` done and add ``artifact`` to its job; a
+        finalize lease also moves the job to ``succeeded``. One transaction."""
         with self._session(write=True) as session:
             lease = session.get(TaskLeaseRow, lease_id)
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
-            if lease.kind != "finalize":
+            if lease.kind != kind:
                 raise ConflictError(
-                    f"lease {lease_id} is a {lease.kind} lease, not a finalize lease"
+                    f"lease {lease_id} is a {lease.kind} lease, not a {kind} lease"
                 )
             self._end_lease(session, lease_id, LeaseStatus.DONE)
-            artifact = ArtifactRow(
-                job_id=lease.job_id, path=path, sha256=sha256, size=size,
-                manifest_json=manifest_json, verified=verified,
-            )
+            artifact.job_id = lease.job_id
             session.add(artifact)
-            compare_and_set(
-                session, JobRow, "job", lease.job_id, JobStatus.SUCCEEDED, [JobStatus.RUNNING],
-                {"finished_at": func.now(), "worker": lease.worker},
-            )
+            if kind == "finalize":
+                compare_and_set(
+                    session, JobRow, "job", lease.job_id, JobStatus.SUCCEEDED, [JobStatus.RUNNING],
+                    {"finished_at": func.now(), "worker": lease.worker},
+                )
             session.flush()
             session.refresh(artifact)
             return frozen(Artifact, artifact)

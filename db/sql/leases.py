@@ -18,6 +18,17 @@ from db.sql.jobs import job_task_row
 from db.types import Job, JobStatus, LeaseBatchResult, LeaseStatus, NewJobTask, TaskLease
 
 
+def _unfinished_tasks() -> Any:
+    """``EXISTS``: the job (``JobRow`` of the enclosing query) has a task queued or running."""
+    return (
+        select(JobTaskRow.id)
+        .where(
+            JobTaskRow.job_id == JobRow.id,
+            JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+        )
+        .exists()
+    )
+
 class LeaseSQL(SQLBase, JobStorage):
     """The lease-granting part of :class:`JobStorage`."""
 
@@ -131,16 +142,6 @@ class LeaseSQL(SQLBase, JobStorage):
     def claim_finalize_lease(
         self, worker: str, *, target_id: int, lease_secs: float
     ) -> TaskLease | None:
-        from sqlalchemy import exc  # noqa: PLC0415
-
-        unfinished = (
-            select(JobTaskRow.id)
-            .where(
-                JobTaskRow.job_id == JobRow.id,
-                JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
-            )
-            .exists()
-        )
         finalizing = (
             select(TaskLeaseRow.id)
             .where(
@@ -150,54 +151,13 @@ class LeaseSQL(SQLBase, JobStorage):
             )
             .exists()
         )
-        candidates = (
-            select(JobRow.id)
-            .where(
-                JobRow.status == JobStatus.RUNNING,
-                JobRow.target_id == target_id,
-                not_(unfinished),
-                not_(finalizing),
-            )
-            .order_by(JobRow.priority.desc(), JobRow.id)
-            .limit(5)
+        return self._claim_job_lease(
+            "finalize", worker, target_id, lease_secs, not_(_unfinished_tasks()), not_(finalizing)
         )
-        with self._session(write=True) as session:
-            for job_id in list(session.scalars(candidates)):
-                lease = TaskLeaseRow(
-                    job_id=job_id,
-                    task_id=None,
-                    kind="finalize",
-                    work_key=f"finalize:{job_id}",
-                    worker=worker,
-                    status=LeaseStatus.ACTIVE,
-                    trials=0,
-                    expires_at=self._db_now_plus(lease_secs),
-                )
-                try:
-                    # The partial unique index on the active work key settles a race between
-                    # two claimers (PostgreSQL: the second waits for the first, then fails).
-                    with session.begin_nested():
-                        session.add(lease)
-                        session.flush()
-                except exc.IntegrityError:
-                    continue
-                session.refresh(lease)
-                return frozen(TaskLease, lease)
-        return None
 
     def claim_preview_lease(
         self, worker: str, *, target_id: int, lease_secs: float, max_attempts: int = 2
     ) -> TaskLease | None:
-        from sqlalchemy import exc  # noqa: PLC0415
-
-        unfinished = (
-            select(JobTaskRow.id)
-            .where(
-                JobTaskRow.job_id == JobRow.id,
-                JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
-            )
-            .exists()
-        )
         previewed = (
             select(ArtifactRow.id)
             .where(ArtifactRow.job_id == JobRow.id, ArtifactRow.kind == "preview")
@@ -209,15 +169,23 @@ class LeaseSQL(SQLBase, JobStorage):
             .where(TaskLeaseRow.job_id == JobRow.id, TaskLeaseRow.kind == "preview")
             .scalar_subquery()
         )
+        return self._claim_job_lease(
+            "preview", worker, target_id, lease_secs, _unfinished_tasks(), not_(previewed),
+            previews < max_attempts,
+        )
+
+    def _claim_job_lease(
+        self, kind: str, worker: str, target_id: int, lease_secs: float, *conditions: Any
+    ) -> TaskLease | None:
+        """A ``kind`` lease (``finalize``/``preview``: one per job, work key ``kind:<job id>``)
+        of the first running job of ``target_id`` (priority, then age) that meets
+        ``conditions``, for ``worker``; ``None`` when no job does."""
+        from sqlalchemy import exc  # noqa: PLC0415
+
         candidates = (
             select(JobRow.id)
-            .where(
-                JobRow.status == JobStatus.RUNNING,
-                JobRow.target_id == target_id,
-                unfinished,
-                not_(previewed),
-                previews < max_attempts,
-            )
+            .where(JobRow.status == JobStatus.RUNNING, JobRow.target_id == target_id,
+                   *conditions)
             .order_by(JobRow.priority.desc(), JobRow.id)
             .limit(5)
         )
@@ -226,14 +194,16 @@ class LeaseSQL(SQLBase, JobStorage):
                 lease = TaskLeaseRow(
                     job_id=job_id,
                     task_id=None,
-                    kind="preview",
-                    work_key=f"preview:{job_id}",
+                    kind=kind,
+                    work_key=f"{kind}:{job_id}",
                     worker=worker,
                     status=LeaseStatus.ACTIVE,
                     trials=0,
                     expires_at=self._db_now_plus(lease_secs),
                 )
-                try:  # the partial unique index on the active work key settles a race
+                try:
+                    # The partial unique index on the active work key settles a race between
+                    # two claimers (PostgreSQL: the second waits for the first, then fails).
                     with session.begin_nested():
                         session.add(lease)
                         session.flush()
