@@ -6,9 +6,10 @@ library implements, or ``None``:
 
 - ``gemm``: a ``matmul`` block ``C[..., i, j] += A[..., i, k] * B[(...,) k, j]`` (or
   ``B[(...,) j, k]``), float32, ``A`` and ``B`` parameters of the task, ``B`` 2-D (a weight) or
-  with ``C``'s batch dimensions. With a 2-D ``B`` and more than one row its ``algorithm`` is
-  ``packed`` (the shim's GEMM on the weight packed once: :data:`GEMM_ALGORITHMS`), with
-  OpenBLAS's ``sgemm`` (``""``) as the other variant; otherwise ``""`` only;
+  with ``C``'s batch dimensions. With a 2-D ``B`` (a weight) it has two variants
+  (:data:`GEMM_ALGORITHMS`): ``packed`` (the shim's GEMM on the weight packed once), the
+  default with more than one row, and OpenBLAS (``""``: ``sgemm``, ``sgemv`` for one row, the
+  default of a GEMV); a batched ``B`` has OpenBLAS only;
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
   of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
@@ -458,14 +459,16 @@ def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
     :meth:`PeerCall.to_json`)."""
     default = find_peer(mod, device)
-    if default is not None and default.kind == "gemm" and default.algorithm == "packed":
-        return [default] + [replace(default, algorithm=a) for a in GEMM_ALGORITHMS
-                            if a != default.algorithm]
-    if default is None or default.kind != "conv2d_nhwc":
+    if default is None or default.kind not in ("gemm", "conv2d_nhwc") or device != "cpu":
         return [default] if default is not None else []
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
+    if default.kind == "gemm":
+        if len(buffers[default.inputs[1]].shape) != 2:  # a batched B: OpenBLAS only
+            return [default]
+        return [default] + [replace(default, algorithm=a) for a in GEMM_ALGORITHMS
+                            if a != default.algorithm]
     shape = _ConvShape.of(default, buffers[default.inputs[1]], buffers[default.output])
     return [default] + [replace(default, algorithm=a) for a in conv_algorithms(shape)
                         if a != default.algorithm]

@@ -887,12 +887,12 @@ extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w,
 }
 
 // The same products with packed weights (see namespace packed). A GEMM whose B is not a weight
-// (b_batched), a single row (sgemv), or a CPU without the micro-kernels takes OpenBLAS.
+// (b_batched), or a CPU without the micro-kernels, takes OpenBLAS.
 extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c, int64_t batch,
                                         int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                         int32_t b_batched) {
   const packed::RowsFn rows = packed::Rows();
-  if (rows == nullptr || b_batched || batch * m == 1)
+  if (rows == nullptr || b_batched)
     return tunehub_peer_gemm(a, b, c, batch, m, n, k, trans_b, b_batched);
   const WeightCache::Block bp = packed::PackedWeight(b, k, n, trans_b != 0);
   packed::Gemm(rows, batch * m, n, k, a, k, bp->data(), c, n);
