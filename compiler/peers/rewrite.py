@@ -385,11 +385,11 @@ def default_conv_algorithm(shape: _ConvShape) -> str:
     with at least :data:`WINOGRAD_DEFAULT_MIN_CHANNELS` channels in and out (with fewer, its
     small-K GEMMs and three passes over memory lost to im2col); then F(4x4, 3x3) on large
     images (>= 24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on
-    smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose there), im2col
-    below (7x7: the GEMMs are too small, and the transformed weights, 1.8x / 4x the weight,
-    must stream from memory in a whole model) and for every other kernel, where the direct
-    convolution is ``packed`` (im2col + the packed-weight GEMM: 1.3-2.3x OpenBLAS's sgemm on
-    these shapes, ``bench/results/gemm_packed_2026-12-02.md``)."""
+    smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose there), and the
+    direct convolution below (7x7: the GEMMs are too small, and the transformed weights, 1.8x /
+    4x the weight, must stream from memory in a whole model) and for every other kernel: always
+    ``packed`` (im2col + the packed-weight GEMM: 0.37-0.98x OpenBLAS's time on these shapes,
+    ``bench/results/gemm_packed_2026-12-02.md``)."""
     options = conv_algorithms(shape)
     if min(shape.channels, shape.filters) < WINOGRAD_DEFAULT_MIN_CHANNELS:
         return "packed"
