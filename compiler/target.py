@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import platform
 from dataclasses import dataclass
 from functools import cached_property
@@ -28,6 +27,7 @@ import tvm
 
 from compiler.compile_options import CPU_DEFAULT, CompileOptions
 from compiler.errors import ModelError
+from compiler.threads import usable_cores
 
 
 def _plain(value: Any) -> Any:
@@ -56,12 +56,6 @@ def _cpu_model_name() -> str:
         pass
     return platform.processor() or "unknown"
 
-
-def _usable_cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - non-Linux
-        return os.cpu_count() or 1
 
 
 @dataclass(frozen=True)
@@ -171,7 +165,7 @@ def cpu_target(num_cores: int | None = None, options: CompileOptions | None = No
     ``num_cores`` defaults to the cores this process may use; ``options`` to
     :data:`compiler.compile_options.CPU_DEFAULT` (benchmarks pass others to compare them).
     """
-    cores = num_cores or _usable_cores()
+    cores = num_cores or usable_cores()
     if cores < 1:
         raise ModelError("bad_target", f"num_cores must be at least 1, got {cores}")
     mcpu = str(tvm.target.codegen.llvm_get_system_cpu())
