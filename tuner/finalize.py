@@ -24,7 +24,8 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.artifact import peers_manifest, publish_artifact
-from compiler.build import build
+from compiler.build import build, build_zero_trial
+from compiler.peers import library_unavailable_reason
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
@@ -265,9 +266,6 @@ def publish_zero_trial(
     written when the verification fails, :class:`compiler.errors.VerificationError`). The
     manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
     and, for a job's preview, its ``job_id``. Returns the manifest."""
-    from compiler.build import build_zero_trial  # noqa: PLC0415 - beside its only caller here
-    from compiler.peers import library_unavailable_reason  # noqa: PLC0415
-
     tasks = [(t.key, e.dispatched[0])
              for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
     executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
