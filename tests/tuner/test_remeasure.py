@@ -58,7 +58,11 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         peers = [c for c in candidates if "peer" in c]
         defaults = [c for c in candidates if "default" in c]
         assert len(records) == (config.top if task["key"] in expected else len(records))
-        assert len(peers) == (task["key"] in with_peer)
+        # Every variant of the task's peer (a GEMM against a weight: the packed GEMM and
+        # OpenBLAS), each its own candidate.
+        assert len(peers) == (2 if task["key"] in with_peer else 0)
+        assert {c["peer"].get("algorithm", "") for c in peers} == (
+            {"packed", ""} if task["key"] in with_peer else set())
         assert len(defaults) == (task["key"] in with_default)
         recorded_ms = [c["recorded_ms"] for c in records]
         assert recorded_ms == sorted(recorded_ms)  # best recorded first
@@ -175,7 +179,8 @@ def test_settings_are_checked(monkeypatch):
 
 @pytest.mark.skipif(peer_library() is None, reason="no peer library on this machine")
 def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
-    """A 3x3 stride-1 convolution has three peer variants (im2col, Winograd F(2x2), F(4x4)):
+    """A 3x3 stride-1 convolution has four peer variants (im2col on the packed GEMM or on
+    OpenBLAS, Winograd F(2x2), F(4x4)):
     each is timed side by side with the default schedule, and the build's ``peers`` names the
     variant that won; the artifact built with it matches ONNX Runtime."""
     from compiler.build import build  # noqa: PLC0415
@@ -191,7 +196,7 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     (task, extracted), = [(t, e) for t, e in zip(prepared.partition.tasks,
                                                  prepared.partition.extracted) if "conv" in t.name]
     variants = peer_variants(extracted.dispatched[0])
-    assert {v.algorithm for v in variants} == {"im2col", "winograd_f2", "winograd_f4"}
+    assert {v.algorithm for v in variants} == {"packed", "im2col", "winograd_f2", "winograd_f4"}
     remeasured = remeasure_tasks(prepared, {}, RemeasureConfig(top=2, rounds=2))
     candidates = remeasured[task.key].candidates
     assert sorted(c.peer["algorithm"] for c in candidates if c.peer) == sorted(
