@@ -111,14 +111,10 @@ def torch_latencies(name: str, inputs: list[np.ndarray], threads: int) -> dict[s
 
 def zero_trial_rung(row: dict, prepared, work: Path) -> None:
     """The zero-trial build (library peers + TVM's default schedules, no database: what
-    ``tunehub compile`` gives) of ``row``'s model, exported as rung ``0``."""
-    from compiler.build import build_zero_trial, export_library
+    ``tunehub compile`` gives) of ``row``'s model, verified and published as rung ``0``."""
+    from tuner.finalize import publish_zero_trial
 
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
-    executable, keys = build_zero_trial(prepared.mod, prepared.target, tasks)
-    export_library(executable, work / f"{row['model']}-0" / "model.so", link_peers=bool(keys),
-                   target=prepared.target)
+    publish_zero_trial(prepared, work / f"{row['model']}-0", force=True)
     row["TuneHub 0"] = None  # timed with the others (interleaved_latencies)
     row["trials 0"] = 0
 

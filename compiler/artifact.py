@@ -24,7 +24,7 @@ from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
 from compiler.model_spec import LoadedModel
-from compiler.peers import library_for, peer_library
+from compiler.peers import library_for, library_unavailable_reason, peer_library
 from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
 from compiler.verify import VerificationResult, verify
@@ -88,6 +88,16 @@ def peers_manifest(keys: Collection[str], target: TargetSpec | None = None
     if isinstance(keys, Mapping):  # the variant each task calls (e.g. a Winograd algorithm)
         out["calls"] = {key: call.to_json() for key, call in sorted(keys.items())
                         if call is not None}
+    return out
+
+
+def peers_extra(keys: Collection[str], target: TargetSpec) -> dict[str, Any]:
+    """The manifest fields about peers of a build that used the peers of tasks ``keys``:
+    ``peers`` (:func:`peers_manifest`) and, when it used none because ``target`` has no peer
+    library here, ``peers_skipped`` (why)."""
+    out: dict[str, Any] = {"peers": peers_manifest(keys, target)}
+    if not keys and library_unavailable_reason(target):
+        out["peers_skipped"] = library_unavailable_reason(target)
     return out
 
 

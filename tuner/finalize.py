@@ -23,9 +23,8 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.artifact import peers_manifest, publish_artifact
+from compiler.artifact import peers_extra, peers_manifest, publish_artifact
 from compiler.build import build, build_zero_trial
-from compiler.peers import library_unavailable_reason
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
@@ -270,11 +269,9 @@ def publish_zero_trial(
              for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
     executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
     extra: dict[str, Any] = {"tuned": False, "zero_trial": True,
-                             "peers": peers_manifest(peers, prepared.target)}
+                             **peers_extra(peers, prepared.target)}
     if job_id is not None:
         extra["job_id"] = job_id
-    if not peers and library_unavailable_reason(prepared.target):
-        extra["peers_skipped"] = library_unavailable_reason(prepared.target)
 
     def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
         timing = library.time(random_inputs(prepared.model.inputs))

@@ -168,7 +168,16 @@ struct ConvShape {
   int64_t kh, kw, o;     // weight [kh, kw, c, o]
   int64_t oh, ow;        // output [n, oh, ow, o]
   int64_t sh, sw, pt, pl, dh, dw;
+
+  // A 1x1, stride-1, unpadded convolution: one GEMM of the input as it is, no im2col.
+  bool pointwise() const {
+    return kh == 1 && kw == 1 && sh == 1 && sw == 1 && pt == 0 && pl == 0;
+  }
 };
+
+// Below this many output pixels a convolution im2cols all of them at once and splits the GEMM
+// by output channels (or blocks) instead of by pixel rows.
+constexpr int64_t kFewPixels = 512;
 
 // im2col of output pixels [r0, r1) (row r: image r / (oh*ow), pixel r % (oh*ow)) into `cols`,
 // one row of k = kh*kw*c floats per pixel in the weight's (ky, kx, c) order.
@@ -230,21 +239,21 @@ float* Scratch(int slot, int64_t floats) {
 }
 
 // Direct convolution as im2col + sgemm.
-//   Many output pixels (>= kSplitRows): row blocks per task, each im2col'd kTileRows rows at a
+//   Many output pixels (>= kFewPixels): row blocks per task, each im2col'd kTileRows rows at a
 //   time (the column block stays in cache) and multiplied by the whole weight.
 //   Few output pixels (deep layers: 14x14, 7x7): all rows im2col'd once (in parallel), then the
 //   product split by output channels, so that each task reads only its slice of the (large)
 //   weight instead of every task reading all of it.
 void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
   const int64_t k = s.kh * s.kw * s.c, rows = s.n * s.oh * s.ow;
-  if (s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.pt == 0 && s.pl == 0) {
+  if (s.pointwise()) {
     ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
       Sgemm(kNoTrans, r1 - r0, s.o, s.c, x + r0 * s.c, s.c, w, s.o, y + r0 * s.o, s.o);
     });
     return;
   }
-  constexpr int64_t kTileRows = 256, kSplitRows = 512;
-  if (rows < kSplitRows && s.o >= 64) {
+  constexpr int64_t kTileRows = 256;
+  if (rows < kFewPixels && s.o >= 64) {
     float* cols = Scratch(0, rows * k);
     ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
     ParallelRows(s.o, 32, [&](int64_t c0, int64_t c1) {
@@ -353,8 +362,8 @@ class WeightCache {
 // transposed) packed once into panels of kNR columns, Bp[panel][k][kNR] (zero past N), and kept
 // in the WeightCache. OpenBLAS packs B again on every call and handles few rows poorly; the
 // products of inference (a few to a few thousand rows against a fixed weight) are exactly that
-// case (bench/results/gemm_packed_2026-12-02.md: 1.3-2.3x OpenBLAS on ResNet-18's, BERT's and a
-// decoder's shapes at 2 threads).
+// case (bench/results/gemm_packed_2026-12-02.md: 0.37-0.98x OpenBLAS's time on ResNet-18's,
+// BERT's and a decoder's shapes at 2 threads).
 //
 // A micro-kernel computes rows of A against one panel, k in blocks of kKC, the accumulators in
 // registers: AVX-512 12 rows x 32 columns (24 zmm), AVX2 + FMA 6 rows x 16 columns (12 ymm,
@@ -573,12 +582,11 @@ void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 void Conv(RowsFn rows, const ConvShape& s, const float* x, const float* w, float* y) {
   const int64_t k = s.kh * s.kw * s.c, npix = s.n * s.oh * s.ow;
   const WeightCache::Block bp = PackedWeight(w, k, s.o, false);
-  if (s.kh == 1 && s.kw == 1 && s.sh == 1 && s.sw == 1 && s.pt == 0 && s.pl == 0) {
+  if (s.pointwise()) {
     Gemm(rows, npix, s.o, s.c, x, s.c, bp->data(), y, s.o);
     return;
   }
-  constexpr int64_t kSplitRows = 512;
-  if (npix < kSplitRows) {  // few pixels: im2col all of them, then share the GEMM's blocks
+  if (npix < kFewPixels) {  // few pixels: im2col all of them, then share the GEMM's blocks
     float* cols = Scratch(0, npix * k);
     ParallelRows(npix, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
     Gemm(rows, npix, s.o, k, cols, k, bp->data(), y, s.o);

@@ -102,10 +102,9 @@ def run_compile(args: argparse.Namespace) -> int:
     default schedules elsewhere); with one, each task's best record, or its stored library
     record (a peer's or TVM's default schedule's) where that measured faster
     (:func:`_implementations_from_records`)."""
-    from compiler.artifact import check_output_dir, peers_manifest, publish_artifact
+    from compiler.artifact import check_output_dir, peers_extra, publish_artifact
     from compiler.build import build
     from compiler.errors import CompileError, ModelError, VerificationError
-    from compiler.peers import library_unavailable_reason
 
     try:
         check_output_dir(args.output, force=args.force)
@@ -132,9 +131,7 @@ def run_compile(args: argparse.Namespace) -> int:
                 database = database_from_records(
                     prepared, {k: v for k, v in best.items() if k not in defaults})
             extra: dict[str, Any] = {"tuned": True, "schedules": schedules,
-                                     "peers": peers_manifest(peers, prepared.target)}
-            if not peers and library_unavailable_reason(prepared.target):
-                extra["peers_skipped"] = library_unavailable_reason(prepared.target)
+                                     **peers_extra(peers, prepared.target)}
             manifest = publish_artifact(
                 build(prepared.mod, prepared.target, database, peers=peers),
                 prepared.model,
