@@ -4,8 +4,9 @@ TVM's runtime sizes its thread pool when a process first runs a parallel kernel,
 ``TVM_NUM_THREADS`` or else, on x86, from *half* the logical CPUs (``threading::MaxConcurrency``
 assumes every core is two hyper-threads). On a 2-vCPU VM that is one thread, while the CPU target
 is compiled for two (:func:`compiler.target.cpu_target`: the CPUs this process may use) and ONNX
-Runtime and torch are timed with two. Measured on such a VM (2026-12-02): ResNet-18's zero-trial
-library ran 24.0 ms a call with TVM's default and 13.1 ms with ``TVM_NUM_THREADS=2``.
+Runtime and torch are timed with two. Measured on such a VM (``bench/results/models_2026-12-02.md``,
+the same artifacts re-timed side by side twice): ResNet-18's zero-trial library 24.7 ms a call
+with TVM's default, 13.43 ms with ``TVM_NUM_THREADS=2`` (ONNX Runtime 12.0 and 12.21).
 
 :func:`use_usable_cores` sets ``TVM_NUM_THREADS`` to the CPUs this process may use, unless it is
 set already (a user's choice wins). The ``compiler`` package calls it on import, before any TVM
