@@ -17,11 +17,18 @@ library implements, or ``None``:
   (im2col + OpenBLAS sgemm), for any convolution, or, for a 3x3 stride-1 undilated one,
   Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3));
   :func:`find_peer` picks one by :func:`default_conv_algorithm` and :func:`peer_variants` lists
-  them all, so that a caller can measure each.
+  them all, so that a caller can measure each;
+- ``depthwise_conv2d_nhwc``: a ``group_conv2d_nhwc`` block with one input channel and one
+  filter per group, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, f + rc] * W[ry, rx, rc,
+  f]`` (``rc`` of extent 1: the weight is ``[KH, KW, 1, C]``), float32, input as for
+  ``conv2d_nhwc``: the shim's depthwise kernel (vectors along the channels), one variant.
 
 Every other block after the anchor is its epilogue (bias, residual add, activation), and must be
 elementwise (no reduction). The anchor must be the task's first block (after the padding it
-absorbs).
+absorbs). On the CPU the call also does the epilogue's first blocks where they are a per-channel
+bias add, an elementwise add of a parameter (a residual) and a clamp (``max``/``min`` with
+constants: ReLU, ReLU6), in that order (:func:`_fuse_epilogue`); it then writes the last of those
+blocks' buffer, and only the rest of the epilogue stays TIR.
 
 :func:`peer_function` rewrites the task: the padding and the anchor become one opaque block that
 calls the peer library's C entry point (``call_extern``; :mod:`compiler.peers.library`) with the
@@ -33,6 +40,7 @@ reads weights in their own layout).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -45,7 +53,8 @@ from tvm.sym.pattern import detect_linear_equation
 _Load = ir.TensorLoad
 
 #: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
-FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc"}
+FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc",
+             "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc"}
 #: The C entry points of the CUDA shim (``compiler/peers/shim_cuda.cc``), by peer kind.
 CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm", "conv2d_nchw": "tunehub_cuda_conv2d_nchw"}
 VECTOR_LANES = 8
@@ -81,7 +90,10 @@ class PeerCall:
     (``cpu``: :data:`FUNCTIONS`; ``cuda``: :data:`CUDA_FUNCTIONS`).
     ``algorithm``: how the shim computes it (``conv2d_nhwc``: a key of
     :data:`CONV_ALGORITHMS`; empty for a GEMM); part of the call's identity and of its
-    :meth:`to_json`."""
+    :meth:`to_json`. ``bias``, ``residual``, ``clamp``: the epilogue the call applies as it
+    stores its output (CPU only; the shim's ``Epilogue``): a parameter added per output channel,
+    a parameter of the output's shape added elementwise, and ``(lo, hi)`` bounds (infinite for
+    none); ``output`` is then the buffer of the last epilogue block the call does."""
 
     kind: str
     inputs: tuple[str, ...]
@@ -89,6 +101,9 @@ class PeerCall:
     config: tuple[tuple[str, int], ...]
     device: str = "cpu"
     algorithm: str = ""
+    bias: str = ""
+    residual: str = ""
+    clamp: tuple[float, float] | None = None
 
     @property
     def function(self) -> str:
@@ -99,10 +114,25 @@ class PeerCall:
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:
-        out = {"kind": self.kind, "function": self.function, "config": dict(self.config)}
+        out: dict[str, Any] = {"kind": self.kind, "function": self.function,
+                               "config": dict(self.config)}
         if self.algorithm:
             out["algorithm"] = self.algorithm
+        if self.epilogue:
+            out["epilogue"] = list(self.epilogue)
         return out
+
+    @property
+    def epilogue(self) -> tuple[str, ...]:
+        """What the call does after its product, in words (``bias``, ``residual``,
+        ``max 0``, ``min 6``); empty when it does nothing more."""
+        done = [name for name, given in (("bias", self.bias), ("residual", self.residual))
+                if given]
+        if self.clamp is not None:
+            lo, hi = self.clamp
+            done += [f"max {lo:g}"] if lo != -math.inf else []
+            done += [f"min {hi:g}"] if hi != math.inf else []
+        return tuple(done)
 
 
 @dataclass(frozen=True)
@@ -274,12 +304,15 @@ class _ConvMatch:
                 ("dilation_h", self.rows[1]), ("dilation_w", self.cols[1]))
 
 
-def _match_conv(stages: list[_Stage], params: set[str], layout: str) -> _ConvMatch | None:
+def _match_conv(stages: list[_Stage], params: set[str], layout: str,
+                depthwise: bool = False) -> _ConvMatch | None:
     """The groups-1 float32 convolution anchor of ``stages`` in ``layout`` (``NHWC``: block
     ``conv2d_nhwc``, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, c] * W[ry, rx, c, f]``;
     ``NCHW``: block ``conv2d_nchw``, ``Y[n, f, y, x] += P[n, c, ...] * W[f, c, ry, rx]``), whose
-    input is a parameter or the zero padding of one, and whose weight is a parameter."""
-    prefix = f"conv2d_{layout.lower()}"
+    input is a parameter or the zero padding of one, and whose weight is a parameter. With
+    ``depthwise`` (``NHWC`` only): the ``group_conv2d_nhwc`` block of a depthwise convolution
+    instead (input channel ``f + rc``, weight ``[KH, KW, 1, C]``, as many outputs as inputs)."""
+    prefix = "group_conv2d_nhwc" if depthwise else f"conv2d_{layout.lower()}"
     for index in (0, 1):
         if index < len(stages) and str(stages[index].block.name_hint).startswith(prefix):
             break
@@ -302,8 +335,15 @@ def _match_conv(stages: list[_Stage], params: set[str], layout: str) -> _ConvMat
         return None
     rows = _coefficients(data.indices[row_axis], [y, ry])
     cols = _coefficients(data.indices[row_axis + 1], [x, rx])
-    if (rows is None or cols is None or rows[2] or cols[2]
-            or not _is_vars([data.indices[i] for i in batch_and_channel], [n, rc])):
+    if rows is None or cols is None or rows[2] or cols[2]:
+        return None
+    if depthwise:
+        if (not _is_vars(data.indices[:1], [n])
+                or _coefficients(data.indices[3], [f, rc]) != [1, 1, 0]
+                or int(weight.source.shape[2]) != 1
+                or int(store.buffer.shape[3]) != int(data.source.shape[3])):
+            return None
+    elif not _is_vars([data.indices[i] for i in batch_and_channel], [n, rc]):
         return None
     if index == 0:
         source, top, left = data.source, 0, 0
@@ -328,6 +368,15 @@ def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | No
                     match.store.buffer.name, match.config(), algorithm="im2col")
     shape = _ConvShape.of(call, match.weight.source, match.store.buffer)
     return replace(call, algorithm=default_conv_algorithm(shape)), match.index
+
+
+def _depthwise_conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
+    """The depthwise peer and the index of its anchor stage (0, or 1 after its padding)."""
+    match = _match_conv(stages, params, "NHWC", depthwise=True)
+    if match is None:
+        return None
+    return PeerCall("depthwise_conv2d_nhwc", (str(match.source.name), match.weight.source.name),
+                    match.store.buffer.name, match.config()), match.index
 
 
 def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
@@ -410,7 +459,7 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
     if stages and (call := _gemm(stages[0].block, params, device)) is not None:
         found = _fold_output_cast(call, stages, params) if device == "cuda" else (call, 0)
     elif device == "cpu":
-        found = _conv2d(stages, params)
+        found = _conv2d(stages, params) or _depthwise_conv2d(stages, params)
     else:
         found = _conv2d_nchw(stages, params)
     if found is None:
@@ -418,7 +467,93 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
     epilogue = stages[found[1] + 1:]
     if any(iv.iter_type != tirx.IterVar.DataPar for s in epilogue for iv in s.block.iter_vars):
         return None  # a reduction after the anchor (e.g. a mean): the task stays TIR
+    if device == "cpu":
+        return _fuse_epilogue(*found, stages, func)
     return found
+
+
+def _epilogue_step(value: Any, current: str, variables: list[Any], shape: list[int],
+                   params: dict[str, Any]) -> tuple[str, Any] | None:
+    """What one epilogue block's value does to ``current`` (the buffer so far, read at the
+    block's own indices), if the shim's epilogue can do it: ``("bias", name)`` (a float32
+    parameter indexed by the last axis, its other axes of extent 1), ``("residual", name)`` (a
+    float32 parameter of the output's shape, read at the same indices), ``("max", c)`` or
+    ``("min", c)`` with a float32 constant; else ``None``."""
+    def is_current(expr: Any) -> bool:
+        return (isinstance(expr, _Load) and str(expr.source.name) == current
+                and _is_vars(expr.indices, variables))
+
+    if isinstance(value, (ir.prim.expr.Max, ir.prim.expr.Min)):
+        const = value.b if is_current(value.a) else value.a if is_current(value.b) else None
+        if isinstance(const, ir.prim.expr.FloatImm) and str(const.ty) == "float32":
+            return ("max" if isinstance(value, ir.prim.expr.Max) else "min"), float(const.value)
+        return None
+    if not isinstance(value, ir.prim.expr.Add):
+        return None
+    other = value.b if is_current(value.a) else value.a if is_current(value.b) else None
+    if not isinstance(other, _Load) or str(other.source.name) not in params:
+        return None
+    buffer = params[str(other.source.name)]
+    dims = [int(d) for d in buffer.shape]
+    if str(buffer.dtype) != "float32":
+        return None
+    if dims == shape and _is_vars(other.indices, variables):
+        return "residual", str(buffer.name)
+    indices = list(other.indices)  # its axes but the last have extent 1: their indices are 0
+    if (indices and dims and dims[-1] == shape[-1] and all(d == 1 for d in dims[:-1])
+            and isinstance(indices[-1], ir.Var) and indices[-1].same_as(variables[-1])):
+        return "bias", str(buffer.name)
+    return None
+
+
+def _fuse_epilogue(call: PeerCall, anchor: int, stages: list[_Stage], func: tirx.PrimFunc
+                   ) -> tuple[PeerCall, int]:
+    """``call`` extended by the longest run of epilogue blocks right after ``anchor`` that the
+    shim's epilogue does (at most one bias add and one residual add, then clamps; see
+    :func:`_epilogue_step`), and the index of the last stage the call then computes. A run is
+    cut before a block that does something else, and shortened so that no buffer the call no
+    longer writes is read by the blocks left after it."""
+    params = {str(p.name): p for p in func.params}  # a PrimFunc's parameters are its buffers
+    out = stages[anchor].block.body.buffer
+    shape = [int(d) for d in out.shape]
+    current, bias, residual = call.output, "", ""
+    lo, hi = -math.inf, math.inf
+    runs: list[tuple[int, str, str, str, float, float]] = []
+    for index in range(anchor + 1, len(stages)):
+        block = stages[index].block
+        store = block.body
+        variables = [iv.var for iv in block.iter_vars]
+        if not (isinstance(store, tirx.BufferStore) and _is_vars(store.indices, variables)
+                and [int(d) for d in store.buffer.shape] == shape
+                and str(store.buffer.dtype) == "float32"):
+            break
+        step = _epilogue_step(store.value, current, variables, shape, params)
+        clamped = (lo, hi) != (-math.inf, math.inf)
+        if step is None:
+            break
+        kind, what = step
+        if kind == "bias" and not bias and not clamped:
+            bias = what
+        elif kind == "residual" and not residual and not clamped:
+            residual = what
+        elif kind == "max" and max(lo, what) <= hi:
+            lo = max(lo, what)
+        elif kind == "min" and lo <= min(hi, what):
+            hi = min(hi, what)
+        else:
+            break
+        current = str(store.buffer.name)
+        runs.append((index, current, bias, residual, lo, hi))
+    while runs:  # the buffers before the run's last must not be read after it
+        index, current, bias, residual, lo, hi = runs[-1]
+        skipped = {call.output} | {r[1] for r in runs[:-1]}
+        later = {str(region.source.name) for s in stages[index + 1:] for region in s.block.reads}
+        if not skipped & later:
+            clamp = None if (lo, hi) == (-math.inf, math.inf) else (lo, hi)
+            return replace(call, output=current, bias=bias, residual=residual,
+                           clamp=clamp), index
+        runs.pop()
+    return call, anchor
 
 
 def _fold_output_cast(call: PeerCall, stages: list[_Stage], params: set[str]
@@ -510,12 +645,16 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     buffers = _buffers_by_name(func, root)
     inputs = [buffers[name] for name in call.inputs]
     output = buffers[call.output]
+    epilogue = [buffers[name] for name in (call.bias, call.residual) if name]
     args = [b.data for b in (*inputs, output)] + _extern_sizes(call, inputs, output)
+    if device == "cpu":
+        args += _epilogue_args(call, buffers, output)
     extern = s_tir.SBlock(
-        [], [_region(b) for b in inputs], [_region(output)], "tunehub_peer",
+        [], [_region(b) for b in (*inputs, *epilogue)], [_region(output)], "tunehub_peer",
         tirx.Evaluate(tirx.call_extern("int32", call.function, *args)),
     )
-    dropped = {str(stages[i].block.writes[0].source.name) for i in range(anchor)}
+    dropped = {str(stages[i].block.writes[0].source.name)
+               for i in range(anchor + 1)} - {call.output}
     body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[anchor + 1:]]
     new_root = s_tir.SBlock(
         root.iter_vars, root.reads, root.writes, root.name_hint,
@@ -526,6 +665,16 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
     rewritten = rewritten.without_attr("layout_free_buffers")
     return _schedule_epilogue(rewritten, len(stages) - anchor - 1, device)
+
+
+def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list[Any]:
+    """The CPU shim's trailing epilogue arguments: ``flags`` (bit 0 bias, bit 1 residual), the
+    bias and residual pointers (the output's where not given: never read), ``lo``, ``hi``."""
+    lo, hi = call.clamp if call.clamp is not None else (-math.inf, math.inf)
+    flags = (1 if call.bias else 0) | (2 if call.residual else 0)
+    pointers = [(buffers[name] if name else output).data for name in (call.bias, call.residual)]
+    return [tirx.IntImm("int32", flags), *pointers,
+            tirx.FloatImm("float32", lo), tirx.FloatImm("float32", hi)]
 
 
 def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
@@ -550,7 +699,7 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
                  config["stride_w"], config["pad_top"], config["pad_left"], config["dilation_h"],
                  config["dilation_w"])
         return [tirx.IntImm("int64", v) for v in sizes]
-    tile = CONV_ALGORITHMS[call.algorithm or "im2col"]
+    tile = CONV_ALGORITHMS.get(call.algorithm, 0)
     if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
         sizes = (*x_shape, int(inputs[1].shape[3]), shape[1], shape[2])
         return [*(tirx.IntImm("int64", v) for v in sizes),

@@ -16,6 +16,12 @@
 //       The same arguments, on the shim's own GEMM: the weight packed once into the micro-kernel's
 //       panels (cached), AVX-512 or AVX2 + FMA micro-kernels (namespace packed); OpenBLAS where
 //       the CPU has neither. tunehub_peer_conv2d_nhwc_winograd's GEMMs use it too.
+//   tunehub_peer_depthwise_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, C, OH, OW, sh, sw, pt, pl, dh,
+//                                      dw)
+//       Y[n, OH, OW, C] = depthwise conv(X[n, H, W, C], W[KH, KW, 1, C]), zero padding: vectors
+//       along the channels (namespace depthwise); no BLAS.
+// Every entry point takes the epilogue's arguments last, (flags, bias, residual, lo, hi): the
+// task's bias, residual add and clamp, applied as the output is stored (see Epilogue).
 // All tensors are compact float32 on the CPU. All return 0.
 //
 // Threads: the work is split into row blocks run on TVM's own thread pool
@@ -25,6 +31,7 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cmath>
 #include <cstring>
 #include <list>
 #include <memory>
@@ -123,9 +130,68 @@ void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
 
 }  // namespace
 
-extern "C" int tunehub_peer_gemm(const float* a, const float* b, float* c, int64_t batch,
-                                 int64_t m, int64_t n, int64_t k, int32_t trans_b,
-                                 int32_t b_batched) {
+// ---------------------------------------------------------------------------------------------
+// The epilogue a peer applies to its product as it stores it: the task's bias, residual add and
+// clamp (ReLU, ReLU6), when the task's epilogue begins with them (compiler/peers/rewrite.py
+// decides; what follows stays a TIR loop after the call). Over the output seen as a
+// [rows, channels] matrix (rows: output pixels, or a GEMM's rows):
+//   Y[r, c] = min(max(P[r, c] + bias[c] + residual[r, c], lo), hi)
+// Applied block by block while the block is still in cache, it saves the separate pass over the
+// output that a TIR epilogue after the call makes: on memory-bound convolutions (a 1x1 expansion
+// of few channels into many, a depthwise convolution) that pass costs as much as the product.
+//
+// Every entry point ends with the epilogue's arguments: (flags, bias, residual, lo, hi); flags
+// bit 0: bias given, bit 1: residual given (a pointer not given is not read); lo, hi: -inf and
+// +inf for no clamp.
+
+namespace {
+
+struct Epilogue {
+  const float* bias = nullptr;      // [channels]
+  const float* residual = nullptr;  // the output's layout, rows from this view's row 0
+  float lo = -INFINITY, hi = INFINITY;
+
+  static Epilogue Of(int32_t flags, const float* bias, const float* residual, float lo,
+                     float hi) {
+    return {flags & 1 ? bias : nullptr, flags & 2 ? residual : nullptr, lo, hi};
+  }
+  bool empty() const {
+    return bias == nullptr && residual == nullptr && lo == -INFINITY && hi == INFINITY;
+  }
+  // The same epilogue for the view of the output that starts ``rows`` rows down (ld floats a row).
+  Epilogue Down(int64_t rows, int64_t ld) const {
+    Epilogue e = *this;
+    if (residual != nullptr) e.residual = residual + rows * ld;
+    return e;
+  }
+};
+
+// y[r, c] for r in [r0, r1), c in [c0, c1) (ld floats a row), in place.
+TUNEHUB_SIMD_CLONES void ApplyEpilogue(const Epilogue& e, float* y, int64_t ld, int64_t r0,
+                                       int64_t r1, int64_t c0, int64_t c1) {
+  if (e.empty()) return;
+  const float lo = e.lo, hi = e.hi;
+  for (int64_t r = r0; r < r1; ++r) {
+    float* row = y + r * ld;
+    const float* res = e.residual ? e.residual + r * ld : nullptr;
+    if (e.bias && res) {
+      for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c] + e.bias[c] + res[c], lo), hi);
+    } else if (e.bias) {
+      for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c] + e.bias[c], lo), hi);
+    } else if (res) {
+      for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c] + res[c], lo), hi);
+    } else {
+      for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c], lo), hi);
+    }
+  }
+}
+
+}  // namespace
+
+namespace {
+// C[b, M, N] = A[b, M, K] x B on OpenBLAS (see tunehub_peer_gemm), the epilogue per block.
+void GemmOpenBlas(const float* a, const float* b, float* c, int64_t batch, int64_t m, int64_t n,
+                  int64_t k, int32_t trans_b, int32_t b_batched, const Epilogue& e) {
   SingleThreadedBlas();
   const int tb = trans_b ? kTrans : kNoTrans;
   const int64_t ldb = trans_b ? k : n;
@@ -139,22 +205,36 @@ extern "C" int tunehub_peer_gemm(const float* a, const float* b, float* c, int64
         else  // c[c0:c1] = B[:, c0:c1]^T a
           TUNEHUB_BLAS(cblas_sgemv)(kRowMajor, kTrans, k, c1 - c0, 1.0f, b + c0, n, a, 1, 0.0f,
                                     c + c0, 1);
+        ApplyEpilogue(e, c, n, 0, 1, c0, c1);
       });
     } else if (rows >= 16) {  // split rows
       ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
         Sgemm(tb, r1 - r0, n, k, a + r0 * k, k, b, ldb, c + r0 * n, n);
+        ApplyEpilogue(e, c, n, r0, r1, 0, n);
       });
     } else {  // a GEMV-like product: split columns
       ParallelRows(n, 64, [&](int64_t c0, int64_t c1) {
         Sgemm(tb, rows, c1 - c0, k, a, k, trans_b ? b + c0 * k : b + c0, ldb, c + c0, n);
+        ApplyEpilogue(e, c, n, 0, rows, c0, c1);
       });
     }
-    return 0;
+    return;
   }
   ParallelRows(batch, 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t i = b0; i < b1; ++i)
+    for (int64_t i = b0; i < b1; ++i) {
       Sgemm(tb, m, n, k, a + i * m * k, k, b + i * k * n, ldb, c + i * m * n, n);
+      ApplyEpilogue(e, c, n, i * m, (i + 1) * m, 0, n);
+    }
   });
+}
+}  // namespace
+
+extern "C" int tunehub_peer_gemm(const float* a, const float* b, float* c, int64_t batch,
+                                 int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                 int32_t b_batched, int32_t flags, const float* bias,
+                                 const float* residual, float lo, float hi) {
+  GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched,
+               Epilogue::Of(flags, bias, residual, lo, hi));
   return 0;
 }
 
@@ -244,11 +324,13 @@ float* Scratch(int slot, int64_t floats) {
 //   Few output pixels (deep layers: 14x14, 7x7): all rows im2col'd once (in parallel), then the
 //   product split by output channels, so that each task reads only its slice of the (large)
 //   weight instead of every task reading all of it.
-void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
+void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y,
+                const Epilogue& e) {
   const int64_t k = s.kh * s.kw * s.c, rows = s.n * s.oh * s.ow;
   if (s.pointwise()) {
     ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) {
       Sgemm(kNoTrans, r1 - r0, s.o, s.c, x + r0 * s.c, s.c, w, s.o, y + r0 * s.o, s.o);
+      ApplyEpilogue(e, y, s.o, r0, r1, 0, s.o);
     });
     return;
   }
@@ -258,6 +340,7 @@ void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
     ParallelRows(rows, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
     ParallelRows(s.o, 32, [&](int64_t c0, int64_t c1) {
       Sgemm(kNoTrans, rows, c1 - c0, k, cols, k, w + c0, s.o, y + c0, s.o);
+      ApplyEpilogue(e, y, s.o, 0, rows, c0, c1);
     });
     return;
   }
@@ -268,6 +351,7 @@ void ConvIm2col(const ConvShape& s, const float* x, const float* w, float* y) {
       const int64_t t1 = std::min(r1, t0 + kTileRows);
       Im2col(s, x, t0, t1, cols.data());
       Sgemm(kNoTrans, t1 - t0, s.o, k, cols.data(), k, w, s.o, y + t0 * s.o, s.o);
+      ApplyEpilogue(e, y, s.o, t0, t1, 0, s.o);
     }
   });
 }
@@ -548,7 +632,8 @@ WeightCache::Block PackedWeight(const float* b, int64_t k, int64_t n, bool trans
 
 // C[r0:r1, panels p0:p1] (serial).
 void Multiply(RowsFn rows, int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64_t n, int64_t k,
-              const float* a, int64_t lda, const float* bp, float* c, int64_t ldc) {
+              const float* a, int64_t lda, const float* bp, float* c, int64_t ldc,
+              const Epilogue& e = Epilogue()) {
   for (int64_t m0 = r0; m0 < r1; m0 += kMC) {
     const int64_t m1 = std::min(r1, m0 + kMC);
     for (int64_t p = p0; p < p1; ++p) {
@@ -556,6 +641,7 @@ void Multiply(RowsFn rows, int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64
       for (int64_t k0 = 0; k0 < k; k0 += kKC)
         rows(m1 - m0, std::min(kKC, k - k0), a + m0 * lda + k0, lda, bp + (p * k + k0) * kNR,
              c + m0 * ldc + c0, ldc, k0 == 0, std::min(kNR, n - c0));
+      ApplyEpilogue(e, c, ldc, m0, m1, c0, std::min(n, c0 + kNR));
     }
   }
 }
@@ -563,12 +649,12 @@ void Multiply(RowsFn rows, int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64
 // C[M, N] = A[M, K] x Bp on TVM's pool: blocks of kMC rows x one panel, panel-major, in
 // contiguous ranges per task (a task keeps its panels in cache across row blocks).
 void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
-          const float* bp, float* c, int64_t ldc) {
+          const float* bp, float* c, int64_t ldc, const Epilogue& e) {
   const int64_t row_blocks = (m + kMC - 1) / kMC, blocks = row_blocks * Panels(n);
   const auto body = [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
       const int64_t p = b / row_blocks, r0 = (b % row_blocks) * kMC;
-      Multiply(rows, r0, std::min(m, r0 + kMC), p, p + 1, n, k, a, lda, bp, c, ldc);
+      Multiply(rows, r0, std::min(m, r0 + kMC), p, p + 1, n, k, a, lda, bp, c, ldc, e);
     }
   };
   if (m * n * k < (int64_t{1} << 16)) {  // too little work to share
@@ -579,17 +665,18 @@ void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t 
 }
 
 // The convolution as im2col + packed GEMM (same cases as ConvIm2col).
-void Conv(RowsFn rows, const ConvShape& s, const float* x, const float* w, float* y) {
+void Conv(RowsFn rows, const ConvShape& s, const float* x, const float* w, float* y,
+          const Epilogue& e) {
   const int64_t k = s.kh * s.kw * s.c, npix = s.n * s.oh * s.ow;
   const WeightCache::Block bp = PackedWeight(w, k, s.o, false);
   if (s.pointwise()) {
-    Gemm(rows, npix, s.o, s.c, x, s.c, bp->data(), y, s.o);
+    Gemm(rows, npix, s.o, s.c, x, s.c, bp->data(), y, s.o, e);
     return;
   }
   if (npix < kFewPixels) {  // few pixels: im2col all of them, then share the GEMM's blocks
     float* cols = Scratch(0, npix * k);
     ParallelRows(npix, 8, [&](int64_t r0, int64_t r1) { Im2col(s, x, r0, r1, cols + r0 * k); });
-    Gemm(rows, npix, s.o, k, cols, k, bp->data(), y, s.o);
+    Gemm(rows, npix, s.o, k, cols, k, bp->data(), y, s.o, e);
     return;
   }
   ParallelRows(npix, kMC, [&](int64_t r0, int64_t r1) {
@@ -599,7 +686,7 @@ void Conv(RowsFn rows, const ConvShape& s, const float* x, const float* w, float
       const int64_t t1 = std::min(r1, t0 + kMC);
       Im2col(s, x, t0, t1, cols.data());
       Multiply(rows, 0, t1 - t0, 0, Panels(s.o), s.o, k, cols.data(), k, bp->data(),
-               y + t0 * s.o, s.o);
+               y + t0 * s.o, s.o, e.Down(t0, s.o));
     }
   });
 }
@@ -783,7 +870,8 @@ TUNEHUB_SIMD_CLONES void InputTransform(const ConvShape& s, const Tiling& tiling
 // edges.
 template <typename F>
 TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tiling, const float* mm,
-                                         int64_t t0, int64_t t1, int64_t first, float* y) {
+                                         int64_t t0, int64_t t1, int64_t first, float* y,
+                                         const Epilogue& ep) {
   constexpr int A = F::kAlpha, M = F::kM;
   Vec e[A * A], tmp[M * A], z[M * M];
   const int64_t per_image = tiling.rows * tiling.cols;
@@ -808,11 +896,15 @@ TUNEHUB_SIMD_CLONES void OutputTransform(const ConvShape& s, const Tiling& tilin
       for (int i = 0; i < rows; ++i)
         for (int j = 0; j < cols; ++j) Store(dst + (i * s.ow + j) * s.o + k0, z[i * M + j], kb);
     }
+    const int64_t pixel = image * s.oh * s.ow + oy0 * s.ow + ox0;
+    for (int i = 0; i < rows; ++i)
+      ApplyEpilogue(ep, y, s.o, pixel + i * s.ow, pixel + i * s.ow + cols, 0, s.o);
   }
 }
 
 template <typename F>
-void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) {
+void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y,
+                  const Epilogue& e) {
   constexpr int64_t P = F::kAlpha * F::kAlpha;
   const Tiling tiling = TilesOf<F>(s);
   // U[p] ([C x K] per position) as plain rows for sgemm, or, where the packed GEMM's
@@ -863,34 +955,40 @@ void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y) 
       }
     });
     ParallelRows(count, 4, [&](int64_t t0, int64_t t1) {
-      OutputTransform<F>(s, tiling, mm, first + t0, first + t1, first, y);
+      OutputTransform<F>(s, tiling, mm, first + t0, first + t1, first, y, e);
     });
   }
 }
 }  // namespace
 
+#define TUNEHUB_EPILOGUE_ARGS int32_t flags, const float *bias, const float *residual, float lo, float hi
+#define TUNEHUB_EPILOGUE Epilogue::Of(flags, bias, residual, lo, hi)
+
 extern "C" int tunehub_peer_conv2d_nhwc(const float* x, const float* w, float* y, int64_t n,
                                         int64_t h, int64_t wd, int64_t ch, int64_t kh,
                                         int64_t kw, int64_t o, int64_t oh, int64_t ow,
                                         int32_t sh, int32_t sw, int32_t pt, int32_t pl,
-                                        int32_t dh, int32_t dw) {
+                                        int32_t dh, int32_t dw, TUNEHUB_EPILOGUE_ARGS) {
   SingleThreadedBlas();
-  ConvIm2col({n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw}, x, w, y);
+  ConvIm2col({n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw}, x, w, y,
+             TUNEHUB_EPILOGUE);
   return 0;
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w, float* y,
                                                  int64_t n, int64_t h, int64_t wd, int64_t ch,
                                                  int64_t o, int64_t oh, int64_t ow, int32_t pt,
-                                                 int32_t pl, int32_t tile) {
+                                                 int32_t pl, int32_t tile,
+                                                 TUNEHUB_EPILOGUE_ARGS) {
   SingleThreadedBlas();
   const ConvShape s{n, h, wd, ch, 3, 3, o, oh, ow, 1, 1, pt, pl, 1, 1};
+  const Epilogue e = TUNEHUB_EPILOGUE;
   if (tile == 4)
-    ConvWinograd<F4>(s, x, w, y);
+    ConvWinograd<F4>(s, x, w, y, e);
   else if (tile == 2)
-    ConvWinograd<F2>(s, x, w, y);
+    ConvWinograd<F2>(s, x, w, y, e);
   else
-    ConvIm2col(s, x, w, y);  // not a tile size this shim has: the direct convolution
+    ConvIm2col(s, x, w, y, e);  // not a tile size this shim has: the direct convolution
   return 0;
 }
 
@@ -898,12 +996,15 @@ extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w,
 // (b_batched), or a CPU without the micro-kernels, takes OpenBLAS.
 extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c, int64_t batch,
                                         int64_t m, int64_t n, int64_t k, int32_t trans_b,
-                                        int32_t b_batched) {
+                                        int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
   const packed::RowsFn rows = packed::Rows();
-  if (rows == nullptr || b_batched)
-    return tunehub_peer_gemm(a, b, c, batch, m, n, k, trans_b, b_batched);
+  const Epilogue e = TUNEHUB_EPILOGUE;
+  if (rows == nullptr || b_batched) {
+    GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched, e);
+    return 0;
+  }
   const WeightCache::Block bp = packed::PackedWeight(b, k, n, trans_b != 0);
-  packed::Gemm(rows, batch * m, n, k, a, k, bp->data(), c, n);
+  packed::Gemm(rows, batch * m, n, k, a, k, bp->data(), c, n, e);
   return 0;
 }
 
@@ -911,14 +1012,153 @@ extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, f
                                                int64_t n, int64_t h, int64_t wd, int64_t ch,
                                                int64_t kh, int64_t kw, int64_t o, int64_t oh,
                                                int64_t ow, int32_t sh, int32_t sw, int32_t pt,
-                                               int32_t pl, int32_t dh, int32_t dw) {
+                                               int32_t pl, int32_t dh, int32_t dw,
+                                               TUNEHUB_EPILOGUE_ARGS) {
   const ConvShape s{n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw};
   const packed::RowsFn rows = packed::Rows();
   if (rows == nullptr) {
     SingleThreadedBlas();
-    ConvIm2col(s, x, w, y);
+    ConvIm2col(s, x, w, y, TUNEHUB_EPILOGUE);
   } else {
-    packed::Conv(rows, s, x, w, y);
+    packed::Conv(rows, s, x, w, y, TUNEHUB_EPILOGUE);
   }
   return 0;
 }
+
+// ---------------------------------------------------------------------------------------------
+// Depthwise convolution, NHWC input, weight [KH, KW, 1, C] (groups = C, one filter a channel):
+//   Y[b, oy, ox, c] = sum_{ky, kx} X[b, oy*sh - pt + ky*dh, ox*sw - pl + kx*dw, c] * W[ky, kx, c]
+// with zeros outside the image. MobileNet-style networks have one after every expansion; there
+// is no GEMM in it (each output reads 9 inputs and 9 weights once), so it is bound by memory and
+// by the loads feeding its multiply-adds, and a library's version wins by one thing: vectors
+// along the channels, which NHWC keeps contiguous. Each output pixel's channels are computed in
+// blocks of U vectors of L floats (U independent accumulators in registers), taps clipped to
+// the image once per row and pixel, the tail past the last whole vector in scalars. Output rows
+// are split over TVM's thread pool. Compiled for AVX-512 (L = 16), AVX2 + FMA (8) and the
+// baseline (4, SSE); TUNEHUB_PEERS_ISA caps the choice as for the packed GEMM.
+
+namespace depthwise {
+
+using RowsFn = void (*)(const ConvShape& s, const float* x, const float* w, float* y,
+                        int64_t r0, int64_t r1, const Epilogue& e);
+
+// [k0, k1): the taps k of one axis whose input index o*stride - pad + k*dilation is in [0, size).
+TUNEHUB_INLINE void Taps(int64_t o, int64_t stride, int64_t pad, int64_t dilation, int64_t taps,
+                         int64_t size, int64_t* k0, int64_t* k1) {
+  const int64_t first = o * stride - pad;
+  int64_t lo = 0, hi = taps;
+  while (lo < hi && first + lo * dilation < 0) ++lo;
+  while (hi > lo && first + (hi - 1) * dilation >= size) --hi;
+  *k0 = lo;
+  *k1 = hi;
+}
+
+// Output rows [r0, r1) (row r: image r / oh, output row r % oh).
+template <int L>
+TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, float* y,
+                           int64_t r0, int64_t r1, const Epilogue& e) {
+  typedef float V __attribute__((vector_size(4 * L)));
+  constexpr int U = 4;
+  const int64_t c = s.c;
+  for (int64_t r = r0; r < r1; ++r) {
+    const int64_t b = r / s.oh, oy = r % s.oh;
+    const float* image = x + b * s.h * s.w * c;
+    int64_t ky0, ky1;
+    Taps(oy, s.sh, s.pt, s.dh, s.kh, s.h, &ky0, &ky1);
+    for (int64_t ox = 0; ox < s.ow; ++ox) {
+      int64_t kx0, kx1;
+      Taps(ox, s.sw, s.pl, s.dw, s.kw, s.w, &kx0, &kx1);
+      float* out = y + (r * s.ow + ox) * c;
+      // the input pixel of tap (ky, kx) and the weights of that tap
+      auto in = [&](int64_t ky, int64_t kx) {
+        return image + ((oy * s.sh - s.pt + ky * s.dh) * s.w + ox * s.sw - s.pl + kx * s.dw) * c;
+      };
+      auto taps = [&](int64_t ky, int64_t kx) { return w + (ky * s.kw + kx) * c; };
+      int64_t c0 = 0;
+      for (; c0 + U * L <= c; c0 += U * L) {
+        V acc[U] = {};
+        for (int64_t ky = ky0; ky < ky1; ++ky)
+          for (int64_t kx = kx0; kx < kx1; ++kx) {
+            const float *xp = in(ky, kx) + c0, *wp = taps(ky, kx) + c0;
+#pragma GCC unroll 4
+            for (int u = 0; u < U; ++u) {
+              V xv, wv;
+              std::memcpy(&xv, xp + u * L, sizeof xv);
+              std::memcpy(&wv, wp + u * L, sizeof wv);
+              acc[u] += xv * wv;
+            }
+          }
+        std::memcpy(out + c0, acc, sizeof acc);
+      }
+      for (; c0 + L <= c; c0 += L) {
+        V acc = {};
+        for (int64_t ky = ky0; ky < ky1; ++ky)
+          for (int64_t kx = kx0; kx < kx1; ++kx) {
+            V xv, wv;
+            std::memcpy(&xv, in(ky, kx) + c0, sizeof xv);
+            std::memcpy(&wv, taps(ky, kx) + c0, sizeof wv);
+            acc += xv * wv;
+          }
+        std::memcpy(out + c0, &acc, sizeof acc);
+      }
+      for (; c0 < c; ++c0) {
+        float acc = 0.0f;
+        for (int64_t ky = ky0; ky < ky1; ++ky)
+          for (int64_t kx = kx0; kx < kx1; ++kx) acc += in(ky, kx)[c0] * taps(ky, kx)[c0];
+        out[c0] = acc;
+      }
+      ApplyEpilogue(e, y, c, r * s.ow + ox, r * s.ow + ox + 1, 0, c);
+    }
+  }
+}
+
+void RowsBaseline(const ConvShape& s, const float* x, const float* w, float* y, int64_t r0,
+                  int64_t r1, const Epilogue& e) {
+  RowsOf<4>(s, x, w, y, r0, r1, e);
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+__attribute__((target("avx512f"))) void Rows512(const ConvShape& s, const float* x,
+                                                const float* w, float* y, int64_t r0,
+                                                int64_t r1, const Epilogue& e) {
+  RowsOf<16>(s, x, w, y, r0, r1, e);
+}
+
+__attribute__((target("avx2,fma"))) void Rows256(const ConvShape& s, const float* x,
+                                                 const float* w, float* y, int64_t r0,
+                                                 int64_t r1, const Epilogue& e) {
+  RowsOf<8>(s, x, w, y, r0, r1, e);
+}
+
+RowsFn ChooseRows() {
+  __builtin_cpu_init();
+  const char* cap = std::getenv("TUNEHUB_PEERS_ISA");
+  const std::string isa = cap ? cap : "";
+  if (isa == "none") return RowsBaseline;
+  if (isa != "avx2" && __builtin_cpu_supports("avx512f")) return Rows512;
+  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Rows256;
+  return RowsBaseline;
+}
+#else
+RowsFn ChooseRows() { return RowsBaseline; }
+#endif
+
+}  // namespace depthwise
+
+// Y[n, OH, OW, C] = depthwise_conv(X[n, H, W, C], W[KH, KW, 1, C]); ``o`` (= C) is there so
+// that the arguments are tunehub_peer_conv2d_nhwc's.
+extern "C" int tunehub_peer_depthwise_conv2d_nhwc(const float* x, const float* w, float* y,
+                                                  int64_t n, int64_t h, int64_t wd, int64_t ch,
+                                                  int64_t kh, int64_t kw, int64_t o, int64_t oh,
+                                                  int64_t ow, int32_t sh, int32_t sw,
+                                                  int32_t pt, int32_t pl, int32_t dh,
+                                                  int32_t dw, TUNEHUB_EPILOGUE_ARGS) {
+  static const depthwise::RowsFn rows = depthwise::ChooseRows();
+  const ConvShape s{n, h, wd, ch, kh, kw, o, oh, ow, sh, sw, pt, pl, dh, dw};
+  const Epilogue e = TUNEHUB_EPILOGUE;
+  ParallelRows(n * oh, 1, [&](int64_t r0, int64_t r1) { rows(s, x, w, y, r0, r1, e); });
+  return 0;
+}
+
+#undef TUNEHUB_EPILOGUE
+#undef TUNEHUB_EPILOGUE_ARGS

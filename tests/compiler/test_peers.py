@@ -129,6 +129,13 @@ def _check_peer(task_mod: tvm.IRModule, target, call=None) -> None:
         ("gemv", gemm_model(1, 40, 200), "gemm"),
         ("few rows", gemm_model(5, 40, 200), "gemm"),
         ("batch matmul", gemm_model(6, 10, 7, batch=3), "gemm"),
+        ("depthwise 3x3", conv_model(32, 32, 12, 3, 1, 1, groups=32), "depthwise_conv2d_nhwc"),
+        ("depthwise 3x3 stride2, channels past a vector",
+         conv_model(72, 72, 13, 3, 2, 1, groups=72), "depthwise_conv2d_nhwc"),
+        ("depthwise 5x5 dilation2, 20 channels",
+         conv_model(20, 20, 11, 5, 1, 4, dilation=2, groups=20), "depthwise_conv2d_nhwc"),
+        ("depthwise batch 2, unpadded",
+         conv_model(16, 16, 9, 3, 1, 0, groups=16, batch=2), "depthwise_conv2d_nhwc"),
     ],
 )
 def test_peer_matches_the_task(label, proto, kind):
@@ -138,6 +145,65 @@ def test_peer_matches_the_task(label, proto, kind):
              if find_peer(e.dispatched[0]) is not None]
     assert [find_peer(m).kind for _, m in found] == [kind], label
     _check_peer(found[0][1], target)
+
+
+def epilogue_model(tail: str, kind: str = "conv") -> onnx.ModelProto:
+    """A 3x3 convolution (16 -> 16 channels, 10x10, + bias; ``kind="depthwise"``: groups 16)
+    or a GEMM (24x40 x 40x40, + bias) whose output ``a`` goes through ``tail``: ``residual relu6``
+    (``+ x``, then Clip(0, 6)), ``sigmoid`` (a step the shim's epilogue does not have) or
+    ``reuse`` (``relu(a) * a``: the bias-added buffer is read after the ReLU)."""
+    gemm = kind == "gemm"
+    shape = [24, 40] if gemm else [1, 16, 10, 10]
+    if gemm:
+        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
+                 helper.make_node("Add", ["m", "b"], ["a"])]
+        weights = [_weight("w", (40, 40)), _weight("b", (40,))]
+    else:
+        groups = 16 if kind == "depthwise" else 1
+        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["a"], kernel_shape=[3, 3],
+                                  pads=[1] * 4, group=groups)]
+        weights = [_weight("w", (16, 16 // groups, 3, 3)), _weight("b", (16,))]
+    if tail == "residual relu6":
+        nodes += [helper.make_node("Add", ["a", "x"], ["s"]),
+                  helper.make_node("Clip", ["s", "lo", "hi"], ["y"])]
+        weights += [numpy_helper.from_array(np.array(0.0, "float32"), "lo"),
+                    numpy_helper.from_array(np.array(6.0, "float32"), "hi")]
+    elif tail == "sigmoid":
+        nodes += [helper.make_node("Sigmoid", ["a"], ["y"])]
+    else:
+        nodes += [helper.make_node("Relu", ["a"], ["r"]),
+                  helper.make_node("Mul", ["r", "a"], ["y"])]
+    graph = helper.make_graph(
+        nodes, "epilogue", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)], weights)
+    return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+
+
+@pytest.mark.parametrize(("kind", "tail", "epilogue"), [
+    ("conv", "residual relu6", ("bias", "residual", "max 0", "min 6")),
+    ("depthwise", "residual relu6", ("bias", "residual", "max 0", "min 6")),
+    ("gemm", "residual relu6", ("bias", "residual", "max 0", "min 6")),
+    ("conv", "sigmoid", ("bias",)),
+    ("gemm", "reuse", ("bias",)),
+])
+def test_the_call_does_the_epilogue_it_can(kind, tail, epilogue):
+    """The peer call applies the task's bias, residual add and clamp as it stores its output
+    (the shim's epilogue); a step it does not have (a sigmoid), or a buffer read again after
+    the run (``relu(a) * a``), ends the run there and the rest stays TIR. Every variant agrees
+    with the task's TIR."""
+    target = cpu_target(2)
+    task = _conv_task(epilogue_model(tail, kind), target)
+    call = find_peer(task)
+    assert call.epilogue == epilogue
+    assert call.to_json()["epilogue"] == list(epilogue)
+    script = peer_task_module(task, call=call)["main"].script().splitlines()
+    blocks = [line for line in script
+              if line.strip().startswith("with T.sblock(") and "\"root\"" not in line]
+    # the call's block, then what stays TIR (one loop: its blocks are inlined into the last)
+    assert len(blocks) == (1 if tail == "residual relu6" else 2)
+    for variant in peer_variants(task):
+        assert variant.epilogue == epilogue
+        _check_peer(task, target, variant)
 
 
 def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
@@ -247,7 +313,8 @@ sys.path.insert(0, sys.argv[1])
 from tests.compiler import test_peers as t
 from compiler.target import cpu_target
 for proto in (t.gemm_model(131, 300, 70), t.gemm_model(5, 64, 200),
-              t.conv_model(16, 40, 9, 3, 2, 1), t.conv_model(64, 72, 13, 3, 1, 1)):
+              t.conv_model(16, 40, 9, 3, 2, 1), t.conv_model(64, 72, 13, 3, 1, 1),
+              t.conv_model(72, 72, 13, 3, 2, 1, groups=72)):
     task = t._conv_task(proto, cpu_target(2))
     for call in t.peer_variants(task):
         t._check_peer(task, cpu_target(2), call)
@@ -259,8 +326,8 @@ print("ok")
 def test_packed_variants_match_under_every_isa(isa):
     """The packed GEMM's AVX2 micro-kernel (``TUNEHUB_PEERS_ISA=avx2`` on an AVX-512 machine)
     and its OpenBLAS fallback (``none``) give the task's results too, in every variant
-    (Winograd's GEMMs run on the same kernels); each in a fresh process (the shim chooses once
-    per process)."""
+    (Winograd's GEMMs run on the same kernels), and so does the depthwise kernel's AVX2 and
+    baseline build; each in a fresh process (the shim chooses once per process)."""
     env = {**os.environ, "TUNEHUB_PEERS_ISA": isa}
     done = subprocess.run([sys.executable, "-c", ISA_CHECK, str(REPO)], capture_output=True,
                           text=True, env=env, cwd=REPO, timeout=600)
@@ -269,8 +336,11 @@ def test_packed_variants_match_under_every_isa(isa):
 
 
 def test_operators_the_library_does_not_cover_have_no_peer():
-    depthwise = _partition(conv_model(8, 8, 10, 3, 1, 1, groups=8))
-    assert all(find_peer(e.dispatched[0]) is None for e in depthwise.extracted)
+    """Grouped convolutions other than depthwise (two channels a group, or two filters a
+    channel) have no peer; nor has any task on the legacy NCHW path."""
+    for grouped in (conv_model(8, 8, 10, 3, 1, 1, groups=4),
+                    conv_model(8, 16, 10, 3, 1, 1, groups=8)):
+        assert all(find_peer(e.dispatched[0]) is None for e in _partition(grouped).extracted)
     legacy = cpu_target(2, LEGACY)  # NCHW convolutions, the path records were tuned on before
     assert not peers_supported(legacy)
     nchw = _partition(conv_model(8, 8, 10, 3, 1, 1), legacy)
