@@ -82,16 +82,19 @@ def _load_baseline(commit: str, work: Path) -> None:
 
 @contextlib.contextmanager
 def _baseline_functions() -> Iterator[None]:
-    """Peers built inside call the baseline shim's (suffixed) entry points."""
+    """Peers built inside call the baseline shim's (suffixed) entry points, without the epilogue
+    arguments (a baseline older than the shim's epilogue ignores them: the epilogue stays TIR)."""
     from compiler.peers import rewrite
 
     saved = dict(rewrite.FUNCTIONS)
     rewrite.FUNCTIONS.update({k: v + SUFFIX for k, v in saved.items()})
+    rewrite.FUSE_EPILOGUE = False
     try:
         yield
     finally:
         rewrite.FUNCTIONS.clear()
         rewrite.FUNCTIONS.update(saved)
+        rewrite.FUSE_EPILOGUE = True
 
 
 def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | None:

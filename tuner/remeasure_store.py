@@ -96,7 +96,7 @@ def _library_record(
             workload_key=key, target_key=target_key, library=str(peer["library"]),
             version=f"{peer['package']} {peer['version']}",
             call={name: peer[name] for name in ("kind", "function", "config", "shim",
-                                                "algorithm") if name in peer},
+                                                "algorithm", "epilogue") if name in peer},
             run_secs=secs, job_id=job_id, worker=worker,
         )
     except (KeyError, TypeError, ValueError):

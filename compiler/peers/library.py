@@ -6,7 +6,9 @@ im2col + ``sgemm``; ``tunehub_peer_gemm_packed``, ``tunehub_peer_conv2d_nhwc_pac
 on the shim's own GEMM, whose micro-kernels (AVX-512, or AVX2 + FMA; chosen by the CPU's
 features, ``TUNEHUB_PEERS_ISA=avx2|none`` caps the choice, for tests) read the weight packed
 once and cached, OpenBLAS where neither ISA is there; ``tunehub_peer_conv2d_nhwc_winograd``: a
-3x3 stride-1 convolution as Winograd F(2x2, 3x3) or F(4x4, 3x3), its GEMMs by ``sgemm``).
+3x3 stride-1 convolution as Winograd F(2x2, 3x3) or F(4x4, 3x3), its GEMMs on the packed
+kernels; ``tunehub_peer_depthwise_conv2d_nhwc``: a depthwise convolution, vectors along the
+channels; each also does the task's bias, residual add and clamp as it stores its output).
 The BLAS is OpenBLAS from PyPI's ``scipy-openblas32`` wheel (a dependency of TuneHub, so
 ``pip install`` brings it; DYNAMIC_ARCH, so one binary picks its kernels for the CPU it runs
 on); without it, the ILP64 OpenBLAS that numpy's own wheel bundles (the same build, 64-bit

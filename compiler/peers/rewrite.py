@@ -76,6 +76,9 @@ GEMM_ALGORITHMS = ("packed", "")
 WINOGRAD_MIN_CHANNELS = 8
 #: :func:`default_conv_algorithm` picks Winograd only with at least this many channels.
 WINOGRAD_DEFAULT_MIN_CHANNELS = 64
+#: Whether CPU peer calls do the epilogue steps the shim has (:func:`_fuse_epilogue`); off only
+#: to build calls for a shim older than its epilogue (``bench.bench_conv_peers``' baseline).
+FUSE_EPILOGUE = True
 #: Threads per block of a CUDA peer's epilogue kernel.
 CUDA_THREADS = 256
 #: ``dtype`` codes of ``tunehub_cuda_gemm``: (input dtype, output dtype).
@@ -467,7 +470,7 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
     epilogue = stages[found[1] + 1:]
     if any(iv.iter_type != tirx.IterVar.DataPar for s in epilogue for iv in s.block.iter_vars):
         return None  # a reduction after the anchor (e.g. a mean): the task stays TIR
-    if device == "cpu":
+    if device == "cpu" and FUSE_EPILOGUE:
         return _fuse_epilogue(*found, stages, func)
     return found
 
@@ -647,7 +650,7 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     output = buffers[call.output]
     epilogue = [buffers[name] for name in (call.bias, call.residual) if name]
     args = [b.data for b in (*inputs, output)] + _extern_sizes(call, inputs, output)
-    if device == "cpu":
+    if device == "cpu" and FUSE_EPILOGUE:
         args += _epilogue_args(call, buffers, output)
     extern = s_tir.SBlock(
         [], [_region(b) for b in (*inputs, *epilogue)], [_region(output)], "tunehub_peer",
