@@ -458,6 +458,8 @@ class WeightCache {
 namespace packed {
 
 constexpr int64_t kNR = 32, kKC = 256, kMC = 96;  // panel width, k block, rows per block
+// Gemm's order: below this many bytes of weight, row blocks over the tasks (see Gemm).
+constexpr int64_t kSmallWeightBytes = 256 << 10;
 
 // rows [0, m) of A (lda) x one panel block bp (kc x kNR) into C (ldc), ``ncols`` <= kNR valid
 // columns; adds to C unless ``first``.
@@ -647,7 +649,8 @@ void Multiply(RowsFn rows, int64_t r0, int64_t r1, int64_t p0, int64_t p1, int64
 }
 
 // C[M, N] = A[M, K] x Bp on TVM's pool: blocks of kMC rows x one panel, panel-major, in
-// contiguous ranges per task (a task keeps its panels in cache across row blocks).
+// contiguous ranges per task (a task keeps its panels in cache across row blocks); with a small
+// weight and many rows, whole row blocks per task instead.
 void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
           const float* bp, float* c, int64_t ldc, const Epilogue& e) {
   const int64_t row_blocks = (m + kMC - 1) / kMC, blocks = row_blocks * Panels(n);
@@ -659,6 +662,15 @@ void Gemm(RowsFn rows, int64_t m, int64_t n, int64_t k, const float* a, int64_t 
   };
   if (m * n * k < (int64_t{1} << 16)) {  // too little work to share
     body(0, blocks);
+    return;
+  }
+  if (k * n * static_cast<int64_t>(sizeof(float)) <= kSmallWeightBytes && row_blocks >= 4) {
+    // A small weight (a 1x1 convolution of few input channels) stays in cache whatever the
+    // order: row blocks over the tasks, each against every panel, read A and write C once.
+    ParallelRows(row_blocks, 1, [&](int64_t b0, int64_t b1) {
+      Multiply(rows, b0 * kMC, std::min(m, b1 * kMC), 0, Panels(n), n, k, a, lda, bp, c, ldc,
+               e);
+    });
     return;
   }
   ParallelRows(blocks, 1, body);
@@ -1053,7 +1065,32 @@ TUNEHUB_INLINE void Taps(int64_t o, int64_t stride, int64_t pad, int64_t dilatio
   *k1 = hi;
 }
 
-// Output rows [r0, r1) (row r: image r / oh, output row r % oh).
+// out[ch, ch + L) = the accumulated channels [ch, ch + L) of one output pixel with the epilogue
+// applied; ``residual``: that pixel's row of the residual, or nullptr.
+template <int L>
+TUNEHUB_INLINE void Finish(float* out, const float* accumulated, const Epilogue& e,
+                           const float* residual, int64_t ch) {
+  typedef float V __attribute__((vector_size(4 * L)));
+  V acc;
+  std::memcpy(&acc, accumulated, sizeof acc);
+  if (e.bias != nullptr) {
+    V b;
+    std::memcpy(&b, e.bias + ch, sizeof b);
+    acc += b;
+  }
+  if (residual != nullptr) {
+    V q;
+    std::memcpy(&q, residual + ch, sizeof q);
+    acc += q;
+  }
+  const V lo = V{} + e.lo, hi = V{} + e.hi;
+  acc = acc < lo ? lo : acc;
+  acc = acc > hi ? hi : acc;
+  std::memcpy(out + ch, &acc, sizeof acc);
+}
+
+// Output rows [r0, r1) (row r: image r / oh, output row r % oh), the epilogue applied to the
+// accumulators before they are stored.
 template <int L>
 TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, float* y,
                            int64_t r0, int64_t r1, const Epilogue& e) {
@@ -1068,7 +1105,9 @@ TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, f
     for (int64_t ox = 0; ox < s.ow; ++ox) {
       int64_t kx0, kx1;
       Taps(ox, s.sw, s.pl, s.dw, s.kw, s.w, &kx0, &kx1);
-      float* out = y + (r * s.ow + ox) * c;
+      const int64_t pixel = r * s.ow + ox;
+      float* out = y + pixel * c;
+      const float* residual = e.residual ? e.residual + pixel * c : nullptr;
       // the input pixel of tap (ky, kx) and the weights of that tap
       auto in = [&](int64_t ky, int64_t kx) {
         return image + ((oy * s.sh - s.pt + ky * s.dh) * s.w + ox * s.sw - s.pl + kx * s.dw) * c;
@@ -1088,7 +1127,9 @@ TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, f
               acc[u] += xv * wv;
             }
           }
-        std::memcpy(out + c0, acc, sizeof acc);
+#pragma GCC unroll 4
+        for (int u = 0; u < U; ++u)
+          Finish<L>(out, reinterpret_cast<const float*>(&acc[u]), e, residual, c0 + u * L);
       }
       for (; c0 + L <= c; c0 += L) {
         V acc = {};
@@ -1099,15 +1140,16 @@ TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, f
             std::memcpy(&wv, taps(ky, kx) + c0, sizeof wv);
             acc += xv * wv;
           }
-        std::memcpy(out + c0, &acc, sizeof acc);
+        Finish<L>(out, reinterpret_cast<const float*>(&acc), e, residual, c0);
       }
       for (; c0 < c; ++c0) {
         float acc = 0.0f;
         for (int64_t ky = ky0; ky < ky1; ++ky)
           for (int64_t kx = kx0; kx < kx1; ++kx) acc += in(ky, kx)[c0] * taps(ky, kx)[c0];
-        out[c0] = acc;
+        if (e.bias) acc += e.bias[c0];
+        if (residual) acc += residual[c0];
+        out[c0] = std::min(std::max(acc, e.lo), e.hi);
       }
-      ApplyEpilogue(e, y, c, r * s.ow + ox, r * s.ow + ox + 1, 0, c);
     }
   }
 }

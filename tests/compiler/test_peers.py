@@ -147,22 +147,24 @@ def test_peer_matches_the_task(label, proto, kind):
     _check_peer(found[0][1], target)
 
 
-def epilogue_model(tail: str, kind: str = "conv") -> onnx.ModelProto:
-    """A 3x3 convolution (16 -> 16 channels, 10x10, + bias; ``kind="depthwise"``: groups 16)
-    or a GEMM (24x40 x 40x40, + bias) whose output ``a`` goes through ``tail``: ``residual relu6``
+def epilogue_model(tail: str, kind: str = "conv", channels: int = 16) -> onnx.ModelProto:
+    """A 3x3 convolution (``channels`` -> ``channels``, 10x10, + bias; ``kind="depthwise"``:
+    one group a channel) or a GEMM (24x40 x 40x40, + bias) whose output ``a`` goes through
+    ``tail``: ``residual relu6``
     (``+ x``, then Clip(0, 6)), ``sigmoid`` (a step the shim's epilogue does not have) or
     ``reuse`` (``relu(a) * a``: the bias-added buffer is read after the ReLU)."""
     gemm = kind == "gemm"
-    shape = [24, 40] if gemm else [1, 16, 10, 10]
+    shape = [24, 40] if gemm else [1, channels, 10, 10]
     if gemm:
         nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
                  helper.make_node("Add", ["m", "b"], ["a"])]
         weights = [_weight("w", (40, 40)), _weight("b", (40,))]
     else:
-        groups = 16 if kind == "depthwise" else 1
+        groups = channels if kind == "depthwise" else 1
         nodes = [helper.make_node("Conv", ["x", "w", "b"], ["a"], kernel_shape=[3, 3],
                                   pads=[1] * 4, group=groups)]
-        weights = [_weight("w", (16, 16 // groups, 3, 3)), _weight("b", (16,))]
+        weights = [_weight("w", (channels, channels // groups, 3, 3)),
+                   _weight("b", (channels,))]
     if tail == "residual relu6":
         nodes += [helper.make_node("Add", ["a", "x"], ["s"]),
                   helper.make_node("Clip", ["s", "lo", "hi"], ["y"])]
@@ -179,20 +181,21 @@ def epilogue_model(tail: str, kind: str = "conv") -> onnx.ModelProto:
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-@pytest.mark.parametrize(("kind", "tail", "epilogue"), [
-    ("conv", "residual relu6", ("bias", "residual", "max 0", "min 6")),
-    ("depthwise", "residual relu6", ("bias", "residual", "max 0", "min 6")),
-    ("gemm", "residual relu6", ("bias", "residual", "max 0", "min 6")),
-    ("conv", "sigmoid", ("bias",)),
-    ("gemm", "reuse", ("bias",)),
+@pytest.mark.parametrize(("kind", "tail", "channels", "epilogue"), [
+    ("conv", "residual relu6", 16, ("bias", "residual", "max 0", "min 6")),
+    ("depthwise", "residual relu6", 16, ("bias", "residual", "max 0", "min 6")),
+    ("depthwise", "residual relu6", 72, ("bias", "residual", "max 0", "min 6")),
+    ("gemm", "residual relu6", 16, ("bias", "residual", "max 0", "min 6")),
+    ("conv", "sigmoid", 16, ("bias",)),
+    ("gemm", "reuse", 16, ("bias",)),
 ])
-def test_the_call_does_the_epilogue_it_can(kind, tail, epilogue):
+def test_the_call_does_the_epilogue_it_can(kind, tail, channels, epilogue):
     """The peer call applies the task's bias, residual add and clamp as it stores its output
     (the shim's epilogue); a step it does not have (a sigmoid), or a buffer read again after
     the run (``relu(a) * a``), ends the run there and the rest stays TIR. Every variant agrees
     with the task's TIR."""
     target = cpu_target(2)
-    task = _conv_task(epilogue_model(tail, kind), target)
+    task = _conv_task(epilogue_model(tail, kind, channels), target)
     call = find_peer(task)
     assert call.epilogue == epilogue
     assert call.to_json()["epilogue"] == list(epilogue)
@@ -291,6 +294,7 @@ def test_cached_weights_are_transformed_again_when_they_change(proto, algorithm)
     ("rows past a block, columns past a panel", gemm_model(131, 300, 70)),
     ("few rows, many panels", gemm_model(5, 64, 200)),
     ("one row", gemm_model(1, 40, 200)),
+    ("many rows, a small weight (row blocks over the threads)", gemm_model(400, 24, 72)),
 ])
 def test_every_gemm_variant_matches_the_task(label, proto):
     """A GEMM against a weight runs on the packed-weight GEMM by default and has OpenBLAS as
@@ -312,7 +316,8 @@ import sys
 sys.path.insert(0, sys.argv[1])
 from tests.compiler import test_peers as t
 from compiler.target import cpu_target
-for proto in (t.gemm_model(131, 300, 70), t.gemm_model(5, 64, 200),
+for proto in (t.gemm_model(131, 300, 70), t.gemm_model(5, 64, 200), t.gemm_model(400, 24, 72),
+              t.epilogue_model("residual relu6", "depthwise", 72),
               t.conv_model(16, 40, 9, 3, 2, 1), t.conv_model(64, 72, 13, 3, 1, 1),
               t.conv_model(72, 72, 13, 3, 2, 1, groups=72)):
     task = t._conv_task(proto, cpu_target(2))
