@@ -174,8 +174,10 @@ TUNEHUB_SIMD_CLONES void ApplyEpilogue(const Epilogue& e, float* y, int64_t ld, 
   for (int64_t r = r0; r < r1; ++r) {
     float* row = y + r * ld;
     const float* res = e.residual ? e.residual + r * ld : nullptr;
+    // one loop per case, so that each vectorizes without tests inside
     if (e.bias && res) {
-      for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c] + e.bias[c] + res[c], lo), hi);
+      for (int64_t c = c0; c < c1; ++c)
+        row[c] = std::min(std::max(row[c] + e.bias[c] + res[c], lo), hi);
     } else if (e.bias) {
       for (int64_t c = c0; c < c1; ++c) row[c] = std::min(std::max(row[c] + e.bias[c], lo), hi);
     } else if (res) {
@@ -186,9 +188,6 @@ TUNEHUB_SIMD_CLONES void ApplyEpilogue(const Epilogue& e, float* y, int64_t ld, 
   }
 }
 
-}  // namespace
-
-namespace {
 // C[b, M, N] = A[b, M, K] x B on OpenBLAS (see tunehub_peer_gemm), the epilogue per block.
 void GemmOpenBlas(const float* a, const float* b, float* c, int64_t batch, int64_t m, int64_t n,
                   int64_t k, int32_t trans_b, int32_t b_batched, const Epilogue& e) {
@@ -973,7 +972,8 @@ void ConvWinograd(const ConvShape& s, const float* x, const float* w, float* y,
 }
 }  // namespace
 
-#define TUNEHUB_EPILOGUE_ARGS int32_t flags, const float *bias, const float *residual, float lo, float hi
+#define TUNEHUB_EPILOGUE_ARGS \
+  int32_t flags, const float *bias, const float *residual, float lo, float hi
 #define TUNEHUB_EPILOGUE Epilogue::Of(flags, bias, residual, lo, hi)
 
 extern "C" int tunehub_peer_conv2d_nhwc(const float* x, const float* w, float* y, int64_t n,

@@ -100,7 +100,11 @@ def test_rest_job_and_cli_run_share_the_engine(tuned_small_cnn, example_model, t
         storage = db.open_storage(url)
         try:
             stored = storage.list_remeasurements(job_id=job_id)
+            library = storage.list_library_records(job_id=job_id)
         finally:
             storage.close()
         assert stored, url
-        assert any(r.chosen for r in stored) and all(len(r.rounds_secs) == 2 for r in stored)
+        assert all(len(r.rounds_secs) == 2 for r in stored)
+        # every task's winner is stored: a chosen schedule, or its peer's or default's library
+        # record (the MLP's three GEMMs have peers, which can beat a few-trial search on all)
+        assert any(r.chosen for r in stored) or library, url
