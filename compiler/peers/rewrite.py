@@ -638,7 +638,7 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     found = _anchor(func, device)
     if found is None:
         raise ValueError("the task has no library peer")
-    chosen, anchor = found
+    chosen, last = found  # the last stage the call computes (its anchor, or epilogue blocks)
     if call is not None and call != chosen:
         if call not in peer_variants(_task(func)):
             raise ValueError(f"{call} is not a peer variant of the task")
@@ -657,8 +657,8 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
         tirx.Evaluate(tirx.call_extern("int32", call.function, *args)),
     )
     dropped = {str(stages[i].block.writes[0].source.name)
-               for i in range(anchor + 1)} - {call.output}
-    body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[anchor + 1:]]
+               for i in range(last + 1)} - {call.output}
+    body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[last + 1:]]
     new_root = s_tir.SBlock(
         root.iter_vars, root.reads, root.writes, root.name_hint,
         tirx.SeqStmt(body) if len(body) > 1 else body[0], root.init,
@@ -667,7 +667,7 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     )
     rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
     rewritten = rewritten.without_attr("layout_free_buffers")
-    return _schedule_epilogue(rewritten, len(stages) - anchor - 1, device)
+    return _schedule_epilogue(rewritten, len(stages) - last - 1, device)
 
 
 def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list[Any]:
