@@ -96,8 +96,8 @@ def peers_extra(keys: Collection[str], target: TargetSpec) -> dict[str, Any]:
     ``peers`` (:func:`peers_manifest`) and, when it used none because ``target`` has no peer
     library here, ``peers_skipped`` (why)."""
     out: dict[str, Any] = {"peers": peers_manifest(keys, target)}
-    if not keys and library_unavailable_reason(target):
-        out["peers_skipped"] = library_unavailable_reason(target)
+    if not keys and (reason := library_unavailable_reason(target)):
+        out["peers_skipped"] = reason
     return out
 
 

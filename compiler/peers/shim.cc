@@ -104,6 +104,27 @@ void SingleThreadedBlas() {
   }
 }
 
+// The widest vector ISA the shim's own kernels (the packed GEMM, the depthwise convolution) may
+// use here, chosen once per process from the CPU's features. TUNEHUB_PEERS_ISA caps it, so that
+// every path can be tested on one machine: "avx2" skips AVX-512; "none" allows none of them (the
+// packed GEMM then takes OpenBLAS, the depthwise kernel its baseline build).
+enum class Isa { kBaseline, kAvx2, kAvx512 };
+
+Isa PeersIsa() {
+  static const Isa isa = [] {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    const char* cap = std::getenv("TUNEHUB_PEERS_ISA");
+    const std::string wanted = cap ? cap : "";
+    if (wanted == "none") return Isa::kBaseline;
+    if (wanted != "avx2" && __builtin_cpu_supports("avx512f")) return Isa::kAvx512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Isa::kAvx2;
+#endif
+    return Isa::kBaseline;
+  }();
+  return isa;
+}
+
 // Run body(begin, end) over [0, total) in contiguous blocks of at least min_rows on TVM's pool.
 template <typename Body>
 void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
@@ -578,16 +599,16 @@ __attribute__((target("avx2,fma"))) void Rows256(int64_t m, int64_t kc, const fl
 #undef TUNEHUB_ROWS
 #undef TUNEHUB_ROWS2
 
-// TUNEHUB_PEERS_ISA (read once per process) caps the choice: "avx2" skips AVX-512, "none"
-// takes OpenBLAS (so that every path can be tested on one machine).
+// PeersIsa's micro-kernel; none (OpenBLAS) on the baseline.
 RowsFn ChooseRows() {
-  __builtin_cpu_init();
-  const char* cap = std::getenv("TUNEHUB_PEERS_ISA");
-  const std::string isa = cap ? cap : "";
-  if (isa == "none") return nullptr;
-  if (isa != "avx2" && __builtin_cpu_supports("avx512f")) return Rows512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Rows256;
-  return nullptr;
+  switch (PeersIsa()) {
+    case Isa::kAvx512:
+      return Rows512;
+    case Isa::kAvx2:
+      return Rows256;
+    default:
+      return nullptr;
+  }
 }
 #else
 RowsFn ChooseRows() { return nullptr; }
@@ -1142,14 +1163,14 @@ TUNEHUB_INLINE void RowsOf(const ConvShape& s, const float* x, const float* w, f
           }
         Finish<L>(out, reinterpret_cast<const float*>(&acc), e, residual, c0);
       }
+      const int64_t tail = c0;  // the channels past the last whole vector, in scalars
       for (; c0 < c; ++c0) {
         float acc = 0.0f;
         for (int64_t ky = ky0; ky < ky1; ++ky)
           for (int64_t kx = kx0; kx < kx1; ++kx) acc += in(ky, kx)[c0] * taps(ky, kx)[c0];
-        if (e.bias) acc += e.bias[c0];
-        if (residual) acc += residual[c0];
-        out[c0] = std::min(std::max(acc, e.lo), e.hi);
+        out[c0] = acc;
       }
+      if (tail < c) ApplyEpilogue(e, y, c, pixel, pixel + 1, tail, c);
     }
   }
 }
@@ -1172,14 +1193,16 @@ __attribute__((target("avx2,fma"))) void Rows256(const ConvShape& s, const float
   RowsOf<8>(s, x, w, y, r0, r1, e);
 }
 
+// PeersIsa's build of the kernel.
 RowsFn ChooseRows() {
-  __builtin_cpu_init();
-  const char* cap = std::getenv("TUNEHUB_PEERS_ISA");
-  const std::string isa = cap ? cap : "";
-  if (isa == "none") return RowsBaseline;
-  if (isa != "avx2" && __builtin_cpu_supports("avx512f")) return Rows512;
-  if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return Rows256;
-  return RowsBaseline;
+  switch (PeersIsa()) {
+    case Isa::kAvx512:
+      return Rows512;
+    case Isa::kAvx2:
+      return Rows256;
+    default:
+      return RowsBaseline;
+  }
 }
 #else
 RowsFn ChooseRows() { return RowsBaseline; }
