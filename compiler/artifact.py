@@ -27,7 +27,7 @@ from compiler.model_spec import LoadedModel
 from compiler.peers import library_for, library_unavailable_reason, peer_library
 from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
-from compiler.verify import VerificationResult, verify
+from compiler.verify import VerificationResult, bucket_padding, verify
 
 MANIFEST_VERSION = 1
 
@@ -133,8 +133,12 @@ def publish_artifact(
         verification = verify(model, library.run, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")
+        if model.buckets:  # measured: may inputs between buckets be padded?
+            library.padding = bucket_padding(model, library, device=target.device)
         extra_fields = extra(library) if callable(extra) else extra
         manifest = build_manifest(model, target, tasks, verification, extra_fields)
+        if library.padding is not None:
+            manifest["model"]["buckets"]["padding"] = library.padding.to_json()
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
         _move_into_place(staging, out_dir)
     except BaseException:

@@ -15,6 +15,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from compiler.buckets import (
     ShapeBuckets,
@@ -105,12 +106,17 @@ def _specializations(
 
 
 def _bucketed(models: list[tuple[tuple[tuple[str, int], ...], LoadedModel]],
-              spec: ShapeBuckets | None) -> LoadedModel:
-    """One model, or the largest specialization carrying every bucket (see ``LoadedModel``)."""
+              spec: ShapeBuckets | None, dims: Sequence[SymbolicDim],
+              dynamic_source: Any) -> LoadedModel:
+    """One model, or the largest specialization carrying every bucket, the bucketed symbols'
+    dimensions and the symbolic source (see ``LoadedModel``)."""
     if spec is None:
         return models[0][1]
     buckets = tuple(Bucket(function_name(values), values, model) for values, model in models)
-    return replace(models[-1][1], buckets=buckets, bucket_spec=spec)
+    bucketed = {symbol for symbol, _ in spec.values}
+    return replace(models[-1][1], buckets=buckets, bucket_spec=spec,
+                   symbolic_dims=tuple(d for d in dims if d.symbol in bucketed),
+                   dynamic_source=dynamic_source)
 
 
 def load_model(
@@ -165,7 +171,7 @@ def load_model(
         for values, bucket_shapes in plans:
             model, specs = specialize_onnx(proto, limits=limits, input_shapes=bucket_shapes)
             loaded.append((values, LoadedModel("onnx", sha256, len(data), specs, model, values)))
-        return _bucketed(loaded, spec)
+        return _bucketed(loaded, spec, dims, proto)
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
     program = _load_program(data, limits, display_name or "<upload>")
@@ -174,4 +180,4 @@ def load_model(
     for values, bucket_shapes in plans:
         specs, bindings = pt2_input_specs(program, bucket_shapes, limits)
         loaded.append((values, LoadedModel("pt2", sha256, len(data), specs, program, bindings)))
-    return _bucketed(loaded, spec)
+    return _bucketed(loaded, spec, dims, program)

@@ -5,7 +5,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from compiler.buckets import ShapeBuckets
+from compiler.buckets import ShapeBuckets, SymbolicDim
 
 ModelFormat = Literal["onnx", "pt2"]
 
@@ -70,6 +70,11 @@ class LoadedModel:
     #: per bucket (:mod:`compiler.buckets`); this model's ``inputs`` are its largest bucket's.
     buckets: tuple[Bucket, ...] = ()
     bucket_spec: ShapeBuckets | None = None
+    #: A bucketed model's symbolic dimensions, and its source with them still symbolic (the
+    #: ONNX model before specialization, the ``torch.export`` program): what the reference
+    #: framework runs at sizes between buckets (:mod:`compiler.padding`).
+    symbolic_dims: tuple[SymbolicDim, ...] = ()
+    dynamic_source: Any = field(default=None, repr=False)
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {

@@ -19,6 +19,7 @@ from tvm import relax
 
 from compiler.artifact_layout import MANIFEST_NAME
 from compiler.errors import ModelError
+from compiler.padding import PaddingRule, cut_outputs, fitting_bucket, pad_inputs
 
 
 @dataclass(frozen=True)
@@ -44,24 +45,32 @@ class LoadedLibrary:
 
     A bucketed library (:mod:`compiler.bucket_module`) has one VM function per shape bucket
     and no ``main``; ``buckets`` (``Bucket.to_json()`` entries: ``function`` and ``inputs``)
-    says which function takes which input shapes. Given none, the library's ``manifest.json``
-    (beside it) is read for them; a library without buckets runs ``main``. :meth:`run` and
-    :meth:`time` call the function whose bucket is exactly the inputs' shapes. Inputs of any
-    other shape raise ``ModelError("no_bucket")`` naming the buckets: padding to a larger
-    bucket is not correct in general (a sequence length reaches softmax denominators, norms
-    over the sequence, and every position of a non-causal model), so none is applied; nor is
-    there a dynamic-shape fallback: TVM 0.27's symbolic imports of the decoders fail (ONNX: its
-    ``Reshape`` converter gets a folded shape scalar; ``.pt2``: Relax cannot prove the mask's
-    slices equal in length, and legalization refuses the resulting tensor of unknown shape).
+    says which function takes which input shapes, and ``padding`` whether inputs between
+    buckets may be padded (:class:`compiler.padding.PaddingRule`, measured before the artifact
+    was published). Given neither, the library's ``manifest.json`` (beside it) is read for
+    them; a library without buckets runs ``main``. :meth:`run` and :meth:`time` call the
+    function whose bucket is exactly the inputs' shapes; else, where padding is allowed, the
+    smallest bucket that fits, on the inputs zero-padded, with the outputs cut back. Inputs
+    that fit no bucket (larger than the largest, or between buckets of a model that does not
+    allow padding) raise ``ModelError("no_bucket")`` naming the buckets. There is no
+    dynamic-shape fallback past the largest bucket: TVM 0.27's symbolic imports of the decoders
+    fail (ONNX: its ``Reshape`` converter gets a folded shape scalar; ``.pt2``: Relax cannot
+    prove the mask's slices equal in length, and legalization refuses the resulting tensor of
+    unknown shape).
     """
 
     def __init__(
-        self, path: Path, device: str = "cpu", buckets: Sequence[Mapping[str, Any]] | None = None
+        self, path: Path, device: str = "cpu", buckets: Sequence[Mapping[str, Any]] | None = None,
+        padding: PaddingRule | None = None,
     ) -> None:
         self.device = tvm.device(device, 0)
         self.module = tvm.runtime.load_module(str(path))
         self.vm = relax.VirtualMachine(self.module, self.device)
-        self.buckets = _dispatch_table(buckets if buckets is not None else _manifest_buckets(path))
+        stored = _manifest_buckets(path)
+        self.buckets = _dispatch_table(
+            buckets if buckets is not None else stored.get("functions", []))
+        self.padding = padding if padding is not None else PaddingRule.from_json(
+            stored.get("padding"))
 
     @classmethod
     def from_executable(
@@ -73,36 +82,63 @@ class LoadedLibrary:
         self.module = executable
         self.vm = relax.VirtualMachine(executable, self.device)
         self.buckets = _dispatch_table(buckets or ())
+        self.padding = None
         return self
 
     def function_for(self, inputs: Sequence[np.ndarray]) -> str:
-        """The VM function that runs ``inputs``: ``main``, or the bucket of their exact shapes
-        (``ModelError("no_bucket")`` when none is)."""
+        """The VM function that runs ``inputs``: ``main``, the bucket of their exact shapes, or
+        the bucket they are padded to (``ModelError("no_bucket")`` when none fits)."""
+        return self._dispatch(inputs)[0]
+
+    def _dispatch(self, inputs: Sequence[np.ndarray]
+                  ) -> tuple[str, tuple[tuple[int, ...], ...] | None]:
+        """The function for ``inputs`` and, when they must be padded, the shapes to pad to."""
         if not self.buckets:
-            return "main"
+            return "main", None
         shapes = tuple(tuple(int(d) for d in np.shape(array)) for array in inputs)
         function = self.buckets.get(shapes)
-        if function is None:
-            known = "; ".join(
-                f"{name} takes {' '.join('x'.join(map(str, s)) for s in key)}"
-                for key, name in self.buckets.items()
-            )
-            given = " ".join("x".join(map(str, s)) for s in shapes)
-            raise ModelError(
-                "no_bucket",
-                f"inputs of shape {given} match no shape bucket of this library ({known}); "
-                "inputs are not padded to a larger bucket (not correct in general): compile "
-                "the model with a bucket of this size (--buckets)",
-            )
-        return function
+        if function is not None:
+            return function, None
+        fit = fitting_bucket(shapes, self.buckets, self.padding) if (
+            self.padding is not None and self.padding.allowed) else None
+        if fit is not None:
+            return fit
+        known = "; ".join(
+            f"{name} takes {' '.join('x'.join(map(str, s)) for s in key)}"
+            for key, name in self.buckets.items()
+        )
+        given = " ".join("x".join(map(str, s)) for s in shapes)
+        if self.padding is not None and self.padding.allowed:
+            why = ("they are larger than every bucket on a symbolic axis, or differ from the "
+                   "buckets on another axis")
+        elif self.padding is not None and self.padding.reason:
+            why = ("inputs are not padded to a larger bucket for this model: padding was "
+                   f"checked when it was compiled and refused ({self.padding.reason})")
+        else:
+            why = "inputs are not padded to a larger bucket (not checked for this library)"
+        raise ModelError(
+            "no_bucket",
+            f"inputs of shape {given} match no shape bucket of this library ({known}); {why}; "
+            "compile the model with a bucket of this size (--buckets)",
+        )
+
+    def run_function(self, function: str, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+        """Run VM function ``function`` on ``inputs`` as they are (no dispatch, no padding)."""
+        return _flatten(self.vm[function](*self._to_device(list(inputs))))
 
     def _to_device(self, inputs: list[np.ndarray]) -> list[Any]:
         return [tvm.runtime.tensor(array, self.device) for array in inputs]
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
-        """Run ``main`` (or the inputs' bucket) once; outputs as a flat list of numpy arrays."""
-        result = self.vm[self.function_for(inputs)](*self._to_device(inputs))
-        return _flatten(result)
+        """Run ``main`` (or the inputs' bucket, padded to it where allowed) once; outputs as a
+        flat list of numpy arrays (cut back to the inputs' sizes when they were padded)."""
+        function, padded = self._dispatch(inputs)
+        if padded is None:
+            return self.run_function(function, inputs)
+        assert self.padding is not None
+        outputs = self.run_function(function, pad_inputs(inputs, padded))
+        values = self.padding.values_of([np.shape(a) for a in inputs])
+        return cut_outputs(outputs, self.padding.cuts, values)
 
     def time(
         self,
@@ -118,8 +154,8 @@ class LoadedLibrary:
         A slow library (an untuned build runs naive loops: seconds per call) gets fewer repeats,
         at least 3, so that timing stays near ``max_total_secs``.
         """
-        function = self.function_for(inputs)
-        args = self._to_device(inputs)
+        function, padded = self._dispatch(inputs)
+        args = self._to_device(inputs if padded is None else pad_inputs(inputs, padded))
         self.vm.set_input(function, *args)
         start = time.perf_counter()
         self.vm.invoke_stateful(function)
@@ -133,15 +169,16 @@ class LoadedLibrary:
         return Timing(float(np.median(results)), float(results.min()), float(results.max()), repeat)
 
 
-def _manifest_buckets(path: Path) -> list[Mapping[str, Any]]:
-    """The bucket table of the artifact ``path`` belongs to (its ``manifest.json``), if any."""
+def _manifest_buckets(path: Path) -> dict[str, Any]:
+    """The ``model.buckets`` of the artifact ``path`` belongs to (its ``manifest.json``): the
+    bucket table (``functions``) and the padding rule (``padding``); ``{}`` if none."""
     manifest = Path(path).parent / MANIFEST_NAME
     try:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError):
-        return []
+        return {}
     buckets = data.get("model", {}).get("buckets", {}) if isinstance(data, dict) else {}
-    return list(buckets.get("functions", [])) if isinstance(buckets, dict) else []
+    return buckets if isinstance(buckets, dict) else {}
 
 
 def _dispatch_table(

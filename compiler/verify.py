@@ -17,6 +17,7 @@ import numpy as np
 
 from compiler.errors import VerificationError
 from compiler.model_spec import LoadedModel, TensorSpec
+from compiler.padding import PaddingRule, check_padding
 
 
 @dataclass(frozen=True)
@@ -239,6 +240,23 @@ def _verify_buckets(model: LoadedModel, run: Any, seed: int, device: str) -> Ver
     )
     outputs = tuple(check for _, result in results for check in result.outputs)
     return VerificationResult(not failed, reference, max_abs, outputs, message, results)
+
+
+def bucket_padding(model: LoadedModel, library: Any, seed: int = 0,
+                   device: str = "cpu") -> PaddingRule:
+    """Whether the bucketed ``model``'s ``library`` (a :class:`compiler.runner.LoadedLibrary`)
+    may pad inputs between buckets: :func:`compiler.padding.check_padding` with this module's
+    seeded inputs, reference framework and tolerances."""
+
+    def close(actual: list[np.ndarray], expected: list[np.ndarray]) -> tuple[bool, float]:
+        result = compare(actual, expected, reference_name(model, device))
+        return result.passed, result.max_abs_error
+
+    return check_padding(
+        model, library.run_function,
+        lambda probe, inputs: reference_outputs(probe, inputs, device),
+        close, lambda probe: random_inputs(probe.inputs, seed),
+    )
 
 
 def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None = None) -> float:

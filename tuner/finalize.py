@@ -363,7 +363,7 @@ def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
     from compiler.buckets import bucket_values  # noqa: PLC0415
     from compiler.loader import load_model  # noqa: PLC0415
     from compiler.runner import LoadedLibrary  # noqa: PLC0415
-    from compiler.verify import verify  # noqa: PLC0415
+    from compiler.verify import bucket_padding, verify  # noqa: PLC0415
 
     model_path, library, target_json = sys.argv[1], sys.argv[2], sys.argv[3]
     buckets = bucket_values(sys.argv[4] if len(sys.argv) > 4 else None)
@@ -379,4 +379,10 @@ def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
     if not result.passed:
         print(f"the library {result.message}")
         sys.exit(1)
+    if loaded.padding is not None and loaded.padding.allowed:  # the worker's word is not enough
+        rule = bucket_padding(model, loaded, device=device)
+        if not rule.allowed:
+            print(f"the manifest allows padding between buckets, which the server's check "
+                  f"refuses: {rule.reason}")
+            sys.exit(1)
     print("verified")

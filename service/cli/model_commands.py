@@ -155,10 +155,17 @@ def run_compile(args: argparse.Namespace) -> int:
         "peers": manifest.get("peers"),
         "verification": manifest["verification"],
     }
+    padding = (manifest["model"].get("buckets") or {}).get("padding")
+    if padding is not None:
+        summary["padding"] = padding
     if args.json:
         print_json(summary)
     else:
         print(f"wrote {args.output / 'model.so'} ({manifest['verification']['message']})")
+        if padding is not None:
+            print("inputs between buckets: " + (
+                "padded to the next bucket (checked: " + "; ".join(padding["probes"]) + ")"
+                if padding["allowed"] else f"not padded ({padding['reason']})"))
     return 0
 
 

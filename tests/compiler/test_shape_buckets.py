@@ -5,7 +5,10 @@ A decoder exported with a symbolic sequence length (``examples.decoders.export_d
 buckets, one static specialization each, merged into one Relax module (a function per bucket)
 whose tasks are the union of the buckets' tasks by key; it builds into one ``model.so`` that is
 verified at every bucket and, loaded from disk, dispatches on the input's length: the outputs
-match torch / ONNX Runtime at each bucket, and a length of no bucket is a clear error.
+match torch / ONNX Runtime at each bucket. A length between buckets runs padded to the next
+bucket where the probes before publishing found padding exact (the causal decoder; an
+elementwise model), and is a clear error where they did not (a softmax over the sequence) or
+past the largest bucket.
 """
 from __future__ import annotations
 
@@ -35,7 +38,8 @@ from examples.decoders import SEQ_SYMBOL, export_dynamic, get_decoder
 
 TARGET = cpu_target(2)
 BUCKETS = (16, 32)
-OFF_BUCKET = 24
+BETWEEN = 24  # pads to 32
+PAST = 40  # past the largest bucket
 
 
 @pytest.fixture(scope="module")
@@ -120,13 +124,79 @@ def test_bucketed_decoder_dispatches_to_each_bucket(dynamic_decoder, fmt, tmp_pa
         result = compare(library.run([ids]), reference_outputs(bucket.model, [ids]), fmt)
         assert result.passed, result.message
         assert library.run([ids])[0].shape == (1, length, spec.vocab_size)
+    # The causal decoder allows padding: measured before publishing (a probe per bucket).
+    padding = listed["padding"]
+    assert padding["allowed"], padding
+    assert len(padding["probes"]) == len(BUCKETS) and padding["cuts"] == [
+        [0, 1, _symbol(prepared)]]  # the logits' sequence axis is cut back
+    ids = spec.make_input_ids(BETWEEN, seed=3).numpy()
+    assert library.function_for([ids]) == functions[-1]
+    result = compare(library.run([ids]), reference_outputs(_at_length(model, ids), [ids]), fmt)
+    assert result.passed, result.message
+    assert library.run([ids])[0].shape == (1, BETWEEN, spec.vocab_size)
     with pytest.raises(ModelError) as info:
-        library.run([spec.make_input_ids(OFF_BUCKET).numpy()])
+        library.run([spec.make_input_ids(PAST).numpy()])
     assert info.value.code == "no_bucket"
-    assert "1x24" in info.value.message and all(f in info.value.message for f in functions)
-    assert "not padded" in info.value.message
+    assert "1x40" in info.value.message and all(f in info.value.message for f in functions)
+    assert "larger than every bucket" in info.value.message
     timing = library.time([spec.make_input_ids(BUCKETS[0]).numpy()], repeat=3, min_repeat_ms=1)
     assert timing.median_secs > 0
+
+
+def _at_length(model, ids):
+    """``model``'s largest bucket at the length of ``ids``, over the symbolic source (what the
+    reference framework runs between buckets)."""
+    from dataclasses import replace
+
+    spec = replace(model.inputs[0], shape=tuple(ids.shape))
+    return replace(model.buckets[-1].model, inputs=(spec,), source=model.dynamic_source)
+
+
+def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
+    """A softmax over the symbolic axis reads every position: the probe padded to the bucket
+    differs from ONNX Runtime at the unpadded length, so the manifest refuses padding with
+    the probe's result, and an input between buckets is a ``no_bucket`` error saying why."""
+    from onnx import helper
+
+    from tests.onnx_factory import float_input, make_model
+
+    model = make_model(
+        [helper.make_node("Softmax", ["x"], ["y"], axis=1)],
+        [float_input("x", [1, "n"])], [float_input("y", [1, "n"])],
+    )
+    prepared = prepare_model(model.SerializeToString(), TARGET, buckets={"n": [8, 16]})
+    tasks = [(t.key, e.dispatched[0])
+             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    executable, _ = build_zero_trial(prepared.mod, TARGET, tasks)
+    manifest = publish_artifact(executable, prepared.model, TARGET, tmp_path / "out", tasks=[])
+    assert manifest["verification"]["passed"]  # exact buckets still match
+    padding = manifest["model"]["buckets"]["padding"]
+    assert not padding["allowed"] and "differ from the reference" in padding["reason"]
+    assert padding["reason"].startswith("n=4 padded to main_n_8")
+    library = LoadedLibrary(tmp_path / "out" / "model.so")
+    x = np.random.default_rng(0).standard_normal((1, 12)).astype("float32")
+    with pytest.raises(ModelError) as info:
+        library.run([x])
+    assert info.value.code == "no_bucket" and "refused" in info.value.message
+    exact = np.random.default_rng(1).standard_normal((1, 8)).astype("float32")
+    want = np.exp(exact) / np.exp(exact).sum()
+    np.testing.assert_allclose(library.run([exact])[0], want, rtol=1e-5)
+
+    # A worker's manifest that claims padding anyway is refused by the server's own check.
+    from db import ConflictError
+    from tuner.finalize import check_artifact_in_child
+
+    source = tmp_path / "softmax.onnx"
+    source.write_bytes(model.SerializeToString())
+    buckets_json = json.dumps(prepared.model.bucket_spec.to_json())
+    assert check_artifact_in_child(source, tmp_path / "out" / "model.so", TARGET.target_json,
+                                   buckets_json=buckets_json)
+    forged = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    forged["model"]["buckets"]["padding"].update(allowed=True, symbols=["n"], cuts=[[0, 1, "n"]])
+    (tmp_path / "out" / "manifest.json").write_text(json.dumps(forged))
+    with pytest.raises(ConflictError, match="allows padding between buckets"):
+        check_artifact_in_child(source, tmp_path / "out" / "model.so", TARGET.target_json,
+                                buckets_json=buckets_json)
 
 
 def test_bucket_tasks_are_the_union_of_the_static_specializations(dynamic_decoder) -> None:
@@ -212,3 +282,10 @@ def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
     np.testing.assert_allclose(library.run([x, y])[0], np.maximum(x + y, 0), rtol=1e-6)
     with pytest.raises(ModelError, match="no shape bucket"):
         library.run([x, y[:1]])  # the inputs disagree: no bucket takes 2x8 with 1x8
+    # Elementwise: n pads (probed at 4); batch has no value between its buckets, so it
+    # is never padded: a 2x5 input runs on main_batch_2_n_8, cut back to 2x5.
+    rule = manifest["model"]["buckets"]["padding"]
+    assert rule["allowed"] and rule["symbols"] == ["n"], rule
+    assert library.function_for([x[:, :5], y[:, :5]]) == "main_batch_2_n_8"
+    np.testing.assert_allclose(library.run([x[:, :5], y[:, :5]])[0],
+                               np.maximum(x[:, :5] + y[:, :5], 0), rtol=1e-6)

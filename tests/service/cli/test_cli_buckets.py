@@ -57,6 +57,11 @@ def test_compile_and_tune_with_buckets(dynamic_gpt2, tmp_path, monkeypatch) -> N
     ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["buckets"]["symbols"] == {"seq": [16, 32]}
+    # GPT-2 is causal: the probes found padding exact, and the summary says so.
+    assert summary["padding"]["allowed"] and summary["padding"] == manifest["model"][
+        "buckets"]["padding"]
+    assert [p.split(":")[0] for p in summary["padding"]["probes"]] == [
+        "seq=8 padded to main_seq_16", "seq=24 padded to main_seq_32"]
 
     monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TUNEHUB_REMEASURE_TOP", "1")
