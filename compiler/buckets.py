@@ -14,6 +14,12 @@ This module is plain Python (no TVM, no torch): the symbols a model declares
 their functions (:func:`function_name`). Every bad spec is a
 :class:`~compiler.errors.ModelError` with code ``bad_buckets`` and a message for the user.
 
+Buckets may also be derived from a **histogram** of expected sizes (``seq~12:40,37:5,100:3``:
+size 12 seen 40 times, ...; :class:`SizeHistogram`): the buckets that minimize the expected
+padded size (:func:`histogram_buckets`), each with the share of inputs it serves, which weighs
+its tasks' tuning budget (:mod:`compiler.partition`). Sizes between buckets run padded only
+where padding was measured exact (:mod:`compiler.padding`).
+
 Symbols are named by the model: the ONNX ``dim_param`` (an unnamed dynamic dimension is
 ``INPUT.AXIS``), or the symbol ``torch.export`` recorded (``s0``, ``s70``: the ``Dim``'s own
 name is not saved in a ``.pt2``). A bucket option may name a symbol either way: ``seq=16,64``
@@ -43,7 +49,80 @@ MAX_SPECIALIZATIONS = 16
 #: Largest value a bucket may take (inputs are bounded by ``ModelLimits`` as well).
 MAX_BUCKET_VALUE = 1 << 20
 
+#: Buckets a histogram is divided into unless it says otherwise (``.../K``).
+DEFAULT_HISTOGRAM_BUCKETS = 4
+#: At most this many distinct sizes in a histogram.
+MAX_HISTOGRAM_SIZES = 4096
+
 _NAME = re.compile(r"[^A-Za-z0-9_]")
+
+
+@dataclass(frozen=True)
+class SizeHistogram:
+    """How often each size of a symbol is expected (``counts``: sorted ``(size, count)``), and
+    how many buckets to derive from it (at most ``max_buckets``)."""
+
+    counts: tuple[tuple[int, float], ...]
+    max_buckets: int = DEFAULT_HISTOGRAM_BUCKETS
+
+    def describe(self) -> str:
+        """The canonical text form, ``12:40,37:5/4``."""
+        return ",".join(f"{v}:{c:g}" for v, c in self.counts) + f"/{self.max_buckets}"
+
+
+def histogram_buckets(
+    histogram: SizeHistogram, minimum: int, maximum: int
+) -> tuple[tuple[int, ...], tuple[float, ...]]:
+    """The buckets (at most ``histogram.max_buckets``) that minimize the expected padded size of
+    the histogram's sizes, and the share of the histogram each serves (summing to 1).
+
+    A bucket is a size the histogram needs rounded up to a multiple of 8 (of 1 when the largest
+    size is under 64), within ``minimum..maximum``; the largest bucket covers the largest size.
+    Solved exactly by dynamic programming over those candidates. Raises
+    ``ModelError("bad_buckets")`` for a size outside ``minimum..maximum``.
+    """
+    sizes = [v for v, _ in histogram.counts]
+    outside = [v for v in sizes if v < minimum or v > maximum]
+    if outside:
+        raise ModelError(
+            "bad_buckets",
+            f"histogram sizes {outside[:5]} are outside the range the model accepts "
+            f"({minimum}..{maximum})",
+        )
+    granule = 8 if sizes[-1] >= 64 else 1
+    candidates = sorted({min(maximum, -(-v // granule) * granule) for v in sizes})
+    weight = [0.0] * len(candidates)  # the count each candidate would serve on its own
+    for size, count in histogram.counts:
+        weight[next(i for i, c in enumerate(candidates) if c >= size)] += count
+    # best[t][j]: least cost of serving every size <= candidates[j] with t + 1 buckets, the
+    # largest at candidates[j]; a bucket at c_j serves the sizes above the previous bucket.
+    m, k = len(candidates), max(1, min(histogram.max_buckets, len(candidates)))
+    prefix = [0.0]
+    for w in weight:
+        prefix.append(prefix[-1] + w)
+    inf = float("inf")
+    best = [[inf] * m for _ in range(k)]
+    back = [[-1] * m for _ in range(k)]
+    for j in range(m):
+        best[0][j] = candidates[j] * prefix[j + 1]
+    for t in range(1, k):
+        for j in range(m):
+            for i in range(j):
+                cost = best[t - 1][i] + candidates[j] * (prefix[j + 1] - prefix[i + 1])
+                if cost < best[t][j]:
+                    best[t][j], back[t][j] = cost, i
+    t = min(range(k), key=lambda t: (best[t][m - 1], t))
+    chosen, j = [], m - 1
+    while j >= 0 and t >= 0:
+        chosen.append(j)
+        j, t = back[t][j], t - 1
+    chosen.reverse()
+    total = prefix[-1]
+    shares, below = [], -1
+    for j in chosen:
+        shares.append((prefix[j + 1] - prefix[below + 1]) / total)
+        below = j
+    return tuple(candidates[j] for j in chosen), tuple(shares)
 
 
 @dataclass(frozen=True)
@@ -70,6 +149,10 @@ class ShapeBuckets:
 
     values: tuple[tuple[str, tuple[int, ...]], ...]
     defaulted: tuple[str, ...] = ()
+    #: Symbols whose buckets a histogram gave: each bucket's share of the expected inputs, and
+    #: the histogram (:meth:`SizeHistogram.describe`).
+    shares: tuple[tuple[str, tuple[float, ...]], ...] = ()
+    histograms: tuple[tuple[str, str], ...] = ()
 
     def specializations(self) -> list[tuple[tuple[str, int], ...]]:
         """Every combination of one value per symbol, smallest first."""
@@ -77,9 +160,19 @@ class ShapeBuckets:
         combos = itertools.product(*(values for _, values in self.values))
         return [tuple(zip(symbols, combo)) for combo in combos]
 
+    def specialization_shares(self) -> list[float]:
+        """The expected share of inputs each of :meth:`specializations` serves: the product of
+        its values' shares, a symbol without a histogram sharing equally among its values."""
+        given = dict(self.shares)
+        per_symbol = [given.get(s, tuple(1 / len(v) for _ in v)) for s, v in self.values]
+        return [math.prod(combo) for combo in itertools.product(*per_symbol)]
+
     def describe(self) -> str:
         parts = [f"{s}={','.join(map(str, v))}" for s, v in self.values]
         text = " ".join(parts)
+        for symbol, shares in self.shares:
+            text += (f" ({symbol} from a histogram; shares of the expected inputs "
+                     + ", ".join(f"{share:.0%}" for share in shares) + ")")
         if self.defaulted:
             text += (
                 f" (default for {', '.join(self.defaulted)}: powers of two from {DEFAULT_MIN} "
@@ -88,15 +181,26 @@ class ShapeBuckets:
         return text
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "symbols": {symbol: list(values) for symbol, values in self.values},
             "defaulted": list(self.defaulted),
             "description": self.describe(),
         }
+        if self.shares:
+            data["shares"] = {symbol: list(shares) for symbol, shares in self.shares}
+            data["histograms"] = dict(self.histograms)
+        return data
 
 
-def parse_bucket_option(text: str) -> tuple[str, tuple[int, ...]]:
-    """Parse one ``NAME=V1,V2,...`` (``--buckets``); ``ModelError("bad_buckets")`` if bad."""
+#: What a bucket option gives a symbol: its bucket values, or a histogram to derive them from.
+BucketSpec = tuple[int, ...] | SizeHistogram
+
+
+def parse_bucket_option(text: str) -> tuple[str, BucketSpec]:
+    """Parse one ``NAME=V1,V2,...`` or histogram ``NAME~SIZE:COUNT,...[/BUCKETS]``
+    (``--buckets``); ``ModelError("bad_buckets")`` if bad."""
+    if "~" in text.partition("=")[0]:
+        return _parse_histogram_option(text)
     name, sep, values = text.strip().partition("=")
     name = name.strip()
     try:
@@ -107,7 +211,7 @@ def parse_bucket_option(text: str) -> tuple[str, tuple[int, ...]]:
         raise ModelError(
             "bad_buckets",
             f"invalid buckets {text!r}: expected NAME=V1,V2,... with integer values "
-            "(e.g. seq=16,64,128)",
+            "(e.g. seq=16,64,128) or a histogram NAME~SIZE:COUNT,... (e.g. seq~12:40,100:3)",
         ) from None
     bad = [v for v in parsed if not 1 <= v <= MAX_BUCKET_VALUE]
     if bad:
@@ -118,10 +222,46 @@ def parse_bucket_option(text: str) -> tuple[str, tuple[int, ...]]:
     return name, parsed
 
 
-def parse_bucket_field(text: str) -> dict[str, tuple[int, ...]]:
-    """Parse the REST form field: one or more ``NAME=V1,V2`` separated by ``;`` or spaces
-    (empty: no buckets). A symbol named twice is an error."""
-    specs: dict[str, tuple[int, ...]] = {}
+def _parse_histogram_option(text: str) -> tuple[str, SizeHistogram]:
+    name, _, body = text.strip().partition("~")
+    body, _, count_text = body.partition("/")
+    name = name.strip()
+    try:
+        if not name or not body.strip():
+            raise ValueError
+        counts: dict[int, float] = {}
+        for item in body.split(","):
+            size, sep, count = item.partition(":")
+            counts[int(size)] = counts.get(int(size), 0.0) + (float(count) if sep else 1.0)
+        max_buckets = int(count_text) if count_text.strip() else DEFAULT_HISTOGRAM_BUCKETS
+    except ValueError:
+        raise ModelError(
+            "bad_buckets",
+            f"invalid histogram {text!r}: expected NAME~SIZE:COUNT,...[/BUCKETS] with integer "
+            "sizes and counts (e.g. seq~12:40,37:5,100:3/3)",
+        ) from None
+    if not all(1 <= v <= MAX_BUCKET_VALUE for v in counts) or not all(
+        math.isfinite(c) and c >= 0 for c in counts.values()
+    ) or not sum(counts.values()) > 0:
+        raise ModelError(
+            "bad_buckets",
+            f"invalid histogram {text!r}: sizes must be between 1 and {MAX_BUCKET_VALUE}, "
+            "counts non-negative and not all zero",
+        )
+    if len(counts) > MAX_HISTOGRAM_SIZES or not 1 <= max_buckets <= MAX_SPECIALIZATIONS:
+        raise ModelError(
+            "bad_buckets",
+            f"invalid histogram {text!r}: at most {MAX_HISTOGRAM_SIZES} distinct sizes and "
+            f"1..{MAX_SPECIALIZATIONS} buckets",
+        )
+    kept = tuple(sorted((v, c) for v, c in counts.items() if c > 0))
+    return name, SizeHistogram(kept, max_buckets)
+
+
+def parse_bucket_field(text: str) -> dict[str, BucketSpec]:
+    """Parse the REST form field: one or more ``NAME=V1,V2`` or ``NAME~SIZE:COUNT,...``
+    separated by ``;`` or spaces (empty: no buckets). A symbol named twice is an error."""
+    specs: dict[str, BucketSpec] = {}
     for item in re.split(r"[;\s]+", text.strip()):
         if not item:
             continue
@@ -132,19 +272,26 @@ def parse_bucket_field(text: str) -> dict[str, tuple[int, ...]]:
     return specs
 
 
-def merge_bucket_options(items: Sequence[str]) -> dict[str, tuple[int, ...]]:
+def merge_bucket_options(items: Sequence[str]) -> dict[str, BucketSpec]:
     """The ``--buckets`` options of a command line as one mapping (a name given twice is an
     error)."""
     return parse_bucket_field(";".join(items))
 
 
-def bucket_values(buckets_json: str | None) -> dict[str, tuple[int, ...]]:
+def bucket_values(buckets_json: str | None) -> dict[str, BucketSpec]:
     """The ``buckets`` argument of ``load_model`` that reproduces stored buckets
-    (``ShapeBuckets.to_json()`` as JSON, e.g. a model row's; ``None``: none)."""
+    (``ShapeBuckets.to_json()`` as JSON, e.g. a model row's; ``None``: none): a symbol's
+    histogram where one gave its buckets (so its shares come back too), else its values."""
     if not buckets_json:
         return {}
-    symbols = json.loads(buckets_json).get("symbols", {})
-    return {str(name): tuple(int(v) for v in values) for name, values in symbols.items()}
+    data = json.loads(buckets_json)
+    out: dict[str, BucketSpec] = {
+        str(name): tuple(int(v) for v in values)
+        for name, values in data.get("symbols", {}).items()
+    }
+    for name, text in (data.get("histograms") or {}).items():
+        out[str(name)] = _parse_histogram_option(f"{name}~{text}")[1]
+    return out
 
 
 def default_values(dim: SymbolicDim) -> tuple[int, ...]:
@@ -163,12 +310,14 @@ def default_values(dim: SymbolicDim) -> tuple[int, ...]:
 
 def resolve_buckets(
     dims: Sequence[SymbolicDim],
-    given: Mapping[str, Sequence[int]],
+    given: Mapping[str, Sequence[int] | SizeHistogram],
     pinned: Mapping[str, int] | None = None,
 ) -> ShapeBuckets | None:
     """The buckets of a model with symbolic dimensions ``dims``.
 
-    ``given``: the user's buckets by symbol (or ``INPUT.AXIS`` alias); ``pinned``: symbols
+    ``given``: the user's buckets by symbol (or ``INPUT.AXIS`` alias), values or a histogram
+    to derive them from (:func:`histogram_buckets`, within the symbol's range and
+    :data:`MAX_BUCKET_VALUE`); ``pinned``: symbols
     already bound by ``--input-shape`` (they win: such a symbol has no buckets). A symbol given
     no buckets gets :func:`default_values`. Returns ``None`` when no symbol is left. Raises
     ``ModelError("bad_buckets")`` for a name the model does not declare, a value outside the
@@ -182,6 +331,8 @@ def resolve_buckets(
         by_name.setdefault(dim.alias, dim)
         symbols.setdefault(dim.symbol, []).append(dim)
     chosen: dict[str, tuple[int, ...]] = {}
+    shares: dict[str, tuple[float, ...]] = {}
+    histograms: dict[str, str] = {}
     for name, values in given.items():
         dim = by_name.get(name)
         if dim is None:
@@ -198,6 +349,12 @@ def resolve_buckets(
         low = max(d.minimum for d in symbols[dim.symbol])
         highs = [d.maximum for d in symbols[dim.symbol] if d.maximum is not None]
         high = min(highs) if highs else None
+        if isinstance(values, SizeHistogram):
+            derived, shares[dim.symbol] = histogram_buckets(
+                values, low, MAX_BUCKET_VALUE if high is None else high)
+            histograms[dim.symbol] = values.describe()
+            chosen[dim.symbol] = derived
+            continue
         outside = [v for v in values if v < low or (high is not None and v > high)]
         if outside:
             bound = f"{low}..{high}" if high is not None else f">= {low}"
@@ -228,7 +385,11 @@ def resolve_buckets(
             f"{MAX_SPECIALIZATIONS}; give fewer values (--buckets NAME=V1,V2,...)",
         )
     order = [s for s in symbols if s in chosen]
-    return ShapeBuckets(tuple((s, chosen[s]) for s in order), tuple(defaulted))
+    return ShapeBuckets(
+        tuple((s, chosen[s]) for s in order), tuple(defaulted),
+        tuple((s, shares[s]) for s in order if s in shares),
+        tuple((s, histograms[s]) for s in order if s in histograms),
+    )
 
 
 def bucket_input_shapes(

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from compiler.buckets import (
+    BucketSpec,
     ShapeBuckets,
     SymbolicDim,
     bucket_input_shapes,
@@ -89,7 +90,7 @@ def _specializations(
     dims: Sequence[SymbolicDim],
     declared: Mapping[str, Sequence[int | None]],
     input_shapes: Mapping[str, Sequence[int]],
-    buckets: Mapping[str, Sequence[int]],
+    buckets: Mapping[str, BucketSpec],
 ) -> tuple[ShapeBuckets | None, list[tuple[tuple[tuple[str, int], ...], dict]]]:
     """The buckets (``None``: every symbol pinned or none declared) and, per specialization,
     its symbol values and the full ``input_shapes`` to load it with."""
@@ -124,7 +125,7 @@ def load_model(
     *,
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    buckets: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, BucketSpec] | None = None,
     expected_format: ModelFormat | None = None,
     allow_external_data: bool = True,
     display_name: str | None = None,

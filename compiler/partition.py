@@ -8,10 +8,12 @@ compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import tvm
+from tvm import relax
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
@@ -30,7 +32,9 @@ _INDEXING_OPS = ("take", "gather", "embedding", "index")
 class TaskInfo:
     """One tuning task: a distinct fused subgraph of the model.
 
-    ``weight`` is how many times the model calls it; ``flops`` is per call; ``shapes`` lists the
+    ``weight`` is how many times the model calls it (a bucketed model with histogram shares:
+    its calls per bucket weighted by the buckets' shares, :func:`weigh_by_shares`); ``flops``
+    is per call; ``shapes`` lists the
     task's buffers as ``(name, shape, dtype)``. ``tunable`` is false (with ``skip_reason``) for
     tasks that cannot be measured safely with random inputs.
     """
@@ -107,11 +111,19 @@ def _task_info(task: Any) -> TaskInfo:
     )
 
 
-def partition(mod: tvm.IRModule, target: TargetSpec) -> Partition:
-    """Fuse ``mod`` for ``target`` and extract its tuning tasks (heaviest first)."""
+def partition(mod: tvm.IRModule, target: TargetSpec,
+              shares: Mapping[str, float] | None = None) -> Partition:
+    """Fuse ``mod`` for ``target`` and extract its tuning tasks (heaviest first).
+
+    ``shares``: a bucketed module's expected share of inputs per bucket function (from a
+    histogram); each task's weight then counts its calls in each bucket by that bucket's share
+    (:func:`weigh_by_shares`), so the tuning budget follows the inputs users expect."""
     fused = fused_for_target(mod, target)
     extracted = list(ms.relax_integration.extract_tasks(fused, target.tvm_target()))
     infos = [_task_info(task) for task in extracted]
+    if shares:
+        weights = weigh_by_shares(fused, target, shares)
+        infos = [replace(info, weight=weights.get(info.key, info.weight)) for info in infos]
     order = sorted(
         range(len(infos)), key=lambda i: (-infos[i].flops * infos[i].weight, infos[i].name)
     )
@@ -120,3 +132,22 @@ def partition(mod: tvm.IRModule, target: TargetSpec) -> Partition:
         tasks=tuple(infos[i] for i in order),
         extracted=tuple(extracted[i] for i in order),
     )
+
+
+def weigh_by_shares(fused: tvm.IRModule, target: TargetSpec,
+                    shares: Mapping[str, float]) -> dict[str, int]:
+    """Task weights of a bucketed ``fused`` module by key: ``round(sum over buckets of calls
+    x share x number of buckets)``, at least 1, so that equal shares give the plain call count.
+    Each bucket's calls come from extracting the tasks of the module with only its function."""
+    weighted: dict[str, float] = {}
+    functions = [gv for gv, f in fused.functions_items() if isinstance(f, relax.Function)]
+    for gvar in functions:
+        share = shares.get(gvar.name_hint)
+        if share is None:
+            continue
+        alone = tvm.IRModule({gv: f for gv, f in fused.functions_items()
+                              if not isinstance(f, relax.Function) or gv.same_as(gvar)})
+        for task in ms.relax_integration.extract_tasks(alone, target.tvm_target()):
+            key = workload_key(task.dispatched[0])
+            weighted[key] = weighted.get(key, 0.0) + int(task.weight) * share * len(shares)
+    return {key: max(1, round(value)) for key, value in weighted.items()}

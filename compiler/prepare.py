@@ -7,6 +7,7 @@ from pathlib import Path
 
 import tvm
 
+from compiler.buckets import BucketSpec
 from compiler.constant_limits import bounded_folding, check_relax_constants
 from compiler.importer import import_model
 from compiler.loader import load_model
@@ -31,7 +32,7 @@ def prepare_model(
     *,
     limits: ModelLimits | None = None,
     input_shapes: Mapping[str, Sequence[int]] | None = None,
-    buckets: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, BucketSpec] | None = None,
     expected_format: ModelFormat | None = None,
     allow_external_data: bool = True,
     display_name: str | None = None,
@@ -56,6 +57,15 @@ def prepare_model(
         mod = import_model(model)
     check_relax_constants(mod, limits, "importing the model")
     with bounded_folding("partitioning the model into tasks"):
-        parts = partition(mod, target)
+        parts = partition(mod, target, _bucket_shares(model))
     check_relax_constants(parts.fused, limits, "partitioning the model into tasks")
     return PreparedModel(model, mod, parts, target)
+
+
+def _bucket_shares(model: LoadedModel) -> dict[str, float] | None:
+    """Each bucket function's share of the expected inputs, when a histogram gave them."""
+    spec = model.bucket_spec
+    if not model.buckets or spec is None or not spec.shares:
+        return None
+    return {bucket.function: share
+            for bucket, share in zip(model.buckets, spec.specialization_shares())}

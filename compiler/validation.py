@@ -8,11 +8,12 @@ description, its tuning tasks and each task's workload as ``tvm.ir.save_json`` t
 """
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from compiler.buckets import BucketSpec
 from compiler.model_spec import ModelFormat, ModelLimits
 from compiler.partition import TaskInfo
 from compiler.target import TargetSpec
@@ -39,7 +40,7 @@ def validate_upload(
     limits: ModelLimits,
     expected_format: ModelFormat | None = None,
     display_name: str = "<upload>",
-    buckets: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, BucketSpec] | None = None,
 ) -> ValidatedModel:
     """Load, validate, import and partition the uploaded file at ``path`` for ``target``.
 

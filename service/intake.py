@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 
 import db
+from compiler.buckets import BucketSpec
 from compiler.errors import ModelError
 from compiler.model_spec import ModelLimits
 from compiler.target import TargetSpec, resolve_target
@@ -51,7 +52,7 @@ def validate_and_store(
     expected_format: str | None,
     limits: ModelLimits,
     process_limits: ValidationLimits,
-    buckets: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, BucketSpec] | None = None,
 ) -> db.ModelRecord:
     """Validate ``upload`` in a limited child process (:mod:`service.validation`) and record it
     for ``owner``, with the shape buckets it was validated with (a model with symbolic

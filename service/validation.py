@@ -38,13 +38,14 @@ import signal
 import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from multiprocessing import forkserver
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from compiler.buckets import BucketSpec
 from compiler.errors import ModelError
 from compiler.model_spec import ModelFormat, ModelLimits
 from compiler.target import TargetSpec
@@ -138,7 +139,7 @@ def validate_in_child(
     expected_format: ModelFormat | None,
     display_name: str,
     process_limits: ValidationLimits,
-    buckets: Mapping[str, Sequence[int]] | None = None,
+    buckets: Mapping[str, BucketSpec] | None = None,
 ) -> ValidatedModel:
     """Validate the file at ``path`` in a child process and return what it found (``buckets``:
     the shape buckets of a model with symbolic dimensions, :mod:`compiler.buckets`).

@@ -44,6 +44,14 @@ class ModelBuckets(BaseModel):
         default_factory=list, description="symbols given no buckets, which got the defaults"
     )
     description: str = ""
+    shares: dict[str, list[float]] = Field(
+        default_factory=dict,
+        description="symbols whose buckets a histogram gave: the share of the expected inputs "
+        "each bucket serves (task weights, and so the tuning budget, follow them)",
+    )
+    histograms: dict[str, str] = Field(
+        default_factory=dict, description="those symbols' histograms, 'SIZE:COUNT,.../BUCKETS'"
+    )
 
 
 class ModelPublic(ModelBase):

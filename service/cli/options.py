@@ -39,8 +39,20 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         metavar="NAME=V1,V2,...",
         help="shape buckets of a symbolic dimension (repeatable; NAME is the symbol, an ONNX "
         "dim_param or the .pt2's s0-style name, or INPUT.AXIS): one static specialization "
-        "per value, each tuned; a symbol given none gets powers of two from 16 to 128; "
-        "--input-shape pins one shape instead",
+        "per value, each tuned; or NAME~SIZE:COUNT,...[/BUCKETS], a histogram of expected "
+        "sizes to derive the buckets from; a symbol given none gets powers of two from 16 to "
+        "128; --input-shape pins one shape instead",
+    )
+    parser.add_argument(
+        "--bucket-histogram",
+        type=histogram_file_option,
+        action="append",
+        default=[],
+        dest="buckets",
+        metavar="NAME=FILE[:BUCKETS]",
+        help="derive NAME's buckets from FILE, the expected sizes: one size per line, or "
+        "'SIZE COUNT' per line (e.g. request lengths from a log), divided into BUCKETS "
+        "buckets (default 4); the same as --buckets NAME~SIZE:COUNT,.../BUCKETS",
     )
     parser.add_argument("--target", default="cpu", help="compilation target (default: cpu)")
     parser.add_argument(
@@ -61,6 +73,41 @@ def bucket_option(text: str) -> str:
     except ModelError as err:
         raise argparse.ArgumentTypeError(err.message) from None
     return text
+
+
+def histogram_file_option(text: str) -> str:
+    """Read ``NAME=FILE[:BUCKETS]`` (``--bucket-histogram``) into the ``NAME~SIZE:COUNT,...``
+    form of ``--buckets``: FILE holds one size per line or ``SIZE COUNT`` per line (blank lines
+    and ``#`` comments skipped). A missing or bad file is a usage error (exit 2)."""
+    from collections import Counter
+
+    name, sep, path = text.partition("=")
+    head, colon, buckets = path.rpartition(":")
+    if colon and buckets.isdigit():
+        path = head
+    else:
+        buckets = ""
+    if not sep or not name.strip() or not path:
+        raise argparse.ArgumentTypeError(f"expected NAME=FILE[:BUCKETS], got {text!r}")
+    counts: Counter[int] = Counter()
+    try:
+        with open(path, encoding="utf-8") as handle:
+            for number, line in enumerate(handle, 1):
+                fields = line.split("#", 1)[0].split()
+                if not fields:
+                    continue
+                if len(fields) > 2:
+                    raise ValueError(f"line {number}: expected SIZE or SIZE COUNT")
+                counts[int(fields[0])] += int(fields[1]) if len(fields) == 2 else 1
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"cannot read histogram file {path!r}: "
+                                         f"{err.strerror}") from None
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(f"bad histogram file {path!r}: {err}") from None
+    if not counts:
+        raise argparse.ArgumentTypeError(f"histogram file {path!r} holds no sizes")
+    option = f"{name.strip()}~" + ",".join(f"{s}:{c}" for s, c in sorted(counts.items()))
+    return bucket_option(option + (f"/{buckets}" if buckets else ""))
 
 
 def print_json(payload: Any) -> None:

@@ -289,3 +289,58 @@ def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
     assert library.function_for([x[:, :5], y[:, :5]]) == "main_batch_2_n_8"
     np.testing.assert_allclose(library.run([x[:, :5], y[:, :5]])[0],
                                np.maximum(x[:, :5] + y[:, :5], 0), rtol=1e-6)
+
+
+def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
+    from compiler.buckets import SizeHistogram, histogram_buckets, parse_bucket_option
+
+    name, histogram = parse_bucket_option("seq~12:40,37:5,100:3,500:1/3")
+    assert name == "seq" and histogram == SizeHistogram(
+        ((12, 40.0), (37, 5.0), (100, 3.0), (500, 1.0)), 3)
+    # Candidates are the sizes rounded up to multiples of 8 (16, 40, 104, 504); of the
+    # three-bucket sets, 16/104/504 pads least in expectation (16*40 + 104*8 + 504*1).
+    values, shares = histogram_buckets(histogram, 2, 1024)
+    assert values == (16, 104, 504)
+    assert shares == pytest.approx((40 / 49, 8 / 49, 1 / 49))
+    # Small sizes are not rounded; as many buckets as sizes is one bucket per size.
+    assert histogram_buckets(SizeHistogram(((1, 5), (2, 3), (3, 1), (7, 1)), 2), 1, 64) == (
+        (2, 7), (0.8, 0.2))
+    assert histogram_buckets(SizeHistogram(((16, 1), (32, 1)), 4), 1, 64)[0] == (16, 32)
+    # The model's range bounds the rounding, and a size outside it is refused.
+    assert histogram_buckets(SizeHistogram(((70, 1),), 1), 1, 72)[0] == (72,)
+    assert histogram_buckets(SizeHistogram(((70, 1),), 1), 1, 70)[0] == (70,)
+    with pytest.raises(ModelError, match="outside the range"):
+        histogram_buckets(SizeHistogram(((8, 1), (300, 1)), 2), 2, 128)
+    for bad in ("seq~", "seq~12:x", "seq~12:-1", "seq~0:3", "seq~12:3/0", "seq~12:0"):
+        with pytest.raises(ModelError, match="histogram") as info:
+            parse_bucket_option(bad)
+        assert info.value.code == "bad_buckets"
+    dims = [SymbolicDim("s0", "ids", 1, 2, 128)]
+    spec = resolve_buckets(dims, {"ids.1": SizeHistogram(((8, 90.0), (30, 10.0)), 2)})
+    assert spec.values == (("s0", (8, 30)),) and spec.shares == (("s0", (0.9, 0.1)),)
+    assert spec.specialization_shares() == [0.9, 0.1]
+    assert spec.to_json()["histograms"] == {"s0": "8:90,30:10/2"}
+    from compiler.buckets import bucket_values
+    stored = bucket_values(json.dumps(spec.to_json()))
+    assert resolve_buckets(dims, stored) == spec  # a stored histogram gives the same buckets
+
+
+def test_histogram_shares_weigh_the_tasks(dynamic_decoder) -> None:
+    """A histogram's shares weigh each bucket's tasks: 90 % of inputs at length 8 makes that
+    bucket's tasks 1.8x their calls and the rare length-30 bucket's 0.2x (at least 1)."""
+    path = dynamic_decoder("onnx")
+    from compiler.buckets import SizeHistogram
+
+    weighted = prepare_model(path, TARGET, buckets={
+        SEQ_SYMBOL: SizeHistogram(((8, 90.0), (30, 10.0)), 2)})
+    plain = prepare_model(path, TARGET, buckets={SEQ_SYMBOL: [8, 30]})
+    assert weighted.model.bucket_spec.values == plain.model.bucket_spec.values
+    calls = {t.key: t.weight for t in plain.partition.tasks}
+    assert set(calls) == {t.key for t in weighted.partition.tasks}
+    per_bucket = {n: {t.key: t.weight for t in prepare_model(
+        path, TARGET, input_shapes={"input_ids": [1, n]}).partition.tasks} for n in (8, 30)}
+    for task in weighted.partition.tasks:
+        expected = (per_bucket[8].get(task.key, 0) * 0.9 + per_bucket[30].get(task.key, 0) * 0.1)
+        assert task.weight == max(1, round(expected * 2)), task.name
+    assert any(t.weight > calls[t.key] for t in weighted.partition.tasks)
+    assert any(t.weight < calls[t.key] for t in weighted.partition.tasks)

@@ -41,6 +41,8 @@ def test_upload_with_buckets_and_finalize(server, tmp_path) -> None:
         assert again.status_code == 200 and again.json()["id"] == model["id"]
         other = upload(client, path, buckets="seq=64")
         assert other.status_code == 409 and "DELETE /models/" in other.json()["detail"]
+        histogram = upload(client, path, buckets="seq~8:30,20:10")
+        assert histogram.status_code == 409, histogram.text  # the same content, other buckets
 
         response = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 0})
         assert response.status_code == 201, response.text
@@ -55,3 +57,23 @@ def test_upload_with_buckets_and_finalize(server, tmp_path) -> None:
         checks = manifest["verification"]["buckets"]
         assert [c["function"] for c in checks] == ["main_seq_16", "main_seq_32"]
         assert all(c["passed"] for c in checks)
+
+
+def test_upload_with_a_histogram(server, tmp_path) -> None:
+    """Buckets derived from a histogram of expected lengths: stored with each bucket's share,
+    the task weights following them; the same histogram again is the same model."""
+    path = export_dynamic("llama", "onnx", tmp_path / "llama_hist.onnx")
+    with server.client(server.local_token()) as client:
+        refused = upload(client, path, buckets="seq~8:30,20:1/99")
+        assert refused.status_code == 422 and "1..16 buckets" in refused.json()["detail"]
+        refused = upload(client, path, buckets="seq~8:x")
+        assert refused.status_code == 422 and "SIZE:COUNT" in refused.json()["detail"]
+        created = upload(client, path, buckets="seq~8:90,30:10/2")
+        assert created.status_code == 201, created.text
+        model = created.json()
+        assert model["buckets"]["symbols"] == {"seq": [8, 30]}
+        assert model["buckets"]["shares"] == {"seq": [0.9, 0.1]}
+        assert model["buckets"]["histograms"] == {"seq": "8:90,30:10/2"}
+        again = upload(client, path, buckets="seq~8:90,30:10/2")
+        assert again.status_code == 200 and again.json()["id"] == model["id"]
+        assert upload(client, path, buckets="seq=8,30").status_code == 409

@@ -7,7 +7,7 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Path, Request, Response, status
 
-from compiler.buckets import parse_bucket_field
+from compiler.buckets import BucketSpec, SizeHistogram, parse_bucket_field
 from compiler.errors import ModelError
 from service import intake
 from service.api.deps import CurrentUser, FilesDep, StateDep, StorageDep
@@ -47,8 +47,11 @@ UPLOAD_BODY = {
                             "type": "string",
                             "description": "shape buckets of symbolic dimensions, "
                             "'NAME=V1,V2,...' separated by ';' (e.g. seq=16,64,128): one "
-                            "static specialization per value; a symbol given none gets powers "
-                            "of two from 16 to 128",
+                            "static specialization per value; or a histogram of expected "
+                            "sizes 'NAME~SIZE:COUNT,...[/BUCKETS]' (e.g. seq~12:40,37:5,100:3/3) "
+                            "to derive the buckets from, the tuning budget weighted by the "
+                            "share of inputs each serves; a symbol given none gets powers of "
+                            "two from 16 to 128",
                         },
                     },
                 }
@@ -86,17 +89,24 @@ async def _validate_in_slot(settings, work):
         limiter.release()
 
 
-def _check_same_buckets(existing, buckets: dict[str, tuple[int, ...]]) -> None:
+def _check_same_buckets(existing, buckets: dict[str, BucketSpec]) -> None:
     """A model is uploaded once per owner and content, with the buckets its task list was
-    computed for: the same content with other buckets is refused (409) rather than answered
-    with the first upload's tasks."""
+    computed for: the same content with other buckets (or another histogram) is refused (409)
+    rather than answered with the first upload's tasks."""
     if not buckets:
         return
-    stored = json.loads(existing.buckets_json)["symbols"] if existing.buckets_json else {}
-    wanted = {name: sorted(set(values)) for name, values in buckets.items()}
-    if stored != wanted:
+    stored_json = json.loads(existing.buckets_json) if existing.buckets_json else {}
+    stored = stored_json.get("symbols", {})
+    histograms = stored_json.get("histograms") or {}
+    same = set(buckets) <= set(stored) and all(
+        histograms.get(name) == spec.describe() if isinstance(spec, SizeHistogram)
+        else name not in histograms and stored[name] == sorted(set(spec))
+        for name, spec in buckets.items()
+    ) and set(stored) <= set(buckets)
+    if not same:
         have = "none" if not stored else " ".join(
-            f"{k}={','.join(map(str, v))}" for k, v in stored.items()
+            f"{k}~{histograms[k]}" if k in histograms else f"{k}={','.join(map(str, v))}"
+            for k, v in stored.items()
         )
         raise ApiError(
             409, "buckets_conflict",

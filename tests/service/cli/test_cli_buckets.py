@@ -30,9 +30,22 @@ def test_inspect_defaults_and_bad_specs(dynamic_gpt2, tmp_path, capsys) -> None:
     code, pinned = run_cli("inspect", str(dynamic_gpt2), "--input-shape", "input_ids=1,20",
                            "--buckets", "seq=16", "--json")
     assert code == 0 and "buckets" not in pinned["model"]
+    # Buckets from a histogram file of expected lengths (one per line, or "SIZE COUNT").
+    lengths = tmp_path / "lengths.txt"
+    lengths.write_text("# request lengths\n8\n8\n30 2\n\n8 6\n")
+    code, derived = run_cli("inspect", str(dynamic_gpt2), "--bucket-histogram",
+                            f"seq={lengths}:2", "--json")
+    assert code == 0
+    assert derived["model"]["buckets"]["symbols"] == {"seq": [8, 30]}
+    assert derived["model"]["buckets"]["shares"] == {"seq": [0.8, 0.2]}
+    assert "from a histogram" in derived["model"]["buckets"]["description"]
     capsys.readouterr()
     out = tmp_path / "out"
+    (tmp_path / "bad.txt").write_text("8 x\n")
     for args, message in (
+        (["--bucket-histogram", f"seq={tmp_path / 'missing.txt'}"], "cannot read histogram"),
+        (["--bucket-histogram", f"seq={tmp_path / 'bad.txt'}"], "bad histogram file"),
+        (["--buckets", "seq~8:1/99"], "1..16 buckets"),
         (["--buckets", "seq=16,x"], "expected NAME=V1,V2"),
         (["--buckets", "seq=0"], "between 1 and"),
         (["--buckets", "len=16"], "not a symbolic dimension of the model"),

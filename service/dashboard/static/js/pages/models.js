@@ -9,7 +9,7 @@ export function mount(view, _params, app) {
   const file = h("input", { type: "file", id: "model-file", name: "file", accept: ".onnx,.pt2", required: true });
   const uploadButton = h("button", { type: "submit", id: "upload-button" }, "Upload");
   const buckets = h("input", { type: "text", id: "model-buckets", name: "buckets", maxlength: 1000,
-    placeholder: "seq=16,64,128", title: "shape buckets of symbolic dimensions: NAME=V1,V2,... separated by ';'" });
+    placeholder: "seq=16,64,128", title: "shape buckets of symbolic dimensions: NAME=V1,V2,... or a histogram of expected sizes NAME~SIZE:COUNT,...[/BUCKETS], separated by ';'" });
   const uploadNote = h("div", { class: "muted", id: "upload-note" });
   const upload = h("form", { class: "card", id: "upload-form" },
     h("h2", {}, "Upload a model"),
