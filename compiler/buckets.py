@@ -27,6 +27,7 @@ or ``input_ids.1=16,64``.
 """
 from __future__ import annotations
 
+import bisect
 import itertools
 import json
 import math
@@ -53,6 +54,8 @@ MAX_BUCKET_VALUE = 1 << 20
 DEFAULT_HISTOGRAM_BUCKETS = 4
 #: At most this many distinct sizes in a histogram.
 MAX_HISTOGRAM_SIZES = 4096
+#: At most this many candidate buckets enter the dynamic programme (work ~ buckets x this^2).
+MAX_BUCKET_CANDIDATES = 256
 
 _NAME = re.compile(r"[^A-Za-z0-9_]")
 
@@ -77,7 +80,9 @@ def histogram_buckets(
     the histogram's sizes, and the share of the histogram each serves (summing to 1).
 
     A bucket is a size the histogram needs rounded up to a multiple of 8 (of 1 when the largest
-    size is under 64), within ``minimum..maximum``; the largest bucket covers the largest size.
+    size is under 64; of a larger power of two when that leaves over
+    :data:`MAX_BUCKET_CANDIDATES` candidates), within ``minimum..maximum``; the largest bucket
+    covers the largest size.
     Solved exactly by dynamic programming over those candidates. Raises
     ``ModelError("bad_buckets")`` for a size outside ``minimum..maximum``.
     """
@@ -91,9 +96,12 @@ def histogram_buckets(
         )
     granule = 8 if sizes[-1] >= 64 else 1
     candidates = sorted({min(maximum, -(-v // granule) * granule) for v in sizes})
+    while len(candidates) > MAX_BUCKET_CANDIDATES:  # coarser, to bound the DP's work
+        granule *= 2
+        candidates = sorted({min(maximum, -(-v // granule) * granule) for v in sizes})
     weight = [0.0] * len(candidates)  # the count each candidate would serve on its own
     for size, count in histogram.counts:
-        weight[next(i for i, c in enumerate(candidates) if c >= size)] += count
+        weight[bisect.bisect_left(candidates, size)] += count
     # best[t][j]: least cost of serving every size <= candidates[j] with t + 1 buckets, the
     # largest at candidates[j]; a bucket at c_j serves the sizes above the previous bucket.
     m, k = len(candidates), max(1, min(histogram.max_buckets, len(candidates)))

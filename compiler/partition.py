@@ -34,9 +34,8 @@ class TaskInfo:
 
     ``weight`` is how many times the model calls it (a bucketed model with histogram shares:
     its calls per bucket weighted by the buckets' shares, :func:`weigh_by_shares`); ``flops``
-    is per call; ``shapes`` lists the
-    task's buffers as ``(name, shape, dtype)``. ``tunable`` is false (with ``skip_reason``) for
-    tasks that cannot be measured safely with random inputs.
+    is per call; ``shapes`` lists the task's buffers as ``(name, shape, dtype)``. ``tunable``
+    is false (with ``skip_reason``) for tasks that cannot be measured safely with random inputs.
     """
 
     key: str

@@ -344,3 +344,16 @@ def test_histogram_shares_weigh_the_tasks(dynamic_decoder) -> None:
         assert task.weight == max(1, round(expected * 2)), task.name
     assert any(t.weight > calls[t.key] for t in weighted.partition.tasks)
     assert any(t.weight < calls[t.key] for t in weighted.partition.tasks)
+
+
+def test_a_wide_histogram_is_coarsened_to_bound_the_work() -> None:
+    import time
+
+    from compiler.buckets import MAX_BUCKET_CANDIDATES, SizeHistogram, histogram_buckets
+
+    wide = SizeHistogram(tuple((v, 1.0) for v in range(1, 4097)), 16)
+    start = time.perf_counter()
+    values, shares = histogram_buckets(wide, 1, 1 << 20)
+    assert time.perf_counter() - start < 10  # ~1 s here; 4,096 candidates would take minutes
+    assert len(values) == 16 and values[-1] == 4096 and sum(shares) == pytest.approx(1)
+    assert all(v % (4096 // MAX_BUCKET_CANDIDATES) == 0 for v in values)
