@@ -125,6 +125,19 @@ Isa PeersIsa() {
   return isa;
 }
 
+// Of a kernel's three builds, the one PeersIsa allows (the baseline one may be null: none).
+template <typename Fn>
+Fn ForPeersIsa(Fn avx512, Fn avx2, Fn baseline) {
+  switch (PeersIsa()) {
+    case Isa::kAvx512:
+      return avx512;
+    case Isa::kAvx2:
+      return avx2;
+    default:
+      return baseline;
+  }
+}
+
 // Run body(begin, end) over [0, total) in contiguous blocks of at least min_rows on TVM's pool.
 template <typename Body>
 void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
@@ -600,16 +613,7 @@ __attribute__((target("avx2,fma"))) void Rows256(int64_t m, int64_t kc, const fl
 #undef TUNEHUB_ROWS2
 
 // PeersIsa's micro-kernel; none (OpenBLAS) on the baseline.
-RowsFn ChooseRows() {
-  switch (PeersIsa()) {
-    case Isa::kAvx512:
-      return Rows512;
-    case Isa::kAvx2:
-      return Rows256;
-    default:
-      return nullptr;
-  }
-}
+RowsFn ChooseRows() { return ForPeersIsa<RowsFn>(Rows512, Rows256, nullptr); }
 #else
 RowsFn ChooseRows() { return nullptr; }
 #endif
@@ -1194,16 +1198,7 @@ __attribute__((target("avx2,fma"))) void Rows256(const ConvShape& s, const float
 }
 
 // PeersIsa's build of the kernel.
-RowsFn ChooseRows() {
-  switch (PeersIsa()) {
-    case Isa::kAvx512:
-      return Rows512;
-    case Isa::kAvx2:
-      return Rows256;
-    default:
-      return RowsBaseline;
-  }
-}
+RowsFn ChooseRows() { return ForPeersIsa<RowsFn>(Rows512, Rows256, RowsBaseline); }
 #else
 RowsFn ChooseRows() { return RowsBaseline; }
 #endif
