@@ -9,8 +9,10 @@ weights reordered once, like a prepacked peer), ONNX Runtime (MLAS) on the one-c
 model, and TuneHub's zero-trial build of that model (``tunehub compile`` without a database:
 library peers and default schedules), both as the whole model and as its convolution kernel
 alone, timed in the model through the Relax VM's instrument hook (the model also transposes
-its NCHW input and output, which a whole network does once, not per convolution). Medians of
-three interleaved rounds. Writes ``<out>/onednn_<date>.md`` and ``.json``.
+its NCHW input and output, which a whole network does once, not per convolution). Latencies
+are medians of three rounds of :func:`bench.bench_peers.interleaved` (a random order and a
+pause each round); the kernel column is measured after them. Writes
+``<out>/onednn_<date>.md`` and ``.json``.
 """
 from __future__ import annotations
 
@@ -24,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -58,21 +61,23 @@ def conv_model(h: int, c: int, o: int, k: int, s: int, p: int, g: int, seed: int
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
 
 
-def ort_micros(model, x: np.ndarray, threads: int) -> float:
-    import onnxruntime
+def onednn_timer(binary: Path, shape: tuple[int, ...], threads: int) -> Callable[[], float]:
+    """A round of the oneDNN program: it times its own calls (median of 15 x 20, after a warm-up)
+    and prints microseconds; the round returns seconds a call."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
 
-    options = onnxruntime.SessionOptions()
-    options.intra_op_num_threads = threads
-    session = onnxruntime.InferenceSession(model.SerializeToString(), options,
-                                           providers=["CPUExecutionProvider"])
-    session.run(None, {"x": x})
-    samples = []
-    for _ in range(15):
-        start = time.perf_counter()
-        for _ in range(20):
-            session.run(None, {"x": x})
-        samples.append((time.perf_counter() - start) / 20 * 1e6)
-    return statistics.median(samples)
+    def round_secs() -> float:
+        out = subprocess.run([str(binary), *map(str, shape)], env=env, capture_output=True,
+                             text=True, check=True).stdout.split()
+        return float(out[0]) / 1e6
+
+    return round_secs
+
+
+def onednn_impl(binary: Path, shape: tuple[int, ...]) -> str:
+    """The implementation oneDNN picked for ``shape`` (e.g. ``brgconv:avx512_core``)."""
+    return subprocess.run([str(binary), *map(str, shape)], capture_output=True, text=True,
+                          check=True).stdout.split()[1]
 
 
 def kernel_micros(library, x: np.ndarray) -> float:
@@ -108,7 +113,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     import onnx
+    import tvm
 
+    from bench.bench_peers import _ort_timer, _timer, interleaved
     from compiler.peers import load_peers
     from compiler.runner import LoadedLibrary
 
@@ -127,20 +134,16 @@ def main(argv: list[str] | None = None) -> int:
                        capture_output=True, cwd=REPO)
         library = LoadedLibrary(work / f"conv{index}" / "model.so")
         x = np.random.default_rng(1).standard_normal((1, c, h, h)).astype("float32")
-        found: dict[str, list[float]] = {"onednn": [], "ort": [], "tunehub model": [],
-                                         "tunehub kernel": []}
-        for _ in range(3):
-            out = subprocess.run(
-                [str(binary), "1", str(h), str(h), str(c), str(o), str(k), str(s), str(p), str(g)],
-                env={**os.environ, "OMP_NUM_THREADS": str(args.threads)}, capture_output=True,
-                text=True, check=True).stdout.split()
-            found["onednn"].append(float(out[0]))
-            found["ort"].append(ort_micros(model, x, args.threads))
-            found["tunehub model"].append(
-                library.time([x], repeat=15, min_repeat_ms=20).median_secs * 1e6)
-            found["tunehub kernel"].append(kernel_micros(library, x))
-        row = {"conv": name, "onednn impl": out[1],
-               **{key: statistics.median(v) for key, v in found.items()}}
+        arg = tvm.runtime.tensor(x, library.device)
+        shape = (1, h, h, c, o, k, s, p, g)
+        medians = interleaved({
+            "onednn": onednn_timer(binary, shape, args.threads),
+            "ort": _ort_timer(path, [x], args.threads),
+            "tunehub model": _timer(lambda lib=library, a=arg: lib.vm["main"](a)),
+        }, rounds=3)
+        row = {"conv": name, "onednn impl": onednn_impl(binary, shape),
+               **{key: value * 1e6 for key, value in medians.items()},
+               "tunehub kernel": kernel_micros(library, x)}
         rows.append(row)
         print(json.dumps(row), flush=True)
     date = dt.date.today().isoformat()
