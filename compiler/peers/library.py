@@ -22,7 +22,16 @@ no header: the BLAS and TVM's thread pool are declared in the shim):
 - ``tunehub_peers.o``, linked into an artifact's ``model.so`` (:meth:`PeerLibrary.link_options`)
   so that a fresh process loading the artifact needs only the TVM runtime and OpenBLAS.
 
-The shim sets OpenBLAS's thread count to TVM's (``runtime.NumThreads``) before each call.
+Where oneDNN is installed (PyPI's ``onednn-cpu-gomp`` and ``onednn-devel-cpu-gomp``, TuneHub
+dependencies on x86-64 Linux), the shim is built with ``shim_onednn.inc`` too: convolutions and
+depthwise convolutions by oneDNN's primitives (``tunehub_peer_*_onednn``, the ``onednn``
+algorithm of :mod:`compiler.peers.rewrite`), and artifacts that link the shim then need
+``libdnnl.so.3`` as well. Without it (or with ``TUNEHUB_ONEDNN=0``, or where the build against
+it fails) the shim is built without those entry points, the ``onednn`` variants are not
+offered, and :func:`onednn_unavailable_reason` says why.
+
+Threads: each call's work is split into blocks on TVM's own thread pool, each block computed
+single-threaded by the library, so the library uses exactly TVM's threads.
 :func:`peer_library` returns ``None`` (and :func:`unavailable_reason` says why) on a machine
 without the wheel or a compiler: peers are then skipped and builds use tuned schedules only.
 """
@@ -37,12 +46,15 @@ import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
-from importlib.metadata import PackageNotFoundError, version
+from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from typing import Any
 
 SHIM_SOURCE = Path(__file__).with_name("shim.cc")
+ONEDNN_SOURCE = Path(__file__).with_name("shim_onednn.inc")
 LIBRARY = "openblas"
+#: The oneDNN wheels the shim is built against (the runtime library, the headers).
+ONEDNN_PACKAGES = ("onednn-cpu-gomp", "onednn-devel-cpu-gomp")
 
 
 @dataclass(frozen=True)
@@ -53,6 +65,7 @@ class PeerLibrary:
     object_file: Path
     blas: Blas
     shim_hash: str
+    onednn: OneDnn | None = None
 
     def load(self) -> None:
         """Load the shim ``RTLD_GLOBAL`` into this process, so that peer kernels built without
@@ -61,12 +74,16 @@ class PeerLibrary:
 
     def link_options(self) -> list[str]:
         """The linker options a ``model.so`` with :attr:`object_file` linked in needs."""
-        return ["-Wl,--no-as-needed", *self.blas.link_flags()]
+        onednn = self.onednn.link_flags() if self.onednn is not None else []
+        return ["-Wl,--no-as-needed", *self.blas.link_flags(), *onednn]
 
     def describe(self) -> dict[str, Any]:
         """What an artifact's manifest says it needs at run time."""
-        return {"library": LIBRARY, "package": self.blas.package, "version": self.blas.version,
-                "path": str(self.blas.path), "shim": self.shim_hash}
+        out = {"library": LIBRARY, "package": self.blas.package, "version": self.blas.version,
+               "path": str(self.blas.path), "shim": self.shim_hash}
+        if self.onednn is not None:
+            out["onednn"] = self.onednn.describe()
+        return out
 
 
 @dataclass(frozen=True)
@@ -84,6 +101,47 @@ class Blas:
 
     def defines(self) -> list[str]:
         return ["-DTUNEHUB_BLAS_ILP64"] if self.ilp64 else []
+
+
+@dataclass(frozen=True)
+class OneDnn:
+    """oneDNN from its PyPI wheels: the folder of ``libdnnl.so.3``, the include folder, the
+    version."""
+
+    lib_dir: Path
+    include_dir: Path
+    version: str
+
+    def compile_flags(self) -> list[str]:
+        return ["-DTUNEHUB_ONEDNN", f"-I{self.include_dir}"]
+
+    def link_flags(self) -> list[str]:
+        return [f"-L{self.lib_dir}", "-l:libdnnl.so.3", f"-Wl,-rpath,{self.lib_dir}", "-lgomp"]
+
+    def describe(self) -> dict[str, str]:
+        return {"package": ONEDNN_PACKAGES[0], "version": self.version,
+                "path": str(self.lib_dir / "libdnnl.so.3")}
+
+
+def find_onednn() -> OneDnn:
+    """oneDNN's wheels (:data:`ONEDNN_PACKAGES`). Raises ``RuntimeError`` when they are not
+    installed or turned off (``TUNEHUB_ONEDNN=0``)."""
+    if os.environ.get("TUNEHUB_ONEDNN", "1").strip() == "0":
+        raise RuntimeError("turned off (TUNEHUB_ONEDNN=0)")
+    found: dict[str, Path] = {}
+    for package, wanted in zip(ONEDNN_PACKAGES, ("libdnnl.so.3", "dnnl.hpp")):
+        try:
+            files = distribution(package).files or []
+        except PackageNotFoundError:
+            raise RuntimeError(f"oneDNN is not installed (pip install {package})") from None
+        path = next((distribution(package).locate_file(f) for f in files
+                     if f.name == wanted), None)
+        if path is None or not Path(path).exists():
+            raise RuntimeError(f"{package} has no {wanted}")
+        found[wanted] = Path(path).resolve()
+    include = found["dnnl.hpp"].parent
+    include = include.parent.parent if include.name == "dnnl" else include
+    return OneDnn(found["libdnnl.so.3"].parent, include, version(ONEDNN_PACKAGES[0]))
 
 
 def find_blas() -> Blas:
@@ -139,23 +197,48 @@ def cxx() -> str:
 
 
 def _build() -> PeerLibrary:
+    """The shim with oneDNN where it is there and builds, else without; raises
+    ``RuntimeError`` (no compiler, no BLAS, a shim that does not build)."""
+    try:
+        onednn = find_onednn()
+    except RuntimeError as err:
+        _ONEDNN_REASON[0] = str(err)
+        return _build_with(None)
+    try:
+        return _build_with(onednn)
+    except RuntimeError as err:
+        _ONEDNN_REASON[0] = f"the shim did not build against oneDNN {onednn.version}: {err}"
+        logging.getLogger("tunehub.peers").warning("%s", _ONEDNN_REASON[0])
+        return _build_with(None)
+
+
+#: Why the shim has no oneDNN peers (set by :func:`_build`).
+_ONEDNN_REASON = [""]
+
+
+def _build_with(onednn: OneDnn | None) -> PeerLibrary:
     import tvm  # noqa: PLC0415
 
     compiler = cxx()
     blas = find_blas()
     runtime_dir = Path(tvm.__file__).parent / "lib"
-    source_hash = hashlib.sha256(SHIM_SOURCE.read_bytes() + str(blas).encode()).hexdigest()[:16]
+    sources = SHIM_SOURCE.read_bytes() + ONEDNN_SOURCE.read_bytes()
+    source_hash = hashlib.sha256(sources + str(blas).encode() + str(onednn).encode()
+                                 ).hexdigest()[:16]
     folder = _cache_dir() / "peers" / source_hash
-    common = [compiler, "-O3", "-std=c++17", "-fPIC", *blas.defines()]
+    common = [compiler, "-O3", "-std=c++17", "-fPIC", *blas.defines(),
+              *(onednn.compile_flags() if onednn is not None else [])]
     obj = folder / "tunehub_peers.o"
     shared = folder / "libtunehub_peers.so"
     if not obj.exists():
         _compile(SHIM_SOURCE, obj, [*common, "-c"])
     if not shared.exists():
         _compile(SHIM_SOURCE, shared, [*common, "-shared", "-Wl,--no-as-needed",
-                                       *blas.link_flags(), f"-L{runtime_dir}", "-ltvm_runtime",
+                                       *blas.link_flags(),
+                                       *(onednn.link_flags() if onednn is not None else []),
+                                       f"-L{runtime_dir}", "-ltvm_runtime",
                                        f"-Wl,-rpath,{runtime_dir}"])
-    return PeerLibrary(shared, obj, blas, source_hash)
+    return PeerLibrary(shared, obj, blas, source_hash, onednn)
 
 
 @functools.cache
@@ -183,6 +266,19 @@ def peer_library() -> PeerLibrary | None:
 def unavailable_reason() -> str:
     """Why :func:`peer_library` is ``None`` (empty when it is not)."""
     return _built()[1]
+
+
+def onednn_available() -> bool:
+    """Whether this machine's peer library has the oneDNN peers."""
+    library = peer_library()
+    return library is not None and library.onednn is not None
+
+
+def onednn_unavailable_reason() -> str:
+    """Why :func:`onednn_available` is false (empty when it is not)."""
+    if onednn_available():
+        return ""
+    return _ONEDNN_REASON[0] or unavailable_reason()
 
 
 def load_peers() -> None:

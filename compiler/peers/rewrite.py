@@ -15,13 +15,19 @@ library implements, or ``None``:
   of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
   :data:`CONV_ALGORITHMS`: ``packed`` (im2col + the shim's packed-weight GEMM) or ``im2col``
   (im2col + OpenBLAS sgemm), for any convolution, or, for a 3x3 stride-1 undilated one,
-  Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3));
+  Winograd ``winograd_f2`` / ``winograd_f4`` (F(2x2, 3x3), F(4x4, 3x3)), and ``onednn``;
   :func:`find_peer` picks one by :func:`default_conv_algorithm` and :func:`peer_variants` lists
   them all, so that a caller can measure each;
 - ``depthwise_conv2d_nhwc``: a ``group_conv2d_nhwc`` block with one input channel and one
   filter per group, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, f + rc] * W[ry, rx, rc,
   f]`` (``rc`` of extent 1: the weight is ``[KH, KW, 1, C]``), float32, input as for
-  ``conv2d_nhwc``: the shim's depthwise kernel (vectors along the channels), one variant.
+  ``conv2d_nhwc``: the shim's depthwise kernel (vectors along the channels, ``algorithm``
+  ``""``) and, where the library has oneDNN, oneDNN's (``onednn``);
+  :func:`default_depthwise_algorithm` picks one.
+
+Where the peer library was built against oneDNN (:func:`onednn_peers`), every convolution
+also has the ``onednn`` variant: oneDNN's primitive on slabs of output rows, one a TVM worker
+(``compiler/peers/shim_onednn.inc``).
 
 Every other block after the anchor is its epilogue (bias, residual add, activation), and must be
 elementwise (no reduction). The anchor must be the task's first block (after the padding it
@@ -64,10 +70,21 @@ WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
 #: :data:`FUNCTIONS`'; the weight is packed into the micro-kernel's panels once and cached.
 PACKED_FUNCTIONS = {"gemm": "tunehub_peer_gemm_packed",
                     "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_packed"}
-#: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, and Winograd by
-#: its output tile (m of F(m x m, 3x3)); the value is the shim's ``tile`` argument (0: not
-#: Winograd).
-CONV_ALGORITHMS = {"packed": 0, "im2col": 0, "winograd_f2": 2, "winograd_f4": 4}
+#: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
+#: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
+#: argument (0: not Winograd).
+CONV_ALGORITHMS = {"packed": 0, "im2col": 0, "winograd_f2": 2, "winograd_f4": 4, "onednn": 0}
+#: :func:`default_conv_algorithm` leaves 1x1 convolutions of more input channels than this to
+#: the packed GEMM.
+ONEDNN_POINTWISE_MAX_CHANNELS = 32
+#: :func:`default_depthwise_algorithm` picks oneDNN for a strided depthwise convolution with at
+#: least this many output pixels.
+ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
+#: The shim's oneDNN entry points (``algorithm`` ``onednn``; ``shim_onednn.inc``), by peer kind:
+#: the same arguments as :data:`FUNCTIONS`'. Offered only where the peer library was built
+#: against oneDNN (:func:`compiler.peers.library.onednn_available`).
+ONEDNN_FUNCTIONS = {"conv2d_nhwc": "tunehub_peer_conv2d_nhwc_onednn",
+                    "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc_onednn"}
 #: ``gemm`` algorithms: the shim's packed-weight GEMM, OpenBLAS (``""``, the older records'
 #: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``).
 GEMM_ALGORITHMS = ("packed", "")
@@ -112,6 +129,8 @@ class PeerCall:
     def function(self) -> str:
         if CONV_ALGORITHMS.get(self.algorithm):
             return WINOGRAD_FUNCTION
+        if self.algorithm == "onednn":
+            return ONEDNN_FUNCTIONS[self.kind]
         if self.algorithm == "packed":
             return PACKED_FUNCTIONS[self.kind]
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
@@ -378,8 +397,10 @@ def _depthwise_conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall,
     match = _match_conv(stages, params, "NHWC", depthwise=True)
     if match is None:
         return None
-    return PeerCall("depthwise_conv2d_nhwc", (str(match.source.name), match.weight.source.name),
-                    match.store.buffer.name, match.config()), match.index
+    call = PeerCall("depthwise_conv2d_nhwc", (str(match.source.name), match.weight.source.name),
+                    match.store.buffer.name, match.config())
+    shape = _ConvShape.of(call, match.weight.source, match.store.buffer)
+    return replace(call, algorithm=default_depthwise_algorithm(shape)), match.index
 
 
 def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
@@ -423,33 +444,60 @@ class _ConvShape:
 def conv_algorithms(shape: _ConvShape) -> list[str]:
     """The algorithms the shim has for a convolution of ``shape``: ``packed`` and ``im2col``
     always; the Winograd ones for a 3x3, stride-1, undilated kernel with at least
-    :data:`WINOGRAD_MIN_CHANNELS` channels in and out."""
+    :data:`WINOGRAD_MIN_CHANNELS` channels in and out; ``onednn`` where the peer library has
+    oneDNN."""
     out = ["packed", "im2col"]
     if (shape.kernel == (3, 3) and shape.strides == (1, 1) and shape.dilations == (1, 1)
             and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS):
         out += ["winograd_f2", "winograd_f4"]
-    return out
+    return out + (["onednn"] if onednn_peers() else [])
+
+
+def onednn_peers() -> bool:
+    """Whether this machine's peer library has the oneDNN entry points
+    (:func:`compiler.peers.library.onednn_available`; builds the shim on first use)."""
+    from compiler.peers.library import onednn_available  # noqa: PLC0415 - builds the shim
+
+    return onednn_available()
 
 
 def default_conv_algorithm(shape: _ConvShape) -> str:
-    """The algorithm :func:`find_peer` picks for a convolution (rule from
-    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads): Winograd only
-    with at least :data:`WINOGRAD_DEFAULT_MIN_CHANNELS` channels in and out (with fewer, its
-    small-K GEMMs and three passes over memory lost to im2col); then F(4x4, 3x3) on large
-    images (>= 24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on
-    smaller ones down to 12x12 (F(4x4)'s padded tiles and 36 small GEMMs lose there), and the
-    direct convolution below (7x7: the GEMMs are too small, and the transformed weights, 1.8x /
-    4x the weight, must stream from memory in a whole model) and for every other kernel: always
-    ``packed`` (im2col + the packed-weight GEMM: 0.37-0.98x OpenBLAS's time on these shapes,
+    """The algorithm :func:`find_peer` picks for a convolution (what a zero-trial build uses;
+    a final build measures every variant instead). Winograd (rule from
+    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads) only with at
+    least :data:`WINOGRAD_DEFAULT_MIN_CHANNELS` channels in and out (with fewer, its small-K
+    GEMMs and three passes over memory lost to im2col); then F(4x4, 3x3) on large images (>=
+    24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on smaller
+    ones down to 12x12. Else, where the peer library has oneDNN, its primitive, except for a
+    1x1 convolution of more than :data:`ONEDNN_POINTWISE_MAX_CHANNELS` input channels: rule from
+    ``bench/results/onednn_peers_2026-12-02.md`` (ResNet-18's and MobileNetV2's tasks, 2
+    threads, Zen 5), where oneDNN took 0.30-0.80x the shim's best time on stems, strided and
+    7x7-image 3x3 convolutions and 1x1 expansions of few channels, and 1.0-1.4x on 1x1
+    convolutions of many channels (a GEMM the packed kernel does as well). Otherwise ``packed``
+    (im2col + the packed-weight GEMM: 0.37-0.98x OpenBLAS's time on these shapes,
     ``bench/results/gemm_packed_2026-12-02.md``)."""
     options = conv_algorithms(shape)
-    if min(shape.channels, shape.filters) < WINOGRAD_DEFAULT_MIN_CHANNELS:
-        return "packed"
-    if "winograd_f4" in options and shape.pixels >= 24 * 24:
-        return "winograd_f4"
-    if "winograd_f2" in options and shape.pixels >= 12 * 12:
-        return "winograd_f2"
+    if min(shape.channels, shape.filters) >= WINOGRAD_DEFAULT_MIN_CHANNELS:
+        if "winograd_f4" in options and shape.pixels >= 24 * 24:
+            return "winograd_f4"
+        if "winograd_f2" in options and shape.pixels >= 12 * 12:
+            return "winograd_f2"
+    pointwise = shape.kernel == (1, 1)
+    if "onednn" in options and not (pointwise
+                                    and shape.channels > ONEDNN_POINTWISE_MAX_CHANNELS):
+        return "onednn"
     return "packed"
+
+
+def default_depthwise_algorithm(shape: _ConvShape) -> str:
+    """The algorithm :func:`find_peer` picks for a depthwise convolution: oneDNN's (where the
+    library has it) with stride 1 or at least :data:`ONEDNN_DEPTHWISE_MIN_PIXELS` output
+    pixels, where it took 0.29-0.91x the shim's kernel's time on MobileNetV2's
+    (``bench/results/onednn_peers_2026-12-02.md``); the shim's own kernel (``""``) on small
+    strided ones, where oneDNN took 1.2-1.5x."""
+    if onednn_peers() and (shape.strides == (1, 1) or shape.pixels >= ONEDNN_DEPTHWISE_MIN_PIXELS):
+        return "onednn"
+    return ""
 
 
 def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | None:
@@ -592,11 +640,15 @@ def find_peer(mod: tvm.IRModule, device: str = "cpu") -> PeerCall | None:
 def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     """Every library call that can replace the anchor of a task module on ``device``: the call
     :func:`find_peer` picks first, then (CPU) the other algorithms of a convolution
-    (:func:`conv_algorithms`) or of a packed GEMM (:data:`GEMM_ALGORITHMS`); empty when the
-    task has no peer. Each builds with ``peer_function(func, device, call=...)`` /
+    (:func:`conv_algorithms`) or of a packed GEMM (:data:`GEMM_ALGORITHMS`), oneDNN's for a
+    depthwise convolution (where the library has it); empty when the task has no peer. Each builds with ``peer_function(func, device, call=...)`` /
     ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
     :meth:`PeerCall.to_json`)."""
     default = find_peer(mod, device)
+    if default is not None and default.kind == "depthwise_conv2d_nhwc":
+        algorithms = ["", "onednn"] if onednn_peers() else [""]
+        return [default] + [replace(default, algorithm=a) for a in algorithms
+                            if a != default.algorithm]
     if default is None or default.kind not in ("gemm", "conv2d_nhwc") or device != "cpu":
         return [default] if default is not None else []
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
@@ -654,7 +706,7 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
         args += _epilogue_args(call, buffers, output)
     extern = s_tir.SBlock(
         [], [_region(b) for b in (*inputs, *epilogue)], [_region(output)], "tunehub_peer",
-        tirx.Evaluate(tirx.call_extern("int32", call.function, *args)),
+        _checked(tirx.call_extern("int32", call.function, *args), call.function),
     )
     dropped = {str(stages[i].block.writes[0].source.name)
                for i in range(last + 1)} - {call.output}
@@ -668,6 +720,15 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
     rewritten = rewritten.without_attr("layout_free_buffers")
     return _schedule_epilogue(rewritten, len(stages) - last - 1, device)
+
+
+def _checked(status: Any, function: str) -> Any:
+    """A statement that makes the call ``status`` and raises a ``RuntimeError`` (in the calling
+    kernel, so in its caller: a measurement fails, a model run raises) where it is not 0."""
+    # TVM 0.27's Python ``tirx.AssertStmt`` passes (kind, condition) to a constructor that
+    # takes (condition, kind): call the constructor itself.
+    return tirx._ffi_api.AssertStmt(status == 0, ir.StringImm("RuntimeError"),
+                                    [ir.StringImm(f"the library peer {function} failed")], None)
 
 
 def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list[Any]:

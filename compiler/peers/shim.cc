@@ -31,12 +31,14 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
+#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -406,7 +408,8 @@ class WeightCache {
     kWinogradF2Packed = 3,
     kWinogradF4Packed = 5,
     kPacked = 16,
-    kPackedTransposed = 17
+    kPackedTransposed = 17,
+    kOneDnn = 32  // a oneDNN primitive's weight layout (shim_onednn.inc)
   };
 
   // The transform of weight ``w`` (``size`` floats) into ``floats`` floats, made by
@@ -1220,5 +1223,10 @@ extern "C" int tunehub_peer_depthwise_conv2d_nhwc(const float* x, const float* w
   return 0;
 }
 
+#ifdef TUNEHUB_ONEDNN
+#include "shim_onednn.inc"  // the oneDNN peers, where the library was built against oneDNN
+#endif
+
 #undef TUNEHUB_EPILOGUE
 #undef TUNEHUB_EPILOGUE_ARGS
+

@@ -30,9 +30,17 @@ from compiler.peers import (
     peer_variants,
     peers_supported,
 )
+from compiler.peers.library import onednn_available, onednn_unavailable_reason
 from compiler.target import cpu_target
 
 pytestmark = pytest.mark.skipif(peer_library() is None, reason="no peer library on this machine")
+#: The oneDNN variant every convolution has where the peer library was built against oneDNN
+#: (a dependency of TuneHub on x86-64 Linux, so everywhere the suite runs by ``make test``).
+ONEDNN = ["onednn"] if onednn_available() else []
+#: The default of a convolution Winograd does not take: oneDNN's where the library has it.
+DIRECT = "onednn" if ONEDNN else "packed"
+needs_onednn = pytest.mark.skipif(not onednn_available(),
+                                  reason=f"no oneDNN peers: {onednn_unavailable_reason()}")
 
 RNG = np.random.default_rng(0)
 REPO = Path(__file__).resolve().parents[2]
@@ -222,26 +230,26 @@ def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
         ("24x24", conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
         ("13x13 partial tiles", conv_model(64, 72, 13, 3, 1, 1), "winograd_f2"),
         ("26x26 partial tiles", conv_model(64, 64, 26, 3, 1, 1), "winograd_f4"),
-        ("few channels", conv_model(8, 24, 24, 3, 1, 1), "packed"),
-        ("unpadded, channels not a multiple of 8", conv_model(12, 20, 12, 3, 1, 0),
-         "packed"),
-        ("7x7", conv_model(64, 64, 7, 3, 1, 1), "packed"),
+        ("few channels", conv_model(8, 24, 24, 3, 1, 1), DIRECT),
+        ("unpadded, channels not a multiple of 8", conv_model(12, 20, 12, 3, 1, 0), DIRECT),
+        ("7x7", conv_model(64, 64, 7, 3, 1, 1), DIRECT),
         ("batch 3, pad 2", conv_model(64, 64, 13, 3, 1, 2, batch=3), "winograd_f2"),
     ],
 )
 def test_every_conv_variant_matches_the_task(label, proto, default):
-    """A 3x3 stride-1 convolution has four variants (im2col on the packed-weight GEMM or on
-    OpenBLAS, Winograd F(2x2) and F(4x4)), the default first; each agrees with the task's TIR
+    """A 3x3 stride-1 convolution has five variants (im2col on the packed-weight GEMM or on
+    OpenBLAS, Winograd F(2x2) and F(4x4), oneDNN's), the default first; each agrees with the task's TIR
     (F(4x4) within its error bound)."""
     target = cpu_target(2)
     task = _conv_task(proto, target)
     variants = peer_variants(task)
     assert variants[0] == find_peer(task) and variants[0].algorithm == default, label
-    assert sorted(v.algorithm for v in variants) == [
-        "im2col", "packed", "winograd_f2", "winograd_f4"]
+    assert sorted(v.algorithm for v in variants) == sorted([
+        "im2col", "packed", "winograd_f2", "winograd_f4", *ONEDNN])
     assert {v.to_json()["function"] for v in variants} == {
         "tunehub_peer_conv2d_nhwc", "tunehub_peer_conv2d_nhwc_packed",
-        "tunehub_peer_conv2d_nhwc_winograd"}
+        "tunehub_peer_conv2d_nhwc_winograd",
+        *(["tunehub_peer_conv2d_nhwc_onednn"] if ONEDNN else [])}
     for call in variants:
         _check_peer(task, target, call)
 
@@ -251,7 +259,8 @@ def test_only_3x3_stride_1_convolutions_have_winograd_variants():
     for proto in (conv_model(8, 16, 13, 3, 2, 1), conv_model(3, 16, 20, 7, 2, 3),
                   conv_model(8, 8, 12, 3, 1, 2, dilation=2), conv_model(4, 16, 12, 3, 1, 1)):
         task = _conv_task(proto, target)
-        assert [v.algorithm for v in peer_variants(task)] == ["packed", "im2col"]
+        assert sorted(v.algorithm for v in peer_variants(task)) == sorted(
+            ["packed", "im2col", *ONEDNN])
     gemm = [e.dispatched[0] for e in _partition(gemm_model(24, 40, 56), target).extracted]
     assert [(v.kind, v.algorithm) for m in gemm for v in peer_variants(m)] == [
         ("gemm", "packed"), ("gemm", "")]
@@ -263,11 +272,14 @@ def test_only_3x3_stride_1_convolutions_have_winograd_variants():
 
 @pytest.mark.parametrize(("proto", "algorithm"), [
     (conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
-    (conv_model(16, 40, 9, 3, 2, 1), "packed"),
+    (conv_model(64, 40, 9, 1, 1, 0), "packed"),
+    (conv_model(16, 40, 9, 3, 2, 1), DIRECT),
+    (conv_model(32, 32, 12, 3, 1, 1, groups=32), "onednn" if ONEDNN else ""),
     (gemm_model(24, 40, 56), "packed"),
 ])
 def test_cached_weights_are_transformed_again_when_they_change(proto, algorithm):
-    """The shim caches a weight's Winograd transform or packed panels by address: new values
+    """The shim caches a weight's Winograd transform, packed panels or oneDNN layout by
+    address: new values
     written into the same weight tensor (as a measurement's fresh arguments may land at a freed
     address) are transformed again, not served from the cache."""
     target = cpu_target(2)
@@ -340,6 +352,76 @@ def test_packed_variants_match_under_every_isa(isa):
     assert done.stdout.strip().endswith("ok")
 
 
+@needs_onednn
+@pytest.mark.parametrize(("label", "proto"), [
+    ("3x3 pad1", conv_model(16, 32, 12, 3, 1, 1)),
+    ("3x3 stride2", conv_model(8, 16, 13, 3, 2, 1)),
+    ("7x7 stride2 rgb stem", conv_model(3, 16, 20, 7, 2, 3)),
+    ("3x3 dilation2", conv_model(8, 8, 12, 3, 1, 2, dilation=2)),
+    ("1x1 stride2: the last input column is never read", conv_model(16, 24, 8, 1, 2, 0)),
+    ("batch 3: more images than workers", conv_model(64, 64, 13, 3, 1, 2, batch=3)),
+    ("depthwise 3x3", conv_model(32, 32, 12, 3, 1, 1, groups=32)),
+    ("depthwise 3x3 stride2", conv_model(72, 72, 13, 3, 2, 1, groups=72)),
+    ("depthwise 5x5 dilation2", conv_model(20, 20, 11, 5, 1, 4, dilation=2, groups=20)),
+    ("depthwise batch 2, unpadded", conv_model(16, 16, 9, 3, 1, 0, groups=16, batch=2)),
+    ("conv + bias + residual + relu6", epilogue_model("residual relu6", "conv", 16)),
+    ("depthwise + bias + residual + relu6", epilogue_model("residual relu6", "depthwise", 72)),
+])
+def test_onednn_variant_matches_the_task(label, proto):
+    """Every convolution and depthwise convolution has a oneDNN variant (the output rows split
+    into one slab a TVM worker, each a single-threaded primitive; the epilogue as the
+    primitive's bias, binary-add and clip post-ops), and it agrees with the task's TIR, run
+    three times (primitives and reordered weights come from the caches after the first)."""
+    target = cpu_target(2)
+    task = _conv_task(proto, target)
+    (call,) = [v for v in peer_variants(task) if v.algorithm == "onednn"]
+    assert call.to_json()["function"].endswith("_onednn"), label
+    for _ in range(3):
+        _check_peer(task, target, call)
+
+
+@needs_onednn
+def test_a_failing_library_call_raises():
+    """A shim call that fails (here oneDNN's: a slab of output rows that reads only padding)
+    raises in the kernel, so a measurement fails and a model run raises, instead of leaving
+    the output unwritten."""
+    target = cpu_target(2)
+    task = _conv_task(conv_model(4, 8, 1, 1, 1, 6), target)  # 1x1 input, 6 rows of padding
+    (call,) = [v for v in peer_variants(task) if v.algorithm == "onednn"]
+    load_peers()
+    with pytest.raises(RuntimeError, match="tunehub_peer_conv2d_nhwc_onednn failed"):
+        _run(peer_task_module(task, call=call), _random_args(task), target)
+
+
+WITHOUT_ONEDNN = """
+import sys
+sys.path.insert(0, sys.argv[1])
+from tests.compiler import test_peers as t
+from compiler.peers.library import onednn_available, onednn_unavailable_reason, peer_library
+from compiler.target import cpu_target
+assert peer_library() is not None and not onednn_available()
+assert "TUNEHUB_ONEDNN=0" in onednn_unavailable_reason()
+assert "onednn" not in peer_library().describe()
+for proto in (t.conv_model(16, 32, 12, 3, 1, 1), t.conv_model(32, 32, 12, 3, 1, 1, groups=32)):
+    task = t._conv_task(proto, cpu_target(2))
+    variants = t.peer_variants(task)
+    assert variants and all(v.algorithm != "onednn" for v in variants), variants
+    t._check_peer(task, cpu_target(2))
+print("ok")
+"""
+
+
+def test_a_machine_without_onednn_keeps_the_other_peers():
+    """With oneDNN turned off (``TUNEHUB_ONEDNN=0``, as on a machine without its wheels) the
+    shim is built without it: no ``onednn`` variant is offered, the reason is given, and every
+    other peer works."""
+    env = {**os.environ, "TUNEHUB_ONEDNN": "0"}
+    done = subprocess.run([sys.executable, "-c", WITHOUT_ONEDNN, str(REPO)], capture_output=True,
+                          text=True, env=env, cwd=REPO, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().endswith("ok")
+
+
 def test_operators_the_library_does_not_cover_have_no_peer():
     """Grouped convolutions other than depthwise (two channels a group, or two filters a
     channel) have no peer; nor has any task on the legacy NCHW path."""
@@ -373,13 +455,15 @@ print(repr(vm["main"](tvm.runtime.tensor(x)).numpy().tolist()))
 
 
 @pytest.mark.parametrize(("proto", "algorithm"), [
-    (conv_model(8, 16, 12, 3, 1, 1), "packed"),
+    (conv_model(64, 32, 12, 1, 1, 0), "packed"),
     (conv_model(64, 64, 24, 3, 1, 1), "winograd_f4"),
+    (conv_model(8, 16, 12, 3, 1, 1), DIRECT),
 ])
 def test_zero_trial_artifact_runs_in_a_fresh_process(tmp_path, proto, algorithm):
-    """The artifact links the shim and OpenBLAS: a process with nothing but the TVM runtime
-    loads and runs it (no peer library loaded, no TuneHub import) and matches ONNX Runtime,
-    with its convolution on the packed-weight GEMM or on Winograd."""
+    """The artifact links the shim, OpenBLAS and (where the shim has it) oneDNN: a process with
+    nothing but the TVM runtime loads and runs it (no peer library loaded, no TuneHub import)
+    and matches ONNX Runtime, with its convolution on the packed-weight GEMM, on Winograd or on
+    oneDNN."""
     import onnxruntime as ort
 
     assert find_peer(_conv_task(proto, cpu_target(2))).algorithm == algorithm
@@ -387,6 +471,7 @@ def test_zero_trial_artifact_runs_in_a_fresh_process(tmp_path, proto, algorithm)
     assert len(keys) == 1
     needed = subprocess.run(["ldd", str(library)], capture_output=True, text=True).stdout
     assert "openblas" in needed
+    assert ("libdnnl.so.3" in needed) == bool(ONEDNN)
     x = RNG.standard_normal([int(d.dim_value) for d in proto.graph.input[0].type.tensor_type
                              .shape.dim]).astype("float32")
     np.save(tmp_path / "x.npy", x)

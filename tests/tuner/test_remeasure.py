@@ -179,12 +179,13 @@ def test_settings_are_checked(monkeypatch):
 
 @pytest.mark.skipif(peer_library() is None, reason="no peer library on this machine")
 def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
-    """A 3x3 stride-1 convolution has four peer variants (im2col on the packed GEMM or on
-    OpenBLAS, Winograd F(2x2), F(4x4)):
+    """A 3x3 stride-1 convolution has five peer variants (im2col on the packed GEMM or on
+    OpenBLAS, Winograd F(2x2), F(4x4), oneDNN's where the peer library has it):
     each is timed side by side with the default schedule, and the build's ``peers`` names the
     variant that won; the artifact built with it matches ONNX Runtime."""
     from compiler.build import build  # noqa: PLC0415
     from compiler.peers import peer_variants  # noqa: PLC0415
+    from compiler.peers.library import onednn_available  # noqa: PLC0415
     from compiler.runner import LoadedLibrary  # noqa: PLC0415
     from compiler.verify import verify  # noqa: PLC0415
     from tests.compiler.test_peers import conv_model  # noqa: PLC0415
@@ -196,7 +197,9 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     (task, extracted), = [(t, e) for t, e in zip(prepared.partition.tasks,
                                                  prepared.partition.extracted) if "conv" in t.name]
     variants = peer_variants(extracted.dispatched[0])
-    assert {v.algorithm for v in variants} == {"packed", "im2col", "winograd_f2", "winograd_f4"}
+    onednn = {"onednn"} if onednn_available() else set()
+    assert {v.algorithm for v in variants} == {"packed", "im2col", "winograd_f2", "winograd_f4",
+                                               *onednn}
     remeasured = remeasure_tasks(prepared, {}, RemeasureConfig(top=2, rounds=2))
     candidates = remeasured[task.key].candidates
     assert sorted(c.peer["algorithm"] for c in candidates if c.peer) == sorted(
