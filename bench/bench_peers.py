@@ -6,7 +6,7 @@
 
 Per model (exported at run time, batch 1, seeded weights), in one process:
 
-- **Per task**, every task with a peer (:mod:`compiler.peers`): its OpenBLAS peer, TVM's default
+- **Per task**, every task with a peer (:mod:`compiler.peers`): every peer variant, TVM's default
   schedule (:mod:`compiler.default_schedules`) and, with ``--db``, the database's best record,
   all built with the tuner's builder and timed by the tuner's runner side by side
   (:func:`tuner.remeasure.time_side_by_side`, ``--rounds`` rounds, order rotated); medians and
@@ -14,7 +14,9 @@ Per model (exported at run time, batch 1, seeded weights), in one process:
 - **Whole model**, each a verified library run in this process, timed in ``--rounds``
   interleaved rounds (each round runs every variant for at least 0.2 s; the table gives the
   median of rounds): ONNX Runtime, torch eager, zero-trial without peers (TVM's default
-  schedules only), zero-trial with peers (``compiler.build.build_zero_trial``) and, with
+  schedules only), zero-trial with peers (``compiler.build.build_zero_trial``), the same with
+  OpenBLAS instead of the packed GEMM and with the shim's kernels instead of oneDNN's (where
+  oneDNN is a default) and, with
   ``--db``, tuned alone (each task's best record) and tuned + peers (each task's winner of the
   side-by-side re-measurement of its top records and its peer, ``tuner.finalize.choose_winners``,
   as a job's final build does). TVM untuned (naive loops) is timed once, apart (seconds per
@@ -141,6 +143,15 @@ def openblas_call(call: Any) -> Any:
     return dataclasses.replace(call, algorithm="im2col" if call.kind == "conv2d_nhwc" else "")
 
 
+def without_onednn(call: Any) -> Any:
+    """``call`` with oneDNN's primitive replaced by the shim's own kernel (the packed GEMM for a
+    convolution, the depthwise kernel): the zero-trial peers before oneDNN, for the side by
+    side."""
+    if call.algorithm != "onednn":
+        return call
+    return dataclasses.replace(call, algorithm="packed" if call.kind == "conv2d_nhwc" else "")
+
+
 def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[str, Any]]:
     """Every peer variant (:func:`compiler.peers.peer_variants`: packed GEMM, OpenBLAS,
     Winograd) vs default schedule vs best record of every task with a peer, side by side."""
@@ -223,6 +234,13 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
         timers["zero-trial + peers (OpenBLAS)"], result["checks"][
             "zero-trial + peers (OpenBLAS)"] = _library_timer(
             openblas, inputs, True, work, prepared.model, f"{name}-zero-openblas")
+        shim_only = {key: without_onednn(find_peer(task)) for key, task in tasks if key in keys}
+        if any(call.algorithm == "onednn" for key, task in tasks if key in keys
+               for call in [find_peer(task)]):
+            no_onednn = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=shim_only)
+            timers["zero-trial + peers (no oneDNN)"], result["checks"][
+                "zero-trial + peers (no oneDNN)"] = _library_timer(
+                no_onednn, inputs, True, work, prepared.model, f"{name}-zero-no-onednn")
     records: dict[str, list] = {}
     if args.tune:
         from db.storage import open_storage
@@ -280,7 +298,8 @@ def machine() -> dict[str, Any]:
 
 
 COLUMNS = ("ONNX Runtime", "torch eager", "TVM untuned", "zero-trial, no peers",
-           "zero-trial + peers (OpenBLAS)", "zero-trial + peers", "tuned alone", "tuned + peers")
+           "zero-trial + peers (OpenBLAS)", "zero-trial + peers (no oneDNN)", "zero-trial + peers",
+           "tuned alone", "tuned + peers")
 
 
 def _ms(value: Any) -> str:
@@ -319,7 +338,8 @@ def render(run: dict[str, Any]) -> str:
     for m in run["models"]:
         lines += ["", f"## {m['model']}: tasks with a peer (ms, GFLOP/s)", "",
                   "Every peer variant of the task (`packed`: im2col + the shim's packed-weight "
-                  "GEMM; `im2col`/`sgemm`: OpenBLAS; `winograd_*`), the zero-trial build's "
+                  "GEMM; `im2col`/`sgemm`: OpenBLAS; `winograd_*`; `onednn`: oneDNN's primitive; "
+                  "`depthwise_conv2d_nhwc`: the shim's depthwise kernel), the zero-trial build's "
                   "default variant first.", "",
                   "| task | weight | MFLOP | peer call | peer variants | default schedule |"
                   " tuned best | fastest |", "|---|---|---|---|---|---|---|---|"]

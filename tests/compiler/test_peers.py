@@ -381,6 +381,25 @@ def test_onednn_variant_matches_the_task(label, proto):
 
 
 @needs_onednn
+def test_onednn_calls_leave_the_callers_openmp_thread_count_alone():
+    """A oneDNN peer runs each slab with its thread's OpenMP count at 1 (so oneDNN never wakes
+    an OpenMP team beside TVM's pool, whatever the caller set: torch sets it on the main
+    thread, which runs a TVM launch's task 0) and gives the caller its own count back."""
+    import ctypes
+
+    gomp = ctypes.CDLL("libgomp.so.1")  # the one oneDNN's runtime resolved to in this process
+    target = cpu_target(2)
+    task = _conv_task(conv_model(32, 32, 12, 3, 1, 1, groups=32), target)
+    (call,) = [v for v in peer_variants(task) if v.algorithm == "onednn"]
+    gomp.omp_set_num_threads(3)
+    try:
+        _check_peer(task, target, call)
+        assert gomp.omp_get_max_threads() == 3
+    finally:
+        gomp.omp_set_num_threads(os.cpu_count() or 1)
+
+
+@needs_onednn
 def test_a_failing_library_call_raises():
     """A shim call that fails (here oneDNN's: a slab of output rows that reads only padding)
     raises in the kernel, so a measurement fails and a model run raises, instead of leaving
