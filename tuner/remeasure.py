@@ -247,7 +247,7 @@ def _peer_candidates(extracted: Any, target: Any, rpc: RpcConfig | None
             logger.warning("task %s: its library peer %s could not be made (%s)",
                            extracted.task_name, call.algorithm or call.kind, err)
             continue
-        out.append((module, {**call.to_json(), **library.describe()}, call))
+        out.append((module, {**call.to_json(), **library.describe_for(call)}, call))
     return out
 
 

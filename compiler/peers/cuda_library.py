@@ -79,6 +79,10 @@ class CudaPeerLibrary:
                           "path": str(cudnn.path)},
                 "shim": self.shim_hash}
 
+    def describe_for(self, call: Any) -> dict[str, Any]:
+        """What a measurement of ``call`` ran (every CUDA peer: :meth:`describe`)."""
+        return self.describe()
+
 
 def _versioned(folder: Path, stem: str) -> Path | None:
     """``folder/stem.so.N`` (the highest N), else ``folder/stem.so``, else ``None``."""

@@ -85,6 +85,14 @@ class PeerLibrary:
             out["onednn"] = self.onednn.describe()
         return out
 
+    def describe_for(self, call: Any) -> dict[str, Any]:
+        """What a measurement of ``call`` (a :class:`compiler.peers.rewrite.PeerCall`) ran:
+        oneDNN (package, version, the shim) for its ``onednn`` variants, else OpenBLAS and the
+        shim (:meth:`describe` without the other library)."""
+        if getattr(call, "algorithm", "") == "onednn" and self.onednn is not None:
+            return {"library": "onednn", **self.onednn.describe(), "shim": self.shim_hash}
+        return {key: value for key, value in self.describe().items() if key != "onednn"}
+
 
 @dataclass(frozen=True)
 class Blas:

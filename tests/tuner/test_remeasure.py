@@ -204,6 +204,9 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     candidates = remeasured[task.key].candidates
     assert sorted(c.peer["algorithm"] for c in candidates if c.peer) == sorted(
         v.algorithm for v in variants)
+    # each says which library it ran (what its library record stores)
+    assert all(c.peer["library"] == ("onednn" if c.peer["algorithm"] == "onednn" else "openblas")
+               for c in candidates if c.peer)
     assert sum(c.default is not None for c in candidates) == 1
     assert all(len(c.rounds_secs) == 2 for c in candidates)
     peers = peer_keys(remeasured)
