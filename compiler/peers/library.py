@@ -1,4 +1,4 @@
-"""The peer library on this machine: OpenBLAS behind a small C++ shim.
+"""The peer library on this machine: OpenBLAS (and oneDNN) behind a small C++ shim.
 
 Library peers (:mod:`compiler.peers.rewrite`) call the C entry points of ``shim.cc``
 (``tunehub_peer_gemm``, ``tunehub_peer_conv2d_nhwc``: OpenBLAS ``sgemm``; the convolution as
@@ -45,7 +45,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib.metadata import PackageNotFoundError, distribution, version
 from pathlib import Path
 from typing import Any
@@ -66,6 +66,8 @@ class PeerLibrary:
     blas: Blas
     shim_hash: str
     onednn: OneDnn | None = None
+    #: Why :attr:`onednn` is ``None`` (empty when it is not).
+    onednn_reason: str = ""
 
     def load(self) -> None:
         """Load the shim ``RTLD_GLOBAL`` into this process, so that peer kernels built without
@@ -139,11 +141,10 @@ def find_onednn() -> OneDnn:
     found: dict[str, Path] = {}
     for package, wanted in zip(ONEDNN_PACKAGES, ("libdnnl.so.3", "dnnl.hpp")):
         try:
-            files = distribution(package).files or []
+            dist = distribution(package)
         except PackageNotFoundError:
             raise RuntimeError(f"oneDNN is not installed (pip install {package})") from None
-        path = next((distribution(package).locate_file(f) for f in files
-                     if f.name == wanted), None)
+        path = next((dist.locate_file(f) for f in dist.files or [] if f.name == wanted), None)
         if path is None or not Path(path).exists():
             raise RuntimeError(f"{package} has no {wanted}")
         found[wanted] = Path(path).resolve()
@@ -205,23 +206,19 @@ def cxx() -> str:
 
 
 def _build() -> PeerLibrary:
-    """The shim with oneDNN where it is there and builds, else without; raises
-    ``RuntimeError`` (no compiler, no BLAS, a shim that does not build)."""
+    """The shim with oneDNN where it is there and builds, else without (the library's
+    ``onednn_reason`` says why); raises ``RuntimeError`` (no compiler, no BLAS, a shim that
+    does not build)."""
     try:
         onednn = find_onednn()
     except RuntimeError as err:
-        _ONEDNN_REASON[0] = str(err)
-        return _build_with(None)
+        return replace(_build_with(None), onednn_reason=str(err))
     try:
         return _build_with(onednn)
     except RuntimeError as err:
-        _ONEDNN_REASON[0] = f"the shim did not build against oneDNN {onednn.version}: {err}"
-        logging.getLogger("tunehub.peers").warning("%s", _ONEDNN_REASON[0])
-        return _build_with(None)
-
-
-#: Why the shim has no oneDNN peers (set by :func:`_build`).
-_ONEDNN_REASON = [""]
+        reason = f"the shim did not build against oneDNN {onednn.version}: {err}"
+        logging.getLogger("tunehub.peers").warning("%s", reason)
+        return replace(_build_with(None), onednn_reason=reason)
 
 
 def _build_with(onednn: OneDnn | None) -> PeerLibrary:
@@ -284,9 +281,8 @@ def onednn_available() -> bool:
 
 def onednn_unavailable_reason() -> str:
     """Why :func:`onednn_available` is false (empty when it is not)."""
-    if onednn_available():
-        return ""
-    return _ONEDNN_REASON[0] or unavailable_reason()
+    library = peer_library()
+    return unavailable_reason() if library is None else library.onednn_reason
 
 
 def load_peers() -> None:

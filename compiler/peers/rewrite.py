@@ -495,9 +495,8 @@ def default_depthwise_algorithm(shape: _ConvShape) -> str:
     pixels, where it took 0.29-0.91x the shim's kernel's time on MobileNetV2's
     (``bench/results/onednn_peers_2026-12-02.md``); the shim's own kernel (``""``) on small
     strided ones, where oneDNN took 1.2-1.5x."""
-    if onednn_peers() and (shape.strides == (1, 1) or shape.pixels >= ONEDNN_DEPTHWISE_MIN_PIXELS):
-        return "onednn"
-    return ""
+    wide = shape.strides == (1, 1) or shape.pixels >= ONEDNN_DEPTHWISE_MIN_PIXELS
+    return "onednn" if wide and onednn_peers() else ""
 
 
 def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | None:
@@ -641,7 +640,8 @@ def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     """Every library call that can replace the anchor of a task module on ``device``: the call
     :func:`find_peer` picks first, then (CPU) the other algorithms of a convolution
     (:func:`conv_algorithms`) or of a packed GEMM (:data:`GEMM_ALGORITHMS`), oneDNN's for a
-    depthwise convolution (where the library has it); empty when the task has no peer. Each builds with ``peer_function(func, device, call=...)`` /
+    depthwise convolution (where the library has it); empty when the task has no peer. Each
+    builds with ``peer_function(func, device, call=...)`` /
     ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
     :meth:`PeerCall.to_json`)."""
     default = find_peer(mod, device)
@@ -706,7 +706,7 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
         args += _epilogue_args(call, buffers, output)
     extern = s_tir.SBlock(
         [], [_region(b) for b in (*inputs, *epilogue)], [_region(output)], "tunehub_peer",
-        _checked(tirx.call_extern("int32", call.function, *args), call.function),
+        _checked(tirx.call_extern("int32", call.function, *args), call.function, device),
     )
     dropped = {str(stages[i].block.writes[0].source.name)
                for i in range(last + 1)} - {call.output}
@@ -722,13 +722,18 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     return _schedule_epilogue(rewritten, len(stages) - last - 1, device)
 
 
-def _checked(status: Any, function: str) -> Any:
-    """A statement that makes the call ``status`` and raises a ``RuntimeError`` (in the calling
-    kernel, so in its caller: a measurement fails, a model run raises) where it is not 0."""
+def _checked(status: Any, function: str, device: str) -> Any:
+    """A statement that makes the call ``status``; on the CPU it raises a ``RuntimeError`` (in
+    the calling kernel, so in its caller: a measurement fails, a model run raises) where the
+    status is not 0. (The CUDA shim returns cuBLAS/cuDNN statuses too, but checking them has
+    not run on a GPU yet: there the status is still ignored.)"""
+    if device != "cpu":
+        return tirx.Evaluate(status)
     # TVM 0.27's Python ``tirx.AssertStmt`` passes (kind, condition) to a constructor that
     # takes (condition, kind): call the constructor itself.
-    return tirx._ffi_api.AssertStmt(status == 0, ir.StringImm("RuntimeError"),
-                                    [ir.StringImm(f"the library peer {function} failed")], None)
+    message = [ir.StringImm(f"the library peer {function} failed")]
+    return tirx._ffi_api.AssertStmt(  # noqa: SLF001 - see above
+        status == 0, ir.StringImm("RuntimeError"), message, None)
 
 
 def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list[Any]:

@@ -238,8 +238,8 @@ def _conv_task(proto: onnx.ModelProto, target) -> tvm.IRModule:
 )
 def test_every_conv_variant_matches_the_task(label, proto, default):
     """A 3x3 stride-1 convolution has five variants (im2col on the packed-weight GEMM or on
-    OpenBLAS, Winograd F(2x2) and F(4x4), oneDNN's), the default first; each agrees with the task's TIR
-    (F(4x4) within its error bound)."""
+    OpenBLAS, Winograd F(2x2) and F(4x4), oneDNN's), the default first; each agrees with the
+    task's TIR (F(4x4) within its error bound)."""
     target = cpu_target(2)
     task = _conv_task(proto, target)
     variants = peer_variants(task)
