@@ -226,21 +226,21 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     result["zero-trial peers"] = len(keys)
     timers["zero-trial + peers"], result["checks"]["zero-trial + peers"] = _library_timer(
         zero, inputs, bool(keys), work, prepared.model, f"{name}-zero")
-    if keys:  # the same with OpenBLAS where the packed GEMM is the default
+    if keys:  # the same with OpenBLAS where the packed GEMM is the default, without oneDNN
         from compiler.peers import find_peer
 
-        calls = {key: openblas_call(find_peer(task)) for key, task in tasks if key in keys}
-        openblas = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=calls)
-        timers["zero-trial + peers (OpenBLAS)"], result["checks"][
-            "zero-trial + peers (OpenBLAS)"] = _library_timer(
-            openblas, inputs, True, work, prepared.model, f"{name}-zero-openblas")
-        shim_only = {key: without_onednn(find_peer(task)) for key, task in tasks if key in keys}
-        if any(call.algorithm == "onednn" for key, task in tasks if key in keys
-               for call in [find_peer(task)]):
-            no_onednn = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=shim_only)
-            timers["zero-trial + peers (no oneDNN)"], result["checks"][
-                "zero-trial + peers (no oneDNN)"] = _library_timer(
-                no_onednn, inputs, True, work, prepared.model, f"{name}-zero-no-onednn")
+        defaults = {key: find_peer(task) for key, task in tasks if key in keys}
+        # (label, swap, file suffix, built even when it swaps nothing)
+        variants = [("OpenBLAS", openblas_call, "openblas", True),
+                    ("no oneDNN", without_onednn, "no-onednn", False)]
+        for label, swap, suffix, always in variants:
+            calls = {key: swap(call) for key, call in defaults.items()}
+            if calls == defaults and not always:  # the zero-trial build itself
+                continue
+            built = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=calls)
+            column = f"zero-trial + peers ({label})"
+            timers[column], result["checks"][column] = _library_timer(
+                built, inputs, True, work, prepared.model, f"{name}-zero-{suffix}")
     records: dict[str, list] = {}
     if args.tune:
         from db.storage import open_storage

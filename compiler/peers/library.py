@@ -91,7 +91,7 @@ class PeerLibrary:
         """What a measurement of ``call`` (a :class:`compiler.peers.rewrite.PeerCall`) ran:
         oneDNN (package, version, the shim) for its ``onednn`` variants, else OpenBLAS and the
         shim (:meth:`describe` without the other library)."""
-        if getattr(call, "algorithm", "") == "onednn" and self.onednn is not None:
+        if call.algorithm == "onednn" and self.onednn is not None:
             return {"library": "onednn", **self.onednn.describe(), "shim": self.shim_hash}
         return {key: value for key, value in self.describe().items() if key != "onednn"}
 

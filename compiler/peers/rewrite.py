@@ -25,7 +25,8 @@ library implements, or ``None``:
   ``""``) and, where the library has oneDNN, oneDNN's (``onednn``);
   :func:`default_depthwise_algorithm` picks one.
 
-Where the peer library was built against oneDNN (:func:`onednn_peers`), every convolution
+Where the peer library was built against oneDNN
+(:func:`compiler.peers.library.onednn_available`), every convolution
 also has the ``onednn`` variant: oneDNN's primitive on slabs of output rows, one a TVM worker
 (``compiler/peers/shim_onednn.inc``).
 
@@ -53,6 +54,8 @@ from typing import Any
 import tvm
 from tvm import ir, s_tir, tirx
 from tvm.sym.pattern import detect_linear_equation
+
+from compiler.peers.library import onednn_available
 
 # TVM 0.27's TIR nodes: a load is ``ir.TensorLoad`` (its buffer is ``.source``), buffers and
 # loop variables are ``ir.Var``, block regions ``ir.TensorRegion``.
@@ -450,15 +453,13 @@ def conv_algorithms(shape: _ConvShape) -> list[str]:
     if (shape.kernel == (3, 3) and shape.strides == (1, 1) and shape.dilations == (1, 1)
             and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS):
         out += ["winograd_f2", "winograd_f4"]
-    return out + (["onednn"] if onednn_peers() else [])
+    return out + (["onednn"] if onednn_available() else [])
 
 
-def onednn_peers() -> bool:
-    """Whether this machine's peer library has the oneDNN entry points
-    (:func:`compiler.peers.library.onednn_available`; builds the shim on first use)."""
-    from compiler.peers.library import onednn_available  # noqa: PLC0415 - builds the shim
-
-    return onednn_available()
+def depthwise_algorithms() -> list[str]:
+    """The algorithms the shim has for a depthwise convolution: its own kernel (``""``)
+    always, ``onednn`` where the peer library has oneDNN."""
+    return [""] + (["onednn"] if onednn_available() else [])
 
 
 def default_conv_algorithm(shape: _ConvShape) -> str:
@@ -496,7 +497,7 @@ def default_depthwise_algorithm(shape: _ConvShape) -> str:
     (``bench/results/onednn_peers_2026-12-02.md``); the shim's own kernel (``""``) on small
     strided ones, where oneDNN took 1.2-1.5x."""
     wide = shape.strides == (1, 1) or shape.pixels >= ONEDNN_DEPTHWISE_MIN_PIXELS
-    return "onednn" if wide and onednn_peers() else ""
+    return "onednn" if wide and "onednn" in depthwise_algorithms() else ""
 
 
 def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | None:
@@ -645,23 +646,22 @@ def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
     :meth:`PeerCall.to_json`)."""
     default = find_peer(mod, device)
-    if default is not None and default.kind == "depthwise_conv2d_nhwc":
-        algorithms = ["", "onednn"] if onednn_peers() else [""]
-        return [default] + [replace(default, algorithm=a) for a in algorithms
-                            if a != default.algorithm]
-    if default is None or default.kind not in ("gemm", "conv2d_nhwc") or device != "cpu":
+    if default is None or device != "cpu":
         return [default] if default is not None else []
+    return [default] + [replace(default, algorithm=a) for a in _cpu_algorithms(mod, default)
+                        if a != default.algorithm]
+
+
+def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
+    """The algorithms the CPU shim has for the anchor of ``call`` (a task's :func:`find_peer`)."""
+    if call.kind == "depthwise_conv2d_nhwc":
+        return depthwise_algorithms()
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
-    if default.kind == "gemm":
-        if len(buffers[default.inputs[1]].shape) != 2:  # a batched B: OpenBLAS only
-            return [default]
-        return [default] + [replace(default, algorithm=a) for a in GEMM_ALGORITHMS
-                            if a != default.algorithm]
-    shape = _ConvShape.of(default, buffers[default.inputs[1]], buffers[default.output])
-    return [default] + [replace(default, algorithm=a) for a in conv_algorithms(shape)
-                        if a != default.algorithm]
+    if call.kind == "gemm":  # a batched B: OpenBLAS only
+        return list(GEMM_ALGORITHMS) if len(buffers[call.inputs[1]].shape) == 2 else []
+    return conv_algorithms(_ConvShape.of(call, buffers[call.inputs[1]], buffers[call.output]))
 
 
 def _task(func: tirx.PrimFunc) -> tvm.IRModule:

@@ -31,14 +31,12 @@
 #include <array>
 #include <cstdint>
 #include <cstdlib>
-#include <cfloat>
 #include <cmath>
 #include <cstring>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <unordered_map>
 #include <vector>
 
 #if defined(__x86_64__) && defined(__GNUC__)
@@ -1229,4 +1227,3 @@ extern "C" int tunehub_peer_depthwise_conv2d_nhwc(const float* x, const float* w
 
 #undef TUNEHUB_EPILOGUE
 #undef TUNEHUB_EPILOGUE_ARGS
-
