@@ -106,6 +106,10 @@ class Worker:
         self.max_leases = max_leases
         self.stop = threading.Event()
         self.current: _Current | None = None
+        # Heartbeats go one at a time, and none after "offline": the heartbeat thread's "idle"
+        # in flight must not reach the server after the exit's "offline" and undo it.
+        self._beat_lock = threading.Lock()
+        self._gone_offline = False
         self.leases_done = 0
         self._cost_model: tuple[int, object] | None = None  # (stored id, TrainedModel)
         self._task_models: dict[tuple[int, int | None], object] = {}  # (job, task) -> model
@@ -149,14 +153,24 @@ class Worker:
         finally:
             self.stop.set()
             with contextlib.suppress(Exception):
-                self.client.heartbeat(self.name, "offline")
+                self._beat("offline")
         return self.leases_done
+
+    def _beat(self, status: str) -> set[int]:
+        """Send one heartbeat (serialized with every other); the ids of the worker's active
+        leases. After ``offline`` has been sent, nothing more is sent and the set is empty."""
+        with self._beat_lock:
+            if self._gone_offline:
+                return set()
+            active = self.client.heartbeat(self.name, status)
+            self._gone_offline = status == "offline"
+            return active
 
     def _heartbeat_loop(self) -> None:
         while not self.stop.wait(self.settings.heartbeat_secs):
             current = self.current
             try:
-                active = self.client.heartbeat(self.name, "busy" if current else "idle")
+                active = self._beat("busy" if current else "idle")
             except (ServerUnavailable, WorkerApiError) as err:
                 logger.warning("heartbeat failed: %s", err)
                 if isinstance(err, WorkerApiError) and err.status in (403, 409):
@@ -421,7 +435,7 @@ class Worker:
                                f"worker stopped by signal {signum}")
             logger.warning("signal %s: lease %s returned", signum, current.offer.lease_id)
         with contextlib.suppress(Exception):
-            self.client.heartbeat(self.name, "offline")
+            self._beat("offline")
         _kill_children()
         os._exit(128 + signum)
 
