@@ -4,7 +4,11 @@ The default builder imports ``tvm.s_tir.tensor_intrin`` (~11 s) in every fresh p
 LocalBuilder starts fresh workers for every batch; on a loaded 2-core machine that hits the build
 timeout and silently loses candidates. :func:`fast_build` does the same lowering without that
 import. It is a module-level function of an importable module, so popen workers unpickle it by
-reference.
+reference. Even without that import, a fresh worker spends ~2.5 s of CPU importing TVM: with one
+pool per batch, a MobileNetV2 run of 68 trials spent a quarter of its CPU time on imports
+(py-spy, 2026-12-02). :class:`PooledBuilder` keeps its workers across batches and recycles each
+after :data:`BUILDS_PER_WORKER` builds (LocalBuilder restarts its pool because of "a known memory
+leak issue with the PopenPool workers after a couple times of usage").
 
 Evaluator settings: each candidate is timed ``repeat`` times, each repeat running for at least
 ``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
@@ -23,8 +27,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
+from tvm.s_tir.meta_schedule.builder import local_builder
 from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
+from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 from compiler.peers import load_peers
 
@@ -76,8 +83,69 @@ GPU_MEASURE = MeasureConfig(
 )
 
 
-def make_builder(config: MeasureConfig) -> ms.builder.Builder:
-    return ms.builder.LocalBuilder(
+def _check_build_functions(f_build: Any, f_export: Any) -> None:
+    """In a builder worker: both functions resolve (LocalBuilder's sanity check)."""
+    local_builder.get_global_func_with_default_on_worker(name=f_build, default=None)
+    local_builder.get_global_func_with_default_on_worker(name=f_export, default=None)
+
+
+def _build_in_worker(job: tuple[Any, ...]) -> str:
+    """In a builder worker: build and export one candidate; the artifact's path."""
+    return local_builder._worker_func(*job)  # noqa: SLF001 - LocalBuilder's own worker body
+
+
+#: Builds a pooled builder worker runs before it is replaced by a fresh process.
+BUILDS_PER_WORKER = 200
+
+
+@derived_object
+class PooledBuilder(local_builder.LocalBuilder._cls):  # noqa: SLF001 - derived_object's rule
+    """MetaSchedule's LocalBuilder whose popen workers live across batches (each recycled after
+    :data:`BUILDS_PER_WORKER` builds, or when a build times out). The same results and error
+    messages as LocalBuilder; :meth:`close` ends the workers (also done when it is collected)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._pool: PopenPoolExecutor | None = None
+        super().__init__(**kwargs)
+
+    def _workers(self) -> PopenPoolExecutor:
+        if self._pool is None:
+            self._pool = PopenPoolExecutor(
+                max_workers=self.max_workers, timeout=self.timeout_sec,
+                initializer=self.initializer, maximum_process_uses=BUILDS_PER_WORKER,
+            )
+        return self._pool
+
+    def _sanity_check(self) -> None:
+        self._workers().submit(_check_build_functions, self.f_build, self.f_export).result()
+
+    def build(self, build_inputs: list[Any]) -> list[Any]:
+        jobs = [(self.f_build, self.f_export, item.mod, item.target,
+                 local_builder._serialize_params(item.params))  # noqa: SLF001 - as LocalBuilder
+                for item in build_inputs]
+        results = []
+        for outcome in self._workers().map_with_error_catching(
+                _build_in_worker, jobs):
+            if outcome.status == StatusKind.COMPLETE:
+                results.append(ms.builder.BuilderResult(outcome.value, None))
+            elif outcome.status == StatusKind.TIMEOUT:
+                results.append(ms.builder.BuilderResult(
+                    None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+            else:
+                results.append(ms.builder.BuilderResult(
+                    None, "LocalBuilder: An exception occurred\n" + str(outcome.value)))
+        return results
+
+    def close(self) -> None:
+        """End the workers (a later :meth:`build` starts new ones)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+def make_builder(config: MeasureConfig) -> PooledBuilder:
+    """The tuner's builder: :func:`fast_build` in pooled workers (call ``close()`` when done)."""
+    return PooledBuilder(
         max_workers=config.builder_workers,
         timeout_sec=config.build_timeout_sec,
         f_build=fast_build,

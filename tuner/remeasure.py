@@ -6,7 +6,9 @@ record is often a lucky measurement rather than the fastest schedule. Before a j
 :func:`remeasure_tasks` takes each task's top records (``top``, default 3), builds them with the
 tuner's builder and times them with the tuner's runner, all tasks' candidates in one list per
 round and the order rotated each round, ``rounds`` rounds (default 5): every candidate of a task is
-timed under the same conditions, and each round's value is the mean of the runner's repeats. The
+timed under the same conditions. Each round times a candidate once, for at least the runner's
+``min_repeat_ms`` (one repeat: the rounds are the repeats; with the tuner's five repeats a round,
+MobileNetV2's final build spent ~4 of its ~5 minutes here, py-spy 2026-12-02). The
 winner of a task is the candidate with the lowest median over rounds; the build uses it
 (:func:`records_for_build`), and the re-measurements are stored beside their records
 (:class:`db.NewRemeasurement`, never changing a record's own measurement).
@@ -194,7 +196,8 @@ def time_side_by_side(
 ) -> list[tuple[float, ...]]:
     """Time ``schedules`` (``(workload module, trace)`` pairs; trace ``None``: a module that is
     scheduled already) side by side: all built with the tuner's builder, then ``rounds`` rounds
-    of the tuner's runner over all of them in one list, the order rotated each round. Returns,
+    of the tuner's runner over all of them in one list, the order rotated each round, each
+    schedule timed once a round (``measure``'s ``repeat`` is set to 1). Returns,
     per schedule in order, the mean run time of each round; empty for one that does not replay,
     build or run (never raises for it). ``target``: a :class:`compiler.target.TargetSpec`;
     ``measure`` defaults to its kind's settings."""
@@ -210,9 +213,12 @@ def time_side_by_side(
     buildable = [i for i, item in enumerate(inputs) if item is not None]
     if not buildable:
         return [tuple(t) for t in times]
-    measure = measure or MeasureConfig.for_target(target.kind)
+    measure = dataclasses.replace(measure or MeasureConfig.for_target(target.kind), repeat=1)
     builder, runner = make_builder(measure), make_runner(measure, rpc)
-    built = dict(zip(buildable, builder.build([inputs[i][0] for i in buildable])))
+    try:
+        built = dict(zip(buildable, builder.build([inputs[i][0] for i in buildable])))
+    finally:
+        builder.close()
     runnable = [i for i in buildable if built[i].error_msg is None]
     for round_index in range(rounds if runnable else 0):
         shift = round_index % len(runnable)

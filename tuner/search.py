@@ -195,33 +195,36 @@ def run_search(
         defaults = [c for c in defaults
                     if not isinstance(c, ms.measure_callback.RemoveBuildArtifact)]
     builder, runner = make_builder(measure), make_runner(measure, rpc)
-    seeders: list[Any] = []
-    defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
-    if defaults_seeder is not None:
-        seeders.append(defaults_seeder)
-    if seeds is not None and config.sibling_seeds:
-        seeders.append(seeds)
-    model = make_cost_model(cost_model)
-    warm_start(model, contexts, database)
-    device = "cuda" if target_kind == "cuda" else "cpu"
-    ms.tune_tasks(
-        tasks=contexts,
-        task_weights=weights,
-        work_dir=work_dir,
-        max_trials_global=trials,
-        num_trials_per_iter=max(1, min(batch_size, trials)),
-        builder=builder,
-        runner=runner,
-        database=database,
-        cost_model=model,
-        measure_callbacks=[*defaults, *callbacks],
-        task_scheduler=BatchCommittingGradient(
-            seed=seed,
-            max_trials=trials,
-            seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
-            if seeders else None,
-        ),
-    )
+    try:
+        seeders: list[Any] = []
+        defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
+        if defaults_seeder is not None:
+            seeders.append(defaults_seeder)
+        if seeds is not None and config.sibling_seeds:
+            seeders.append(seeds)
+        model = make_cost_model(cost_model)
+        warm_start(model, contexts, database)
+        device = "cuda" if target_kind == "cuda" else "cpu"
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=work_dir,
+            max_trials_global=trials,
+            num_trials_per_iter=max(1, min(batch_size, trials)),
+            builder=builder,
+            runner=runner,
+            database=database,
+            cost_model=model,
+            measure_callbacks=[*defaults, *callbacks],
+            task_scheduler=BatchCommittingGradient(
+                seed=seed,
+                max_trials=trials,
+                seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
+                if seeders else None,
+            ),
+        )
+    finally:
+        builder.close()
     return search_report(seeds, skip, defaults_seeder)
 
 
