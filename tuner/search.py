@@ -194,17 +194,17 @@ def run_search(
     if rpc is not None:  # STACK.md: it removes whole directories; remote runs keep theirs
         defaults = [c for c in defaults
                     if not isinstance(c, ms.measure_callback.RemoveBuildArtifact)]
+    seeders: list[Any] = []
+    defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
+    if defaults_seeder is not None:
+        seeders.append(defaults_seeder)
+    if seeds is not None and config.sibling_seeds:
+        seeders.append(seeds)
+    model = make_cost_model(cost_model)
+    warm_start(model, contexts, database)
+    device = "cuda" if target_kind == "cuda" else "cpu"
     builder, runner = make_builder(measure), make_runner(measure, rpc)
     try:
-        seeders: list[Any] = []
-        defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
-        if defaults_seeder is not None:
-            seeders.append(defaults_seeder)
-        if seeds is not None and config.sibling_seeds:
-            seeders.append(seeds)
-        model = make_cost_model(cost_model)
-        warm_start(model, contexts, database)
-        device = "cuda" if target_kind == "cuda" else "cpu"
         ms.tune_tasks(
             tasks=contexts,
             task_weights=weights,
