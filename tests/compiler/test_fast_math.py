@@ -27,6 +27,8 @@ CASES = {
     "exp": (lambda x: relax.op.exp(x), np.exp, 20.0),
     "tanh": (lambda x: relax.op.tanh(x), np.tanh, 12.0),
     "softmax": (lambda x: relax.op.nn.softmax(x, axis=-1), _softmax, 20.0),
+    "sigmoid": (lambda x: relax.op.sigmoid(x), lambda x: 1 / (1 + np.exp(-x)), 100.0),
+    "silu": (lambda x: relax.op.nn.silu(x), lambda x: x / (1 + np.exp(-x)), 100.0),
     "gelu": (lambda x: relax.op.nn.gelu(x), lambda x: 0.5 * x * (1 + _ERF(x / math.sqrt(2))), 8.0),
     "gelu_tanh": (
         lambda x: relax.op.nn.gelu_tanh(x),
@@ -65,7 +67,7 @@ def test_float32_op_becomes_fast_kernel_within_tolerance(name: str) -> None:
     ops = _op_names(mod)
     assert "relax.call_tir" in ops
     assert not ops & {"relax.erf", "relax.exp", "relax.tanh", "relax.nn.softmax", "relax.nn.gelu",
-                      "relax.nn.gelu_tanh"}, ops
+                      "relax.nn.gelu_tanh", "relax.sigmoid", "relax.nn.silu"}, ops
     kernels = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels and all(k.startswith("fast_") for k in kernels), kernels
 
@@ -77,7 +79,7 @@ def test_float32_op_becomes_fast_kernel_within_tolerance(name: str) -> None:
     assert result.passed, result.message
 
 
-@pytest.mark.parametrize("name", ["erf", "softmax", "gelu"])
+@pytest.mark.parametrize("name", ["erf", "softmax", "gelu", "silu"])
 def test_other_dtypes_stay_exact(name: str) -> None:
     mod = _module(CASES[name][0], "float64")
     assert tvm_ffi.structural_equal(fast_math(mod), mod)
