@@ -40,6 +40,7 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
+from contextlib import closing
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -163,12 +164,13 @@ def _tune(task: Any, target: Any, trials: int, per_iter: int, seed: int, work: P
         mod=task.dispatched[0], target=target, space_generator="post-order-apply",
         search_strategy="evolutionary", task_name=str(task.task_name), rand_state=seed,
     )
-    return ms.tune.tune_tasks(
-        tasks=[context], task_weights=[1.0], work_dir=str(work), max_trials_global=trials,
-        max_trials_per_task=trials, num_trials_per_iter=per_iter,
-        builder=make_builder(measure), runner=make_runner(measure), database=database,
-        cost_model="random",
-    )
+    with closing(make_builder(measure)) as builder:
+        return ms.tune.tune_tasks(
+            tasks=[context], task_weights=[1.0], work_dir=str(work), max_trials_global=trials,
+            max_trials_per_task=trials, num_trials_per_iter=per_iter,
+            builder=builder, runner=make_runner(measure), database=database,
+            cost_model="random",
+        )
 
 
 def _kernel_timer(task: Any, target: Any, database: Any, min_ms: int) -> Callable[[], float]:

@@ -17,6 +17,7 @@ import datetime as dt
 import json
 import statistics
 import tempfile
+from contextlib import closing
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -49,14 +50,14 @@ def main() -> int:
     from tuner.search import FAST_SEARCH
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tunehub-spread-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="tunehub-spread-") as tmp, \
+            closing(make_builder(MeasureConfig())) as builder:
         work = Path(tmp)
         target = cpu_target()
         prepared = prepare_model(export_onnx(args.example, work / "m.onnx"), target)
         storage = db.open_storage(f"sqlite:///{work / 's.db'}", upgrade=True)
         tune_model(storage, prepared, trials=args.trials, output_dir=work / "a", search=FAST_SEARCH)
         database = MetaScheduleDatabase(storage, target)
-        builder = make_builder(MeasureConfig())
         for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
             mod = extracted.dispatched[0]
             record = database.query_tuning_record(mod, target.tvm_target(), task.name)

@@ -50,6 +50,7 @@ import os
 import statistics
 import tempfile
 import time
+from contextlib import closing
 from pathlib import Path
 
 import numpy as np
@@ -208,12 +209,13 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     storage.close()
     measure = MeasureConfig()
     start = time.perf_counter()
-    database = ms.relax_integration.tune_relax(
-        mod=prepared.partition.fused, params=None, target=target.tvm_target(),
-        work_dir=str(work / "tp-plain"), max_trials_global=trials, num_trials_per_iter=batch,
-        builder=make_builder(measure), runner=make_runner(measure),
-        strategy=SearchConfig().strategy(), seed=0,
-    )
+    with closing(make_builder(measure)) as builder:
+        database = ms.relax_integration.tune_relax(
+            mod=prepared.partition.fused, params=None, target=target.tvm_target(),
+            work_dir=str(work / "tp-plain"), max_trials_global=trials, num_trials_per_iter=batch,
+            builder=builder, runner=make_runner(measure),
+            strategy=SearchConfig().strategy(), seed=0,
+        )
     build(prepared.mod, target, database)
     plain_secs = time.perf_counter() - start
     plain_trials = len(database.get_all_tuning_records())

@@ -5,6 +5,7 @@ A few trials each: the tests check keys, layouts and numerics, never speed.
 from __future__ import annotations
 
 import json
+from contextlib import closing
 
 import numpy as np
 import pytest
@@ -157,12 +158,13 @@ def _tune_all(parts, target, tmp_path):
                        task_name=str(t.task_name), rand_state=0)
         for t in parts.extracted[:2]  # the two convolutions (heaviest first)
     ]
-    return ms.tune.tune_tasks(
-        tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(tmp_path),
-        max_trials_global=3 * len(contexts), max_trials_per_task=3, num_trials_per_iter=3,
-        builder=make_builder(measure), runner=make_runner(measure),
-        database=ms.database.JSONDatabase(work_dir=str(tmp_path)), cost_model="random",
-    )
+    with closing(make_builder(measure)) as builder:
+        return ms.tune.tune_tasks(
+            tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(tmp_path),
+            max_trials_global=3 * len(contexts), max_trials_per_task=3, num_trials_per_iter=3,
+            builder=builder, runner=make_runner(measure),
+            database=ms.database.JSONDatabase(work_dir=str(tmp_path)), cost_model="random",
+        )
 
 
 def _constant_shapes(func: relax.Function) -> set[tuple[int, ...]]:
