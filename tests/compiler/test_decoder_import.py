@@ -46,7 +46,8 @@ MASK_OPS = ("arange", "cumsum", "index_tensor", "less_equal", "logical_and", "bi
 _RMSNORM = ("RMSNorm: mean and rsqrt fused", lambda n: "mean" in n and "sqrt" in n)
 _ROTARY = ("rotary: rotate_half fused with the cos/sin multiply-add",
            lambda n: "negative" in n and "concatenate" in n and "multiply" in n)
-_SILU_GATE = ("SiLU-gated MLP: silu(gate) * up in one task", lambda n: "sigmoid_multiply" in n)
+_SILU_GATE = ("SiLU-gated MLP: silu(gate) * up in one task",
+              lambda n: "silu_multiply" in n or "sigmoid_multiply" in n)
 _LAYER_NORM = ("LayerNorm", lambda n: "layer_norm" in n)
 _GELU_TANH = ("tanh-GELU", lambda n: "tanh" in n)
 EXPECTED_PARTS: dict[str, tuple[tuple[str, Callable[[str], bool]], ...]] = {
