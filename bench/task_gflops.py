@@ -5,10 +5,12 @@
 Reads each artifact's ``manifest.json`` (nothing is run or written) and prints, per artifact, a
 markdown table of its tasks sorted by ``weight x best_ms`` (the build's estimate of the task's
 share of one model call): the implementation the build chose (``schedule``: tuned TIR,
-``default``: TVM's default schedule, or a library peer such as ``openblas gemm``), trials, the
+``default``: TVM's default schedule, or a library peer such as ``openblas gemm``, with its
+algorithm where the final build's re-measure names one: ``winograd_f4``, ``packed``), trials, the
 chosen candidate's ``best_ms`` (the final build's side-by-side re-measure where there was one,
 else the best record), its GFLOP/s (the task's FLOPs as MetaSchedule counts them over
-``best_ms``), and its share of the estimate. Kernels timed alone: an in-model kernel can be slower
+``best_ms``: for Winograd, more than the machine's peak, since it does fewer), and its share
+of the estimate. Kernels timed alone: an in-model kernel can be slower
 (``bench.task_times`` shows by how much).
 """
 from __future__ import annotations
@@ -28,13 +30,23 @@ def task_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
     schedules = manifest.get("schedules")
     if not schedules:
         raise ValueError("the manifest lists no schedules (not a tuned build)")
+    algorithms = {
+        entry["key"]: candidate["peer"]["algorithm"]
+        for entry in manifest.get("remeasured") or []
+        for candidate in entry.get("candidates", [])
+        if candidate.get("chosen") and (candidate.get("peer") or {}).get("algorithm")
+    }
     rows = []
     for schedule in schedules:
         best_ms = schedule.get("best_ms")
         if best_ms is None:
             continue
         flops = schedule.get("flops") or 0.0
-        rows.append({**schedule, "weighted_ms": schedule["weight"] * best_ms,
+        implementation = schedule["implementation"]
+        if schedule["key"] in algorithms:
+            implementation += f" ({algorithms[schedule['key']]})"
+        rows.append({**schedule, "implementation": implementation,
+                     "weighted_ms": schedule["weight"] * best_ms,
                      "gflops": flops / (best_ms * 1e6) if flops else None})
     return sorted(rows, key=lambda row: -row["weighted_ms"])
 
