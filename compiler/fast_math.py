@@ -1,4 +1,4 @@
-"""Vectorizable approximations of float32 transcendental ops, applied at import.
+"""Vectorizable approximations of float32 transcendental ops, a lowering step.
 
 TVM lowers ``erf``, ``exp`` and ``tanh`` on CPU to scalar libm calls (``erff`` and friends, one
 call an element, seen in the generated assembly), which no schedule can vectorize: BERT's GELU
@@ -22,6 +22,10 @@ only float32, the dtype TVM's approximations are written for),
   (``bench/results/decoder_2026-12-02_s512.md``' database). Other dtypes are left exact. The
 approximation errors are within the verification tolerances (tests compare against the exact
 functions); task keys change, so these tasks are tuned anew. ``mod`` itself is not modified.
+
+The lowering applies it after the convolution layout (:func:`compiler.lowering.for_target`):
+a ``call_tir`` is opaque to ``ConvertLayout``, so applied before it, a sigmoid after an NHWC
+convolution kept a transpose between them and ran as a task of its own.
 """
 from __future__ import annotations
 

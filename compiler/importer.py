@@ -1,13 +1,13 @@
 """Import a validated model into TVM Relax.
 
 ``import_model`` promises a Relax ``IRModule`` with one ``main`` function (a bucketed model: one
-function per shape bucket instead, :mod:`compiler.bucket_module`) whose parameters are the
-user inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded
-into the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network
-produce the same convolution and matmul workloads), everything computed from constants alone
-folded (attention masks built from ``arange`` included: :mod:`compiler.fold_constants`), and
-float32 ``erf`` / ``exp`` / ``tanh`` / ``softmax`` / GELU as TVM's vectorizable approximations
-(:mod:`compiler.fast_math`). Operators the importer does not support raise one
+function per shape bucket instead, :mod:`compiler.bucket_module`) whose parameters are the user
+inputs (weights bound as constants), static shapes, and inference-only ops (batch-norm folded into
+the preceding convolution where it follows one, so ONNX and ``.pt2`` imports of one network produce
+the same convolution and matmul workloads), everything computed from constants alone folded
+(attention masks built from ``arange`` included: :mod:`compiler.fold_constants`). Transcendental ops
+stay exact: their vectorizable approximations (:mod:`compiler.fast_math`) are put in by the
+lowering, after the convolution layout. Operators the importer does not support raise one
 :class:`UnsupportedOperatorsError` that lists all of them: for ``.pt2``, checked on the uploaded
 graph and again on the graph torch's decomposition makes of it, the one TVM translates
 (:mod:`compiler.pt2_ops`, with TuneHub's converters).
@@ -24,7 +24,6 @@ from tvm.sym.analyzer import Analyzer
 
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
-from compiler.fast_math import fast_math
 from compiler.fold_constants import fold_constants
 from compiler.model_spec import LoadedModel
 
@@ -115,21 +114,22 @@ def _strided_slices_simplified(func: relax.Function) -> relax.Function:
 
 
 def normalize(mod: tvm.IRModule) -> tvm.IRModule:
-    """Inference-only, batch-norm-folded form shared by both frontends, fast math applied (what
-    :func:`import_model` returns for a frontend's module; benchmarks call it on their own)."""
+    """Inference-only, batch-norm-folded form shared by both frontends (what
+    :func:`import_model` returns for a frontend's module; benchmarks call it on their own).
+    Transcendental ops stay exact here: fast math is a lowering step
+    (:func:`compiler.lowering.for_target`), after the convolution layout."""
     mod = fold_constants(mod)
     mod = canonicalize(mod)
     for gvar, func in list(mod.functions_items()):
         if isinstance(func, relax.Function):
             mod[gvar] = _squeeze_axes_non_negative(func)
-    mod = tvm.ir.transform.Sequential(
+    return tvm.ir.transform.Sequential(
         [
             relax.transform.DecomposeOpsForInference(),
             relax.transform.CanonicalizeBindings(),
             relax.transform.FoldConstant(),
         ]
     )(mod)
-    return fast_math(mod)
 
 
 #: ``Constant`` attributes other than ``value`` and the tensor each one means (ONNX spec).
@@ -255,9 +255,9 @@ def _import_buckets(model: LoadedModel) -> tvm.IRModule:
 
 
 def import_model(model: LoadedModel) -> tvm.IRModule:
-    """Translate ``model`` to a normalized Relax module (see module docstring). A bucketed
-    model (``model.buckets``) gives one module with one public function per bucket, named
-    ``Bucket.function``, and no ``main``."""
+    """Translate ``model`` to a normalized Relax module (see module docstring). A bucketed or
+    multi-program model (``model.buckets``) gives one module with one public function per
+    bucket or program, named ``Bucket.function``, and no ``main``."""
     if model.buckets:
         return _import_buckets(model)
     importer = _import_onnx if model.format == "onnx" else _import_pt2

@@ -2,10 +2,11 @@
 
 ``load_model`` accepts an ONNX file or a ``.pt2`` archive (``torch.export.save``), as bytes (an
 upload) or a path (the CLI), and promises a :class:`LoadedModel` whose inputs are all static and
-within :class:`ModelLimits` (a model with symbolic dimensions: one static specialization per
-shape bucket, :mod:`compiler.buckets`). Every bad input raises :class:`ModelError` with a
-user-facing message. No code from the file is executed: ``.pt2`` archives go through
-:mod:`compiler.pt2_safety` first.
+within :class:`ModelLimits` (a model with symbolic dimensions: one static specialization per shape
+bucket, :mod:`compiler.buckets`; a ``.pt2`` archive packaged with several programs, such as a
+decoder's prefill and decode: one static function per program, ``LoadedModel.programs``). Every bad
+input raises :class:`ModelError` with a user-facing message. No code from the file is executed:
+``.pt2`` archives go through :mod:`compiler.pt2_safety` first.
 """
 from __future__ import annotations
 
@@ -56,21 +57,72 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
     return path.read_bytes()
 
 
-def _load_program(data: bytes, limits: ModelLimits, display_name: str):
+def _load_programs(data: bytes, limits: ModelLimits, display_name: str) -> dict[str, Any]:
+    """The archive's ``ExportedProgram`` s by name (one, ``model``, unless it was packaged with
+    several), each within the graph limits."""
     from compiler.pt2_loader import check_pt2_graph_limits  # noqa: PLC0415 - torch, .pt2 only
-    from compiler.pt2_safety import load_exported_program  # noqa: PLC0415 - torch, for .pt2 files only
+    from compiler.pt2_safety import load_exported_programs  # noqa: PLC0415 - torch, for .pt2 files only
 
     fd, name = tempfile.mkstemp(suffix=".pt2", prefix="tunehub-upload-")
     try:
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
-        program = load_exported_program(
+        programs = load_exported_programs(
             Path(name), max_uncompressed_bytes=2 * limits.max_bytes, display_name=display_name
         )
     finally:
         os.unlink(name)
-    check_pt2_graph_limits(program, limits)
-    return program
+    for program in programs.values():
+        check_pt2_graph_limits(program, limits)
+    return programs
+
+
+def _several_programs(
+    programs: Mapping[str, Any], limits: ModelLimits, sha256: str, size: int,
+    input_shapes: Mapping[str, Sequence[int]], buckets: Mapping[str, BucketSpec],
+    display_name: str,
+) -> LoadedModel:
+    """A multi-program archive as one model with a function per program (``LoadedModel.programs``,
+    one :class:`Bucket` each, no symbol values). Refused (``ModelError``): options that bind
+    symbolic dimensions (each program must be exported with static shapes), a program name that
+    is not an identifier, a program with symbolic dimensions, and two programs that take the same
+    input shapes (the library dispatches on them)."""
+    from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
+
+    names = ", ".join(programs)
+    if input_shapes or buckets:
+        raise ModelError(
+            "bad_input_shape",
+            f"{display_name} holds several programs ({names}); --input-shape and --buckets "
+            "apply to a single program: export each program with static shapes instead",
+        )
+    functions: list[Bucket] = []
+    seen: dict[tuple[tuple[int, ...], ...], str] = {}
+    for name, program in programs.items():
+        if not name.isidentifier():
+            raise ModelError(
+                "bad_pt2", f"{display_name}: program name {name!r} is not an identifier")
+        dims, _ = pt2_symbolic_dims(program)
+        if dims:
+            raise ModelError(
+                "symbolic_shape",
+                f"{display_name}: program {name!r} has symbolic dimensions "
+                f"({', '.join(sorted({d.symbol for d in dims}))}); a multi-program archive takes "
+                "programs exported with static shapes",
+            )
+        specs, bindings = pt2_input_specs(program, {}, limits)
+        shapes = tuple(spec.shape for spec in specs)
+        if shapes in seen:
+            raise ModelError(
+                "bad_pt2",
+                f"{display_name}: programs {seen[shapes]!r} and {name!r} take the same input "
+                "shapes; the compiled library picks a program by its inputs' shapes",
+            )
+        seen[shapes] = name
+        functions.append(Bucket(name, (), LoadedModel("pt2", sha256, size, specs, program,
+                                                      bindings)))
+    first = functions[0].model
+    return replace(first, buckets=tuple(functions), programs=tuple(programs))
 
 
 def _pinned_symbols(
@@ -175,7 +227,11 @@ def load_model(
         return _bucketed(loaded, spec, dims, proto)
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
-    program = _load_program(data, limits, display_name or "<upload>")
+    programs = _load_programs(data, limits, display_name or "<upload>")
+    if len(programs) > 1:
+        return _several_programs(programs, limits, sha256, len(data), shapes, wanted,
+                                 display_name or "<upload>")
+    (program,) = programs.values()
     dims, declared = pt2_symbolic_dims(program)
     spec, plans = _specializations(dims, declared, shapes, wanted)
     for values, bucket_shapes in plans:

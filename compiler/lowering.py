@@ -6,7 +6,11 @@ pass sequence; this module is that sequence. For a :class:`TargetSpec` and a nor
 module (:func:`compiler.importer.import_model`):
 
 1. :func:`for_target` — before legalization, the target's
-   :class:`~compiler.compile_options.CompileOptions` layout (:func:`compiler.conv_layout.to_nhwc`);
+   :class:`~compiler.compile_options.CompileOptions` layout (:func:`compiler.conv_layout.to_nhwc`),
+   then fast math (:func:`compiler.fast_math.fast_math`). The order matters: fast math turns
+   ``sigmoid``, ``exp``, ``erf``… into ``call_tir`` s, which ``ConvertLayout`` cannot see
+   through, so a convolution followed by a sigmoid kept a transpose between them and the
+   sigmoid was a task of its own;
 2. :func:`fuse` — library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
    FuseTIR (STACK.md: the frontend's module yields 0 tasks without them);
 3. with prepacking, :func:`compiler.prepack.mark_layout_free`.
@@ -18,7 +22,7 @@ module (:func:`compiler.importer.import_model`):
 that with TVM's own dataflow-lowering and finalize passes:
 ``ms.relax_integration.compile_relax`` with steps 1, 3 and the fold added.
 Targets on the legacy options (CUDA, and CPU targets stored before the options existed) are
-built by ``compile_relax`` itself, unchanged; a CUDA build with library peers runs
+built by ``compile_relax`` itself (after fast math), unchanged; a CUDA build with library peers runs
 ``compile_relax``'s own steps with the peers applied after fusion (:func:`_cuda_with_peers`).
 """
 from __future__ import annotations
@@ -34,14 +38,16 @@ from tvm.relax.transform import MetaScheduleApplyDatabase
 from compiler.compile_options import CompileOptions
 from compiler.conv_layout import to_nhwc
 from compiler.default_schedules import apply_default_schedules, gpu_default_rules
+from compiler.fast_math import fast_math
 from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
 
 
 def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
-    """Step 1: ``mod`` in the convolution layout of ``options`` (``mod`` is not modified)."""
-    return to_nhwc(mod) if options.conv_layout == "NHWC" else mod
+    """Step 1: ``mod`` in the convolution layout of ``options``, then with fast math (``mod``
+    is not modified)."""
+    return fast_math(to_nhwc(mod) if options.conv_layout == "NHWC" else mod)
 
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
@@ -102,10 +108,12 @@ def build_with_database(
     tvm_target = target.tvm_target()
     if target.compile_options.is_legacy:
         if peers and target.kind == "cuda":
-            return _cuda_with_peers(mod, tvm_target, database, peers)
+            return _cuda_with_peers(for_target(mod, target.compile_options), tvm_target,
+                                    database, peers)
         if peers:
             raise ValueError(f"{target.describe()} builds without library peers")
-        return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
+        return ms.relax_integration.compile_relax(
+            database, for_target(mod, target.compile_options), tvm_target, params=None)
     # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: PLC0415 - only the paths that need them

@@ -75,6 +75,13 @@ class LoadedModel:
     #: framework runs at sizes between buckets (:mod:`compiler.padding`).
     symbolic_dims: tuple[SymbolicDim, ...] = ()
     dynamic_source: Any = field(default=None, repr=False)
+    #: A ``.pt2`` archive of several programs (a decoder's ``prefill`` and ``decode``): their
+    #: names, in the archive's order. Each is one static function of the model, carried in
+    #: ``buckets`` like a shape bucket (no symbol values), so the programs are imported into
+    #: one module, tuned as one job (a task they share is one task), built into one library
+    #: that picks the function by its inputs' shapes, and verified one by one. This model's
+    #: ``inputs`` are the first program's.
+    programs: tuple[str, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -90,9 +97,10 @@ class LoadedModel:
 
 @dataclass(frozen=True, eq=False)
 class Bucket:
-    """One static specialization of a bucketed model: the VM function that runs it, the symbol
-    values, and the model loaded at those values (its ``inputs`` are the exact shapes the
-    function takes)."""
+    """One static function of a model: a specialization of a bucketed model (the VM function
+    that runs it, the symbol values, and the model loaded at those values), or one program of a
+    multi-program archive (no symbol values). ``model.inputs`` are the exact shapes the
+    function takes."""
 
     function: str
     values: tuple[tuple[str, int], ...]
@@ -109,7 +117,11 @@ class Bucket:
 def buckets_json(model: LoadedModel) -> dict[str, Any]:
     """What a manifest and a summary say about ``model``'s buckets (``{}`` for a static model):
     the symbols' values, which were defaulted, and each bucket's function and input shapes
-    (what :class:`compiler.runner.LoadedLibrary` dispatches on)."""
+    (what :class:`compiler.runner.LoadedLibrary` dispatches on). A multi-program model: the
+    program names and the same ``functions`` table."""
+    if model.programs:
+        return {"programs": list(model.programs),
+                "functions": [b.to_json() for b in model.buckets]}
     if not model.buckets or model.bucket_spec is None:
         return {}
     return {**model.bucket_spec.to_json(), "functions": [b.to_json() for b in model.buckets]}

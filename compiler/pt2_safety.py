@@ -118,6 +118,7 @@ __all__ = [
     "Pt2Member",
     "inspect_pt2_archive",
     "load_exported_program",
+    "load_exported_programs",
     "scan_pickle",
     "validate_guard_code",
     "validate_sympy_expr",
@@ -1414,12 +1415,41 @@ def load_exported_program(
     max_members: int = DEFAULT_MAX_MEMBERS,
     display_name: str | None = None,
 ) -> torch.export.ExportedProgram:
-    """Load an untrusted ``.pt2`` file as an ``ExportedProgram`` without executing code from it.
+    """Load an untrusted single-program ``.pt2`` file as an ``ExportedProgram`` without executing
+    code from it (:func:`load_exported_programs`; an archive of several programs is refused with
+    ``bad_pt2``)."""
+    programs = load_exported_programs(
+        path, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
+        display_name=display_name,
+    )
+    if len(programs) != 1:
+        display = display_name or os.path.basename(os.fspath(path))
+        raise ModelError(
+            "bad_pt2", f".pt2 file {display!r} holds {len(programs)} programs "
+            f"({', '.join(programs)}); one was expected",
+        )
+    return next(iter(programs.values()))
+
+
+def load_exported_programs(
+    path: str | os.PathLike[str],
+    *,
+    max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
+    max_members: int = DEFAULT_MAX_MEMBERS,
+    display_name: str | None = None,
+) -> dict[str, torch.export.ExportedProgram]:
+    """Load an untrusted ``.pt2`` file as its ``ExportedProgram`` s, by name, without executing
+    code from it.
+
+    An archive of ``torch.export.save`` holds one program (named ``model``); one written by
+    ``torch.export.pt2_archive._package.package_pt2(f, exported_programs={...})`` holds several
+    (e.g. a decoder's ``prefill`` and ``decode``), returned in the archive's order.
 
     Opens the file once, runs :func:`inspect_pt2_archive` on it, then hands the same open file to
-    ``torch.export.load`` inside :func:`_hardened_torch_loading` (weights-only ``torch.load``;
-    pickle, TorchScript, AOTInductor loaders disabled; sympify inputs validated), and finally checks
-    that every graph node calls an operator and that the guard code is a plain expression.
+    ``torch.export.load`` (one program) or ``load_pt2`` (several; ``torch.export.load`` reads only
+    the one named ``model``) inside :func:`_hardened_torch_loading` (weights-only ``torch.load``;
+    pickle, TorchScript, AOTInductor loaders disabled; sympify inputs validated), and finally
+    checks that every graph node calls an operator and that the guard code is a plain expression.
 
     Raises :class:`~compiler.errors.ModelError`: the inspection's codes, or ``bad_pt2`` with a
     one-line, user-facing message if torch fails to load the checked file (the torch exception is
@@ -1432,16 +1462,19 @@ def load_exported_program(
     except OSError as exc:
         raise ModelError("bad_pt2", f"cannot read .pt2 file {display!r}: {exc.strerror}") from None
     with fh:
-        inspect_pt2_archive(
+        report = inspect_pt2_archive(
             fh, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
             display_name=display,
         )
         fh.seek(0)
         import torch
+        from torch.export.pt2_archive._package import load_pt2
 
+        several = len(report.models) > 1
         with _hardened_torch_loading() as capture:
             try:
-                ep = torch.export.load(fh)
+                programs = (dict(load_pt2(fh).exported_programs) if several
+                            else {"model": torch.export.load(fh)})
             except ModelError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any torch failure is a bad_pt2 refusal
@@ -1457,5 +1490,8 @@ def load_exported_program(
                         "runs no code from uploads. Export the model with PyTorch operators",
                     ) from cause
                 raise ModelError("bad_pt2", _describe_load_failure(cause)) from cause
-    _check_loaded_program(ep)
-    return ep
+    if not programs:
+        raise ModelError("bad_pt2", f".pt2 file {display!r} holds no program")
+    for program in programs.values():
+        _check_loaded_program(program)
+    return programs

@@ -215,8 +215,9 @@ def verify(model: LoadedModel, run: Any, seed: int = 0, device: str = "cpu") -> 
     """Run ``run(inputs) -> outputs`` and the reference on the same seeded inputs; compare.
 
     ``device`` is the library's device: for ``"cuda"`` a ``.pt2`` reference runs on the GPU too.
-    A bucketed model is verified at every bucket (``run`` dispatches on the input shapes, as
-    :class:`compiler.runner.LoadedLibrary` does): it passes when every bucket does.
+    A bucketed model is verified at every bucket, a multi-program model at every program
+    (``run`` dispatches on the input shapes, as :class:`compiler.runner.LoadedLibrary` does):
+    it passes when every one does.
     """
     if model.buckets:
         return _verify_buckets(model, run, seed, device)
@@ -232,8 +233,9 @@ def _verify_buckets(model: LoadedModel, run: Any, seed: int, device: str) -> Ver
     failed = [f"{name}: {result.message}" for name, result in results if not result.passed]
     max_abs = max(result.max_abs_error for _, result in results)
     reference = results[0][1].reference
+    what = "program" if model.programs else "bucket"
     message = (
-        f"matches {reference} at every bucket ({len(results)}: "
+        f"matches {reference} at every {what} ({len(results)}: "
         + ", ".join(name for name, _ in results) + f"; max abs error {max_abs:.3g})"
         if not failed
         else f"does not match {reference} at " + "; ".join(failed)

@@ -210,6 +210,24 @@ def export_both(
     }
 
 
+def export_generation(
+    name: str, path: str | os.PathLike[str], seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST
+) -> Path:
+    """Write both programs of decoder ``name`` as one ``.pt2`` archive (``prefill`` at S =
+    ``seq``, ``decode`` at P = ``past``, one model's weights), atomically: what a user uploads
+    to tune and build the two as one job (``compiler.loader``: one function per program; the
+    library tells them apart by their inputs: decode takes the cache too)."""
+    model = build_causal_lm(get_kv_decoder(name))
+    exported = {
+        program: to_exported_program(name, program, length, module)
+        for program, length, module in (("prefill", seq, Prefill(model).eval()),
+                                         ("decode", past, Decode(model).eval()))
+    }
+    from torch.export.pt2_archive._package import package_pt2  # noqa: PLC0415 - torch >= 2.8
+
+    return _atomic_write(Path(path), lambda f: package_pt2(f, exported_programs=exported))
+
+
 def to_onnx_proto(
     name: str, program: str, length: int, opset: int = ONNX_OPSET,
     exported: torch.export.ExportedProgram | None = None,
@@ -224,6 +242,7 @@ def to_onnx_proto(
 
 __all__ = [
     "BENCH_DECODER", "DECODE_INPUTS", "KV_DECODERS", "OUTPUTS", "PREFILL_INPUTS", "PROGRAMS",
-    "Decode", "Prefill", "cache_shape", "example_inputs", "export_both", "export_program",
+    "Decode", "Prefill", "cache_shape", "example_inputs", "export_both", "export_generation",
+    "export_program",
     "get_kv_decoder", "program_module", "to_exported_program", "to_onnx_proto",
 ]

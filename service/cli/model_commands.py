@@ -94,6 +94,11 @@ def run_inspect(args: argparse.Namespace) -> int:
         print_task_table(prepared, f"{args.model}: {len(prepared.partition.tasks)} tuning tasks")
         if prepared.model.bucket_spec is not None:
             print(f"shape buckets: {prepared.model.bucket_spec.describe()}")
+        if prepared.model.programs:
+            print("programs (one function each): " + "; ".join(
+                f"{b.function} takes " + ", ".join(
+                    f"{spec.name} {'x'.join(map(str, spec.shape))}" for spec in b.model.inputs)
+                for b in prepared.model.buckets))
     return 0
 
 
