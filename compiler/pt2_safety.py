@@ -1431,6 +1431,14 @@ def load_exported_program(
     return next(iter(programs.values()))
 
 
+def _program_count(fh: BinaryIO) -> int:
+    """How many programs (``<root>/models/<name>.json`` members) the checked archive holds."""
+    fh.seek(0)
+    with zipfile.ZipFile(fh) as archive:
+        return sum(1 for name in archive.namelist()
+                   if name.partition("/")[2].startswith(MODELS_DIR) and not name.endswith("/"))
+
+
 def load_exported_programs(
     path: str | os.PathLike[str],
     *,
@@ -1462,15 +1470,15 @@ def load_exported_programs(
     except OSError as exc:
         raise ModelError("bad_pt2", f"cannot read .pt2 file {display!r}: {exc.strerror}") from None
     with fh:
-        report = inspect_pt2_archive(
+        inspect_pt2_archive(
             fh, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
             display_name=display,
         )
+        several = _program_count(fh) > 1
         fh.seek(0)
         import torch
         from torch.export.pt2_archive._package import load_pt2
 
-        several = len(report.models) > 1
         with _hardened_torch_loading() as capture:
             try:
                 programs = (dict(load_pt2(fh).exported_programs) if several
