@@ -1,8 +1,8 @@
 """Decoder latency (issue 20): prefill and per-token decode, side by side in one run.
 
     python -m bench.bench_decoder [--decoder llama_32m] [--prefill 16 128 512] [--past 128]
-        [--threads 2] [--rounds 5] [--tune N [--tune-programs prefill decode]] [--db URL]
-        [--cost-model auto|random|...]
+        [--threads 2] [--rounds 5] [--tune N [--tune-programs prefill decode]] [--one-job N]
+        [--db URL] [--cost-model auto|random|...]
         [--no-compile] [--out DIR]
 
 The decoder is ``examples.kv_decoder``'s (``transformers``' Llama modelling code, seeded random
@@ -23,7 +23,12 @@ Per case, in one process:
 - **TuneHub tuned** (``--tune N``): ``tuner.job.tune_model`` with N trials into a SQLite
   database (``--db``, default a temporary one; the final build re-measures each task's top
   records against its peer and default schedule, as every job does); the job's verified
-  ``model.so``, loaded from disk and verified here again.
+  ``model.so``, loaded from disk and verified here again;
+- **TuneHub one job** (``--one-job N``): every case as one program of one ``.pt2`` archive
+  (``examples.kv_decoder.export_programs``: ``prefill_16``, ``prefill_128``, ...,
+  ``decode_128``), tuned as one job of N trials in all (a task several programs have is one
+  task) before the cases are timed; one verified library whose function for each case's inputs
+  is picked by their shapes, timed and verified per case like the others.
 
 Timing: ``--rounds`` rounds, each variant once per round in a new random order (seeded) with a
 pause of 0.2 s before each variant; one round of a variant runs it for at least 0.2 s and takes
@@ -55,7 +60,7 @@ from bench.bench_peers import _timer
 
 REPO = Path(__file__).resolve().parents[1]
 VARIANTS = ("torch eager", "torch.compile", "ONNX Runtime", "TuneHub zero-trial",
-            "TuneHub tuned")
+            "TuneHub tuned", "TuneHub one job")
 
 
 def interleaved(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0,
@@ -161,8 +166,57 @@ def _library_timer(path: Path, prepared: Any, inputs: list[np.ndarray]
     return _timer(lambda: library.vm.invoke_stateful(function)), result
 
 
+def _case_name(program: str, length: int) -> str:
+    return f"{program}_{length}"
+
+
+def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: Path
+                 ) -> dict[str, Any]:
+    """Every case as a program of one archive, tuned as one job of ``args.one_job`` trials; the
+    job's summary and its library's path (``"library"``), or its error (``"error"``)."""
+    from compiler.artifact_layout import LIBRARY_NAME
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from db.storage import open_storage
+    from examples.kv_decoder import export_programs
+    from tuner.job import tune_model
+
+    print(f"[{_now()}] one job: export {len(cases)} programs, tune {args.one_job} trials",
+          flush=True)
+    info: dict[str, Any] = {"load before": _load(), "started": _now(), "seconds": {}}
+    started = time.perf_counter()
+    archive = export_programs(args.decoder, work / "programs.pt2",
+                              {_case_name(p, n): (p, n) for p, n in cases})
+    info["seconds"]["export"] = time.perf_counter() - started
+    started = time.perf_counter()
+    prepared = prepare_model(archive, cpu_target(args.threads), allow_external_data=False)
+    info["seconds"]["prepare"] = time.perf_counter() - started
+    info["programs"] = list(prepared.model.programs)
+    info["tasks"] = len(prepared.partition.tasks)
+    storage = open_storage(args.db, upgrade=True)
+    started = time.perf_counter()
+    try:
+        summary = tune_model(storage, prepared, trials=args.one_job,
+                             output_dir=work / "one-job", filename=archive.name,
+                             cost_model=args.cost_model, force=True)
+        info["seconds"]["tune"] = time.perf_counter() - started
+        info["tuning"] = {
+            **{k: v for k, v in summary.to_json().items()
+               if k not in ("tasks", "verification", "artifact_dir")},
+            "tasks by action": dict(Counter(t.action for t in summary.tasks)),
+        }
+        info["library"] = str(Path(summary.artifact_dir) / LIBRARY_NAME)
+    except Exception as err:  # noqa: BLE001 - reported in the table
+        info["error"] = f"{type(err).__name__}: {str(err)[:300]}"
+        traceback.print_exc()
+    finally:
+        storage.close()
+    info["load after"], info["finished"] = _load(), _now()
+    return info
+
+
 def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
-               ) -> dict[str, Any]:
+               one_job: dict[str, Any] | None = None) -> dict[str, Any]:
     """One program at one length: every variant built, verified and timed side by side."""
     from compiler.build import build_zero_trial, export_library
     from compiler.prepare import prepare_model
@@ -239,6 +293,13 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
         finally:
             storage.close()
 
+    if one_job is not None:
+        if "library" in one_job:
+            timers["TuneHub one job"], row["checks"]["TuneHub one job"] = _library_timer(
+                Path(one_job["library"]), prepared, arrays)
+        else:
+            row["errors"]["TuneHub one job"] = one_job.get("error", "not built")
+
     print(f"[{_now()}] {label}: timing {list(timers)}", flush=True)
     stats = interleaved(timers, args.rounds)
     row["latency ms"] = {name: s["median"] * 1e3 for name, s in stats.items()}
@@ -272,9 +333,11 @@ def render(run: dict[str, Any]) -> str:
     ]
     present = [v for v in VARIANTS if any(v in r.get("latency ms", {}) or v in r["errors"]
                                           for r in run["cases"])]
+    one = "TuneHub one job" in present
     lines += ["| case | " + " | ".join(present)
-              + " | zero-trial / ORT | tuned / ORT | load after |",
-              "|---" * (len(present) + 4) + "|"]
+              + " | zero-trial / ORT | tuned / ORT |" + (" one job / ORT |" if one else "")
+              + " load after |",
+              "|---" * (len(present) + 4 + one) + "|"]
     for r in run["cases"]:
         lat = r.get("latency ms", {})
         cells = [_ms(lat.get(v)) if v in lat else ("failed" if v in r["errors"] else "—")
@@ -284,7 +347,9 @@ def render(run: dict[str, Any]) -> str:
         def ratio(name: str, lat: dict = lat, ort: float | None = ort) -> str:
             return f"{lat[name] / ort:.2f}x" if name in lat and ort else "—"
         lines.append(f"| {r['case']} | " + " | ".join(cells) + f" | {ratio('TuneHub zero-trial')}"
-                     f" | {ratio('TuneHub tuned')} | {r.get('load after')} |")
+                     f" | {ratio('TuneHub tuned')} |"
+                     + (f" {ratio('TuneHub one job')} |" if one else "")
+                     + f" {r.get('load after')} |")
     lines += ["", "Per case: TuneHub verification (max abs error against torch), tasks, build "
               "times; errors.", ""]
     for r in run["cases"]:
@@ -300,6 +365,16 @@ def render(run: dict[str, Any]) -> str:
                         f"{r['tuning']['tasks by action']}" if "tuning" in r else ""))
         for name, error in r["errors"].items():
             lines.append(f"  - {name} failed: `{error}`")
+    job = run.get("one job")
+    if job:
+        secs = ", ".join(f"{k} {v:.0f} s" for k, v in job["seconds"].items())
+        tuning = job.get("tuning", {})
+        lines += ["", f"One job: programs {', '.join(job.get('programs', []))} of one archive, "
+                  f"{job.get('tasks')} tasks, {tuning.get('trials_this_run', '—')} trials "
+                  f"in all; tasks {tuning.get('tasks by action', {})}; {secs}; load before "
+                  f"{job['load before']}, after {job['load after']}."]
+        if "error" in job:
+            lines.append(f"  - failed: `{job['error']}`")
     if run.get("load at end"):
         lines += ["", f"Finished {run['finished']}, load average {run['load at end']}."]
     return "\n".join(lines) + "\n"
@@ -315,7 +390,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tune", type=int, default=0, help="tune each case N trials")
     parser.add_argument("--tune-programs", nargs="+", choices=("prefill", "decode"),
                         default=["prefill", "decode"], help="which programs --tune tunes")
-    parser.add_argument("--db", help="SQLite/PostgreSQL URL for --tune (default: temporary)")
+    parser.add_argument("--one-job", type=int, default=0, metavar="N",
+                        help="also tune every case as one program of one archive, one job of "
+                             "N trials in all")
+    parser.add_argument("--db", help="SQLite/PostgreSQL URL for --tune and --one-job "
+                                     "(default: temporary)")
     parser.add_argument("--cost-model", default="auto")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -346,10 +425,14 @@ def main(argv: list[str] | None = None) -> int:
 
     cases = [("decode", p) for p in args.past] + [("prefill", s) for s in args.prefill]
     with tempfile.TemporaryDirectory(prefix="bench-decoder-") as tmp:
-        if args.tune and not args.db:
+        if (args.tune or args.one_job) and not args.db:
             args.db = f"sqlite:///{tmp}/tuning.db"
+        one_job = None
+        if args.one_job:
+            one_job = run["one job"] = tune_one_job(cases, args, Path(tmp))
+            write()
         for program, length in cases:
-            run["cases"].append(bench_case(program, length, args, Path(tmp)))
+            run["cases"].append(bench_case(program, length, args, Path(tmp), one_job))
             write()
             print(render(run), flush=True)
     run["finished"], run["load at end"] = _now(), _load()

@@ -210,22 +210,34 @@ def export_both(
     }
 
 
-def export_generation(
-    name: str, path: str | os.PathLike[str], seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST
+def export_programs(
+    name: str, path: str | os.PathLike[str], programs: dict[str, tuple[str, int]]
 ) -> Path:
-    """Write both programs of decoder ``name`` as one ``.pt2`` archive (``prefill`` at S =
-    ``seq``, ``decode`` at P = ``past``, one model's weights), atomically: what a user uploads
-    to tune and build the two as one job (``compiler.loader``: one function per program; the
-    library tells them apart by their inputs: decode takes the cache too)."""
+    """Write programs of decoder ``name`` as one ``.pt2`` archive, atomically: ``programs`` maps
+    each archive name to ``(program, length)`` (``"prefill"`` at S = length, ``"decode"`` at
+    P = length), all of one model's weights. What a user uploads to tune and build them as one
+    job (``compiler.loader``: one function per program; the library tells them apart by their
+    inputs' shapes, so no two may have the same program and length)."""
     model = build_causal_lm(get_kv_decoder(name))
+    wrappers = {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}
+    unknown = sorted({program for program, _ in programs.values()} - set(wrappers))
+    if unknown:
+        raise ValueError(f"unknown program(s) {unknown}; known: {', '.join(PROGRAMS)}")
     exported = {
-        program: to_exported_program(name, program, length, module)
-        for program, length, module in (("prefill", seq, Prefill(model).eval()),
-                                         ("decode", past, Decode(model).eval()))
+        archive_name: to_exported_program(name, program, length, wrappers[program])
+        for archive_name, (program, length) in programs.items()
     }
     from torch.export.pt2_archive._package import package_pt2  # noqa: PLC0415 - torch >= 2.8
 
     return _atomic_write(Path(path), lambda f: package_pt2(f, exported_programs=exported))
+
+
+def export_generation(
+    name: str, path: str | os.PathLike[str], seq: int = DEFAULT_SEQ, past: int = DEFAULT_PAST
+) -> Path:
+    """Both programs of decoder ``name`` as one ``.pt2`` archive (:func:`export_programs`):
+    ``prefill`` at S = ``seq`` and ``decode`` at P = ``past``."""
+    return export_programs(name, path, {"prefill": ("prefill", seq), "decode": ("decode", past)})
 
 
 def to_onnx_proto(
@@ -243,6 +255,6 @@ def to_onnx_proto(
 __all__ = [
     "BENCH_DECODER", "DECODE_INPUTS", "KV_DECODERS", "OUTPUTS", "PREFILL_INPUTS", "PROGRAMS",
     "Decode", "Prefill", "cache_shape", "example_inputs", "export_both", "export_generation",
-    "export_program",
+    "export_program", "export_programs",
     "get_kv_decoder", "program_module", "to_exported_program", "to_onnx_proto",
 ]
