@@ -193,6 +193,7 @@ def _decompose(program):
 
 def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     """The program's Relax module as TVM translates it, symbolic dimensions still symbolic."""
+    from compiler.pt2_loader import check_pure_program  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_ops import translate  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
     # Checked before torch decomposes anything, and again on what TVM translates (the
@@ -201,6 +202,7 @@ def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
     program = _decompose(model.source)
+    check_pure_program(program)
     missing = unsupported_torch_ops(program, decomposed=True)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
@@ -233,7 +235,7 @@ def _import_pt2(model: LoadedModel) -> tvm.IRModule:
 def _guarded(model: LoadedModel, importer) -> tvm.IRModule:
     try:
         return importer()
-    except UnsupportedOperatorsError:
+    except ModelError:  # already a refusal with its own code (unsupported operators, ...)
         raise
     except (tvm.error.OpNotImplemented, NotImplementedError, AssertionError, ValueError) as err:
         raise ModelError(

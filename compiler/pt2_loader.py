@@ -196,3 +196,25 @@ def check_pt2_graph_limits(program: torch.export.ExportedProgram, limits: ModelL
                     f"{limits.max_constant_elements} elements and {limits.max_constant_bytes} "
                     "bytes for a tensor built at compile time",
                 )
+
+
+def check_pure_program(program: torch.export.ExportedProgram) -> None:
+    """Refuse (``ModelError("mutates_state")``) a *decomposed* program (``run_decompositions``:
+    only its signature records the updates) that updates an input or a buffer in place:
+    TuneHub compiles pure functions of the inputs (TVM's translation would drop the update).
+    In-place operators on a program's own intermediates are fine (torch rewrote them into
+    pure ones)."""
+    signature = program.graph_signature
+    inputs = sorted(set(signature.user_inputs_to_mutate.values()))
+    buffers = sorted(set(signature.buffers_to_mutate.values()))
+    if not inputs and not buffers:
+        return
+    what = "; ".join(part for part in (
+        f"input(s) {', '.join(inputs)}" if inputs else "",
+        f"buffer(s) {', '.join(buffers)}" if buffers else "") if part)
+    raise ModelError(
+        "mutates_state",
+        f"the torch.export program updates {what} in place; TuneHub compiles pure functions: "
+        "return the updated tensor as an output instead (e.g. clone the input and update the "
+        "clone)",
+    )

@@ -23,7 +23,10 @@ What the decoders did need:
   ``bitwise_and``/``or``/``xor``/``not`` of boolean tensors (``&``, ``|``, ``^``, ``~`` on masks)
   become ``logical_*``: TVM's bitwise ops on ``bool`` fail LLVM's module verification;
   ``cat`` skips a 1-D empty operand as torch does (the first keys a ``DynamicCache`` stores:
-  a prefill that returns its cache, ``examples/kv_decoder.py``), where TVM refused the ranks.
+  a prefill that returns its cache, ``examples/kv_decoder.py``), where TVM refused the ranks;
+  ``index_put`` at one position (``cache[:, :, position] = new``, what a ``StaticCache``'s
+  ``index_copy_`` becomes in a one-token decode) is an element-wise ``where``: TVM's converter
+  refused it.
 
 :func:`unsupported_ops` is the check, at two points of the import (:mod:`compiler.importer`):
 
@@ -73,6 +76,9 @@ DECOMPOSED_OPS: frozenset[str] = frozenset(
         "repeat_interleave.self_int",
         # x /= y on an intermediate: functionalized to div.Tensor; Mixtral's top-k router weights
         "div_.Tensor",
+        # x.index_copy_(dim, positions, new) on an intermediate: functionalized to index_put
+        # (x[:, :, positions] = new); transformers' StaticCache update (examples/kv_decoder.py)
+        "index_copy_.default",
     }
 )
 
@@ -136,10 +142,53 @@ def _cat(node: Any, importer: Any) -> relax.Expr:
     return importer.block_builder.emit(relax.op.concat(kept, axis=dim))
 
 
+def _index_put(node: Any, importer: Any) -> relax.Expr:
+    """``aten.index_put(x, indices, values, accumulate=False)`` whose ``indices`` are one
+    1-element tensor at some axis, ``None`` before it and nothing or ``None`` after
+    (``x[:, :, position] = values``: a static KV cache written at the decoded token's position,
+    what ``StaticCache``'s ``index_copy_`` becomes) is ``where(arange == position, values, x)``:
+    element-wise, so it fuses and is scheduled like any injective task. TVM's converter needs
+    an index per axis and broadcasts the ``None`` axes it fills in wrongly (``IndexPut requires
+    the number of index tensors (3) to match ... (4)``), and a ``scatter_elements`` lowers to
+    an opaque loop nest no schedule rule takes. A negative position counts from the end, as in
+    torch. Any other ``index_put`` goes to TVM's converter."""
+    indices = node.args[1]
+    accumulate = node.args[3] if len(node.args) > 3 else node.kwargs.get("accumulate", False)
+    given = [axis for axis, index in enumerate(indices) if index is not None]
+    x = importer.env[node.args[0]]
+    position = importer.env[indices[given[0]]] if len(given) == 1 else None
+    x_shape = importer.shape_of(x)
+    position_shape = importer.shape_of(position) if position is not None else None
+    if (accumulate or position is None or x_shape is None or position_shape is None
+            or not all(isinstance(d, tvm.tirx.IntImm) for d in (*x_shape, *position_shape))
+            or [int(d) for d in position_shape] != [1]
+            or _dtype(position) not in ("int32", "int64")):
+        return importer._index_put(node)  # noqa: SLF001 - TVM's converter for the other cases
+    axis, rank = given[0], len(x_shape)
+    builder = importer.block_builder
+    extent = x_shape[axis]
+    along = [1] * axis + [extent] + [1] * (rank - axis - 1)
+    position = builder.emit(relax.op.astype(position, "int64"))
+    position = builder.emit(relax.op.where(
+        relax.op.less(position, relax.const(0, "int64")),
+        relax.op.add(position, relax.const(int(extent), "int64")), position))
+    steps = builder.emit(relax.op.reshape(
+        relax.op.arange(relax.prim_value(0), extent, relax.prim_value(1), "int64"), along))
+    chosen = builder.emit(relax.op.equal(steps, relax.op.reshape(position, [1] * rank)))
+    values = importer.env[node.args[2]]
+    if _dtype(values) != _dtype(x):
+        values = builder.emit(relax.op.astype(values, _dtype(x)))
+    block = [*x_shape]
+    block[axis] = 1
+    values = builder.emit(relax.op.broadcast_to(values, block))
+    return builder.emit(relax.op.where(chosen, values, x))
+
+
 #: TuneHub's converters (``custom_convert_map`` of ``from_exported_program``), by operator.
 CONVERTERS: dict[str, Callable[[Any, Any], relax.Expr]] = {
     "cat.default": _cat,
     "cumsum.default": _cumsum,
+    "index_put.default": _index_put,
     "bitwise_and.Tensor": _bitwise(relax.op.bitwise_and, relax.op.logical_and),
     "bitwise_or.Tensor": _bitwise(relax.op.bitwise_or, relax.op.logical_or),
     "bitwise_xor.Tensor": _bitwise(relax.op.bitwise_xor, relax.op.logical_xor),

@@ -13,6 +13,11 @@ shapes whose cache is explicit tensors, so TuneHub imports each like any model:
 - :class:`Decode`: ``forward(input_ids int64 [1, 1], past_keys [L, 1, Hkv, P, D],
   past_values [L, 1, Hkv, P, D]) -> (logits [1, 1, vocab], keys [L, 1, Hkv, P + 1, D],
   values [L, 1, Hkv, P + 1, D])``: the token at position ``P``.
+- :class:`Step`: ``forward(input_ids int64 [1, 1], position int64 [1], keys, values
+  [L, 1, Hkv, C, D]) -> (logits, keys, values [L, 1, Hkv, C, D])``: decode over a cache of
+  fixed capacity C (``transformers``' ``StaticCache``), the token's key and value written at
+  ``position``: one program for every step of a generation up to C tokens (a prefill's cache
+  is zero-padded to C to start it).
 
 The modelling code is ``transformers``' own (its attention, rotary embedding, masks, GQA): each
 wrapper builds a ``transformers.DynamicCache`` *inside* ``forward`` from the explicit tensors
@@ -21,11 +26,13 @@ the grown cache back out. ``torch.export`` traces through that Python object, so
 graph has tensors only (``aten.cat`` of past and new, no cache object crosses the boundary);
 the shapes are static, so positions and masks are constants. Passing a ``DynamicCache`` *as an
 input* is what does not export as a tensor program (it is a Python object, not a tensor);
-``transformers``' ``StaticCache`` exports as mutated buffers (in-place ``index_copy_``), which a
-pure-function compiler cannot take either. Families whose cache layers crop (Mistral's sliding
-window) would return a cache shorter than ``P + 1`` and are not offered here.
+a ``StaticCache`` held by the module exports as mutated buffers, which a pure-function compiler
+cannot take either; :class:`Step` builds one inside ``forward`` from clones of its inputs, so
+its in-place ``index_copy_`` is on intermediates and the program stays a pure function.
+Families whose cache layers crop (Mistral's sliding window) would return a cache shorter than
+``P + 1`` and are not offered here.
 
-The cache is bounded: ``S`` and ``P + 1`` must not exceed the config's
+The cache is bounded: ``S``, ``P + 1`` and ``C`` must not exceed the config's
 ``max_position_embeddings`` (checked). The exports follow :mod:`examples.decoders` (atomic
 writes, ONNX by torch's dynamo exporter, weights inline, seeded random weights, no download).
 """
@@ -45,8 +52,10 @@ from examples.export import ONNX_OPSET, _atomic_write, onnx_from_program
 
 PREFILL_INPUTS = ("input_ids",)
 DECODE_INPUTS = ("input_ids", "past_keys", "past_values")
+STEP_INPUTS = ("input_ids", "position", "keys", "values")
 OUTPUTS = ("logits", "keys", "values")
-PROGRAMS = ("prefill", "decode")
+PROGRAMS = ("prefill", "decode", "step")
+INPUTS = {"prefill": PREFILL_INPUTS, "decode": DECODE_INPUTS, "step": STEP_INPUTS}
 
 DEFAULT_SEQ = 16
 DEFAULT_PAST = 16
@@ -126,6 +135,37 @@ class Decode(nn.Module):
         return (out.logits, *_stacked(cache))
 
 
+class Step(nn.Module):
+    """``forward(input_ids [1, 1], position int64 [1], keys, values [L, 1, Hkv, C, D]) ->
+    (logits [1, 1, V], keys, values [L, 1, Hkv, C, D])``: one decode step over a cache of fixed
+    capacity C (``transformers``' ``StaticCache``), the token at ``position`` attending to the
+    cache's positions ``0..position`` (the rest masked), its key and value written at
+    ``position``. One program for every step of a generation up to C tokens, where
+    :class:`Decode` needs one export per past length. The cache is built inside ``forward``
+    from clones of the inputs (the inputs are not mutated: ``StaticCache`` writes with
+    ``index_copy_``), each layer given its own copy of ``position`` (a layer's update advances
+    its length in place)."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model
+
+    def forward(
+        self, input_ids: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
+        values: torch.Tensor,
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        from transformers import StaticCache  # noqa: PLC0415 - a development dependency
+
+        cache = StaticCache(config=self.model.config, max_cache_len=keys.shape[3])
+        for index, layer in enumerate(cache.layers):
+            layer.lazy_initialization(keys[index], values[index])
+            layer.keys, layer.values = keys[index].clone(), values[index].clone()
+            layer.cumulative_length = position.reshape(()).clone()
+        out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
+                         position_ids=position.reshape(1, 1), cache_position=position.reshape(1))
+        return (out.logits, *_stacked(cache))
+
+
 def cache_shape(spec: DecoderSpec, length: int) -> tuple[int, int, int, int, int]:
     """``(L, 1, Hkv, length, D)``: the shape of a stacked key (or value) cache of ``spec``."""
     config = spec.make_config()
@@ -144,29 +184,39 @@ def _check_length(spec: DecoderSpec, length: int, what: str) -> None:
 def example_inputs(
     name: str, program: str, length: int, seed: int = 0
 ) -> tuple[torch.Tensor, ...]:
-    """Inputs of ``program`` (``"prefill"``: ``length`` = S; ``"decode"``: ``length`` = P):
-    token ids over the whole vocabulary and a standard-normal past cache (private generator)."""
+    """Inputs of ``program`` (``"prefill"``: ``length`` = S; ``"decode"``: ``length`` = P;
+    ``"step"``: ``length`` = the capacity C, position C // 2): token ids over the whole
+    vocabulary and a standard-normal cache (private generator)."""
     spec = get_kv_decoder(name)
     generator = torch.Generator().manual_seed(seed)
     if program == "prefill":
         _check_length(spec, length, "prefill length")
         return (torch.randint(0, spec.vocab_size, (1, length), generator=generator),)
-    if program != "decode":
+    if program not in ("decode", "step"):
         raise ValueError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
-    _check_length(spec, length + 1, "decode past length + 1")
+    if program == "decode":
+        _check_length(spec, length + 1, "decode past length + 1")
+    else:
+        _check_length(spec, length, "step cache capacity")
     ids = torch.randint(0, spec.vocab_size, (1, 1), generator=generator)
     shape = cache_shape(spec, length)
-    return (ids, torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    cache = (torch.randn(shape, generator=generator), torch.randn(shape, generator=generator))
+    if program == "decode":
+        return (ids, *cache)
+    return (ids, torch.tensor([length // 2]), *cache)
 
 
 def program_module(name: str, program: str) -> nn.Module:
-    """A fresh :class:`Prefill` or :class:`Decode` of decoder ``name`` (eval mode)."""
-    model = build_causal_lm(get_kv_decoder(name))
-    if program == "prefill":
-        return Prefill(model).eval()
-    if program == "decode":
-        return Decode(model).eval()
-    raise ValueError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+    """A fresh :class:`Prefill`, :class:`Decode` or :class:`Step` of decoder ``name`` (eval
+    mode)."""
+    if program not in PROGRAMS:
+        raise ValueError(f"unknown program {program!r}; known: {', '.join(PROGRAMS)}")
+    return _wrappers(build_causal_lm(get_kv_decoder(name)))[program]
+
+
+def _wrappers(model: nn.Module) -> dict[str, nn.Module]:
+    return {"prefill": Prefill(model).eval(), "decode": Decode(model).eval(),
+            "step": Step(model).eval()}
 
 
 def to_exported_program(
@@ -183,9 +233,10 @@ def export_program(
     name: str, program: str, fmt: str, path: str | os.PathLike[str], length: int,
     opset: int = ONNX_OPSET,
 ) -> Path:
-    """Write ``program`` (``"prefill"`` at S = ``length`` / ``"decode"`` at P = ``length``) of
+    """Write ``program`` (``"prefill"`` at S = ``length`` / ``"decode"`` at P = ``length`` /
+    ``"step"`` at capacity C = ``length``) of
     decoder ``name`` as ``fmt`` (``"pt2"``, or ``"onnx"``: self-contained, inputs named
-    :data:`PREFILL_INPUTS` / :data:`DECODE_INPUTS`, outputs :data:`OUTPUTS`), atomically."""
+    :data:`INPUTS` of the program, outputs :data:`OUTPUTS`), atomically."""
     exported = to_exported_program(name, program, length)
     if fmt == "pt2":
         return _atomic_write(Path(path), lambda f: torch.export.save(exported, f))
@@ -219,7 +270,7 @@ def export_programs(
     job (``compiler.loader``: one function per program; the library tells them apart by their
     inputs' shapes, so no two may have the same program and length)."""
     model = build_causal_lm(get_kv_decoder(name))
-    wrappers = {"prefill": Prefill(model).eval(), "decode": Decode(model).eval()}
+    wrappers = _wrappers(model)
     unknown = sorted({program for program, _ in programs.values()} - set(wrappers))
     if unknown:
         raise ValueError(f"unknown program(s) {unknown}; known: {', '.join(PROGRAMS)}")
@@ -247,14 +298,14 @@ def to_onnx_proto(
     """The checked ONNX model of ``program`` of ``name`` at ``length`` (weights inline)."""
     exported = exported if exported is not None else to_exported_program(name, program, length)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    inputs = PREFILL_INPUTS if program == "prefill" else DECODE_INPUTS
+    inputs = INPUTS[program]
     return onnx_from_program(exported, example_inputs(name, program, length),
                              input_names=list(inputs), output_names=list(OUTPUTS), opset=opset)
 
 
 __all__ = [
-    "BENCH_DECODER", "DECODE_INPUTS", "KV_DECODERS", "OUTPUTS", "PREFILL_INPUTS", "PROGRAMS",
-    "Decode", "Prefill", "cache_shape", "example_inputs", "export_both", "export_generation",
-    "export_program", "export_programs",
-    "get_kv_decoder", "program_module", "to_exported_program", "to_onnx_proto",
+    "BENCH_DECODER", "DECODE_INPUTS", "INPUTS", "KV_DECODERS", "OUTPUTS", "PREFILL_INPUTS",
+    "PROGRAMS", "STEP_INPUTS", "Decode", "Prefill", "Step", "cache_shape", "example_inputs",
+    "export_both", "export_generation", "export_program", "export_programs", "get_kv_decoder",
+    "program_module", "to_exported_program", "to_onnx_proto",
 ]
