@@ -1,6 +1,7 @@
 """Decoder latency (issue 20): prefill and per-token decode, side by side in one run.
 
     python -m bench.bench_decoder [--decoder llama_32m] [--prefill 16 128 512] [--past 128]
+        [--step 256]
         [--threads 2] [--rounds 5] [--tune N [--tune-programs prefill decode]] [--one-job N]
         [--db URL] [--cost-model auto|random|...]
         [--no-compile] [--out DIR]
@@ -9,7 +10,10 @@ The decoder is ``examples.kv_decoder``'s (``transformers``' Llama modelling code
 weights; the default ``llama_32m``: hidden 512, 8 layers, GQA 8/4 heads, vocabulary 8192,
 32 M parameters). Each *case* is one static program: prefill at each ``--prefill`` length S
 (``[1, S]`` ids -> last-position logits + the K/V caches of every layer) and decode at past
-length ``--past`` P (one token + the caches of P positions -> logits + the caches of P + 1).
+length ``--past`` P (one token + the caches of P positions -> logits + the caches of P + 1)
+and, with ``--step C``, one decode step over a cache of capacity C (``examples.kv_decoder.Step``:
+the token at position C / 2, the cache written in place of its position; the program a
+generation calls at every step).
 Per case, in one process:
 
 - **torch eager**: the ``nn.Module`` (``torch.set_num_threads(--threads)``), ``no_grad``;
@@ -223,7 +227,7 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
     from compiler.target import cpu_target
     from examples.kv_decoder import example_inputs, export_both, program_module
 
-    label = f"{program} {'S' if program == 'prefill' else 'P'}={length}"
+    label = f"{program} {dict(prefill='S', decode='P', step='C')[program]}={length}"
     print(f"[{_now()}] {label}: export", flush=True)
     row: dict[str, Any] = {"case": label, "program": program, "length": length,
                            "load before": _load(), "started": _now(), "checks": {},
@@ -328,7 +332,8 @@ def render(run: dict[str, Any]) -> str:
         f"{run['config']}), seeded random weights; `transformers`' Llama modelling code with the "
         "KV cache as explicit tensors (`examples/kv_decoder.py`). Prefill returns the last "
         "position's logits and the caches; decode takes one token and the caches of P "
-        "positions. Medians of "
+        "positions; step takes one token, its position (C / 2) and a cache of capacity C "
+        "(`Step`: one program for every step of a generation). Medians of "
         f"{run['rounds']} interleaved rounds, ms per call (per token for decode).", "",
     ]
     present = [v for v in VARIANTS if any(v in r.get("latency ms", {}) or v in r["errors"]
@@ -385,11 +390,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder", default="llama_32m")
     parser.add_argument("--prefill", type=int, nargs="*", default=[16, 128, 512])
     parser.add_argument("--past", type=int, nargs="*", default=[128])
+    parser.add_argument("--step", type=int, nargs="*", default=[],
+                        help="cache capacities C of one-step decode cases")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune", type=int, default=0, help="tune each case N trials")
-    parser.add_argument("--tune-programs", nargs="+", choices=("prefill", "decode"),
-                        default=["prefill", "decode"], help="which programs --tune tunes")
+    parser.add_argument("--tune-programs", nargs="+", choices=("prefill", "decode", "step"),
+                        default=["prefill", "decode", "step"],
+                        help="which programs --tune tunes")
     parser.add_argument("--one-job", type=int, default=0, metavar="N",
                         help="also tune every case as one program of one archive, one job of "
                              "N trials in all")
@@ -423,7 +431,8 @@ def main(argv: list[str] | None = None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(run, indent=1, default=str))
         stem.with_suffix(".md").write_text(render(run))
 
-    cases = [("decode", p) for p in args.past] + [("prefill", s) for s in args.prefill]
+    cases = ([("decode", p) for p in args.past] + [("step", c) for c in args.step]
+             + [("prefill", s) for s in args.prefill])
     with tempfile.TemporaryDirectory(prefix="bench-decoder-") as tmp:
         if (args.tune or args.one_job) and not args.db:
             args.db = f"sqlite:///{tmp}/tuning.db"
