@@ -63,7 +63,7 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         # The job's preview: its zero-trial build (library peers, default schedules), built,
         # verified and published by the embedded worker before it tuned.
         preview = job["preview"]
-        assert preview["verified"] is True and preview["sha256"] != artifact["sha256"]
+        assert preview["verified"] is True
         assert preview["library_url"].endswith(f"/jobs/{job['id']}/artifacts/preview/model.so")
         preview_library = client.get(preview["library_url"].removeprefix("/api/v1"))
         assert preview_library.status_code == 200
@@ -95,6 +95,11 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         records_won = [t for t in manifest["remeasured"]
                        if any(c["chosen"] and "trace_hash" in c for c in t["candidates"])]
         assert sum(m["chosen"] for m in again) == len(records_won)
+        # The tuned library differs from the preview where a tuned record won a task (where the
+        # peers and default schedules won every re-measure it may be the same build, byte for
+        # byte: a 12-trial search of this MLP sometimes finds nothing faster).
+        if records_won:
+            assert preview["sha256"] != artifact["sha256"]
         assert {t["key"] for t in manifest["remeasured"]} <= {w["key"] for w in workloads["data"]}
         key = workloads["data"][0]["key"]
         assert client.get(f"/workloads/{key}").json()["key"] == key
