@@ -179,6 +179,7 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
     """Every case as a program of one archive, tuned as one job of ``args.one_job`` trials; the
     job's summary and its library's path (``"library"``), or its error (``"error"``)."""
     from compiler.artifact_layout import LIBRARY_NAME
+    from compiler.model_spec import ModelLimits
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from db.storage import open_storage
@@ -193,7 +194,12 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
                               {_case_name(p, n): (p, n) for p, n in cases})
     info["seconds"]["export"] = time.perf_counter() - started
     started = time.perf_counter()
-    prepared = prepare_model(archive, cpu_target(args.threads), allow_external_data=False)
+    # torch's archive stores every program's weights apart (no sharing across programs): n
+    # programs of a 128 MB decoder are n x 128 MB, over the default upload limit of 512 MB.
+    limits = ModelLimits(max_bytes=max(ModelLimits().max_bytes, 2 * archive.stat().st_size))
+    info["archive MB"] = archive.stat().st_size / 1e6
+    prepared = prepare_model(archive, cpu_target(args.threads), allow_external_data=False,
+                             limits=limits)
     info["seconds"]["prepare"] = time.perf_counter() - started
     info["programs"] = list(prepared.model.programs)
     info["tasks"] = len(prepared.partition.tasks)
@@ -374,7 +380,8 @@ def render(run: dict[str, Any]) -> str:
     if job:
         secs = ", ".join(f"{k} {v:.0f} s" for k, v in job["seconds"].items())
         tuning = job.get("tuning", {})
-        lines += ["", f"One job: programs {', '.join(job.get('programs', []))} of one archive, "
+        lines += ["", f"One job: programs {', '.join(job.get('programs', []))} of one archive "
+                  f"({job.get('archive MB', 0):.0f} MB: torch stores each program's weights), "
                   f"{job.get('tasks')} tasks, {tuning.get('trials_this_run', '—')} trials "
                   f"in all; tasks {tuning.get('tasks by action', {})}; {secs}; load before "
                   f"{job['load before']}, after {job['load after']}."]
