@@ -159,6 +159,12 @@ def _div_in_place(x: torch.Tensor) -> torch.Tensor:
     return y
 
 
+def _index_copy_in_place(x: torch.Tensor) -> torch.Tensor:
+    y = x * 2
+    y.index_copy_(1, torch.tensor([5]), x[:, :1] * 3)  # a StaticCache's write at one position
+    return y
+
+
 DECOMPOSED_CASES = {
     "diff.default": (lambda x: torch.diff(x, dim=-1, prepend=x[..., :1] - 1), (2, 8)),
     "to.device": (lambda x: (x.to(device=x.device, dtype=torch.float64) * 3).float(), (2, 8)),
@@ -166,6 +172,7 @@ DECOMPOSED_CASES = {
     "numpy_T.default": (lambda x: x.T * 2, (3, 5)),
     "repeat_interleave.self_int": (lambda x: torch.repeat_interleave(x, 2, dim=-1), (2, 4)),
     "div_.Tensor": (_div_in_place, (2, 8)),
+    "index_copy_.default": (_index_copy_in_place, (2, 8)),
 }
 
 
