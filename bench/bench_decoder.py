@@ -12,7 +12,7 @@ weights; the default ``llama_32m``: hidden 512, 8 layers, GQA 8/4 heads, vocabul
 (``[1, S]`` ids -> last-position logits + the K/V caches of every layer) and decode at past
 length ``--past`` P (one token + the caches of P positions -> logits + the caches of P + 1)
 and, with ``--step C``, one decode step over a cache of capacity C (``examples.kv_decoder.Step``:
-the token at position C / 2, the cache written in place of its position; the program a
+the token at position C / 2, its key and value written at that position; the program a
 generation calls at every step).
 Per case, in one process:
 
