@@ -170,6 +170,29 @@ def _library_timer(path: Path, prepared: Any, inputs: list[np.ndarray]
     return _timer(lambda: library.vm.invoke_stateful(function)), result
 
 
+def _tune(prepared: Any, trials: int, output_dir: Path, filename: str,
+          args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+    """``tuner.job.tune_model`` of ``prepared`` with ``trials`` into ``args.db``: the job's
+    summary for the results (without its per-task rows) and its verified library's path.
+    Raises what the job raises."""
+    from compiler.artifact_layout import LIBRARY_NAME
+    from db.storage import open_storage
+    from tuner.job import tune_model
+
+    storage = open_storage(args.db, upgrade=True)
+    try:
+        summary = tune_model(storage, prepared, trials=trials, output_dir=output_dir,
+                             filename=filename, cost_model=args.cost_model, force=True)
+    finally:
+        storage.close()
+    tuning = {
+        **{k: v for k, v in summary.to_json().items()
+           if k not in ("tasks", "verification", "artifact_dir")},
+        "tasks by action": dict(Counter(t.action for t in summary.tasks)),
+    }
+    return tuning, Path(summary.artifact_dir) / LIBRARY_NAME
+
+
 def _case_name(program: str, length: int) -> str:
     return f"{program}_{length}"
 
@@ -178,13 +201,10 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
                  ) -> dict[str, Any]:
     """Every case as a program of one archive, tuned as one job of ``args.one_job`` trials; the
     job's summary and its library's path (``"library"``), or its error (``"error"``)."""
-    from compiler.artifact_layout import LIBRARY_NAME
     from compiler.model_spec import ModelLimits
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
-    from db.storage import open_storage
     from examples.kv_decoder import export_programs
-    from tuner.job import tune_model
 
     print(f"[{_now()}] one job: export {len(cases)} programs, tune {args.one_job} trials",
           flush=True)
@@ -203,24 +223,15 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
     info["seconds"]["prepare"] = time.perf_counter() - started
     info["programs"] = list(prepared.model.programs)
     info["tasks"] = len(prepared.partition.tasks)
-    storage = open_storage(args.db, upgrade=True)
     started = time.perf_counter()
     try:
-        summary = tune_model(storage, prepared, trials=args.one_job,
-                             output_dir=work / "one-job", filename=archive.name,
-                             cost_model=args.cost_model, force=True)
+        info["tuning"], library = _tune(prepared, args.one_job, work / "one-job", archive.name,
+                                        args)
         info["seconds"]["tune"] = time.perf_counter() - started
-        info["tuning"] = {
-            **{k: v for k, v in summary.to_json().items()
-               if k not in ("tasks", "verification", "artifact_dir")},
-            "tasks by action": dict(Counter(t.action for t in summary.tasks)),
-        }
-        info["library"] = str(Path(summary.artifact_dir) / LIBRARY_NAME)
+        info["library"] = str(library)
     except Exception as err:  # noqa: BLE001 - reported in the table
         info["error"] = f"{type(err).__name__}: {str(err)[:300]}"
         traceback.print_exc()
-    finally:
-        storage.close()
     info["load after"], info["finished"] = _load(), _now()
     return info
 
@@ -278,30 +289,17 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
         path, prepared, arrays)
 
     if args.tune and program in args.tune_programs:
-        from compiler.artifact_layout import LIBRARY_NAME
-        from db.storage import open_storage
-        from tuner.job import tune_model
-
         print(f"[{_now()}] {label}: tune {args.tune} trials", flush=True)
-        storage = open_storage(args.db, upgrade=True)
         started = time.perf_counter()
         try:
-            summary = tune_model(storage, prepared, trials=args.tune,
-                                 output_dir=work / f"{program}{length}-job", filename=pt2.name,
-                                 cost_model=args.cost_model, force=True)
+            row["tuning"], library = _tune(prepared, args.tune, work / f"{program}{length}-job",
+                                           pt2.name, args)
             row["seconds"]["tune"] = time.perf_counter() - started
-            row["tuning"] = {
-                **{k: v for k, v in summary.to_json().items()
-                   if k not in ("tasks", "verification", "artifact_dir")},
-                "tasks by action": dict(Counter(t.action for t in summary.tasks)),
-            }
             timers["TuneHub tuned"], row["checks"]["TuneHub tuned"] = _library_timer(
-                Path(summary.artifact_dir) / LIBRARY_NAME, prepared, arrays)
+                library, prepared, arrays)
         except Exception as err:  # noqa: BLE001 - reported in the table
             row["errors"]["TuneHub tuned"] = f"{type(err).__name__}: {str(err)[:300]}"
             traceback.print_exc()
-        finally:
-            storage.close()
 
     if one_job is not None:
         if "library" in one_job:

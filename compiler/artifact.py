@@ -133,7 +133,7 @@ def publish_artifact(
         verification = verify(model, library.run, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")
-        if model.buckets and not model.programs:  # measured: may inputs between buckets be padded?
+        if model.bucket_spec is not None:  # measured: may inputs between buckets be padded?
             library.padding = bucket_padding(model, library, device=target.device)
         extra_fields = extra(library) if callable(extra) else extra
         manifest = build_manifest(model, target, tasks, verification, extra_fields)

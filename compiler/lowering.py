@@ -107,13 +107,12 @@ def build_with_database(
 
     tvm_target = target.tvm_target()
     if target.compile_options.is_legacy:
-        if peers and target.kind == "cuda":
-            return _cuda_with_peers(for_target(mod, target.compile_options), tvm_target,
-                                    database, peers)
-        if peers:
+        if peers and target.kind != "cuda":
             raise ValueError(f"{target.describe()} builds without library peers")
-        return ms.relax_integration.compile_relax(
-            database, for_target(mod, target.compile_options), tvm_target, params=None)
+        mod = for_target(mod, target.compile_options)
+        if peers:
+            return _cuda_with_peers(mod, tvm_target, database, peers)
+        return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
     # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: PLC0415 - only the paths that need them
