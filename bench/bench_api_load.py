@@ -15,6 +15,7 @@ the machine with the API and the tuning worker, so their own CPU time is part of
 
 Writes ``bench/results/api_load_<date>.md`` (machine, date, settings, numbers).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -55,8 +56,15 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-async def client_loop(client: httpx.AsyncClient, job_id: int, stop_at: float, interval: float,
-                      latencies: list[float], errors: list[str], rng: random.Random) -> None:
+async def client_loop(
+    client: httpx.AsyncClient,
+    job_id: int,
+    stop_at: float,
+    interval: float,
+    latencies: list[float],
+    errors: list[str],
+    rng: random.Random,
+) -> None:
     # Clients are not synchronized: each starts at a random point of its interval.
     await asyncio.sleep(rng.uniform(0, interval))
     while time.monotonic() < stop_at:
@@ -75,8 +83,9 @@ async def client_loop(client: httpx.AsyncClient, job_id: int, stop_at: float, in
         await asyncio.sleep(max(0.0, interval - elapsed))
 
 
-async def run_load(url: str, token: str, job_id: int, clients: int, duration: float,
-                   interval: float) -> tuple[list[float], list[str], float]:
+async def run_load(
+    url: str, token: str, job_id: int, clients: int, duration: float, interval: float
+) -> tuple[list[float], list[str], float]:
     """Open every client's connection first (one unmeasured request each), then measure."""
     headers = {"Authorization": f"Bearer {token}"}
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
@@ -91,9 +100,9 @@ async def run_load(url: str, token: str, job_id: int, clients: int, duration: fl
         started = time.monotonic()
         stop_at = started + duration
         rng = random.Random(1)
-        await asyncio.gather(*(
-            client_loop(c, job_id, stop_at, interval, latencies, errors, rng) for c in pool
-        ))
+        await asyncio.gather(
+            *(client_loop(c, job_id, stop_at, interval, latencies, errors, rng) for c in pool)
+        )
         return latencies, errors, time.monotonic() - started
     finally:
         await asyncio.gather(*(c.aclose() for c in pool))
@@ -103,8 +112,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--clients", type=int, default=50)
     parser.add_argument("--duration", type=float, default=30.0, help="seconds of load")
-    parser.add_argument("--interval", type=float, default=1.0,
-                        help="seconds between one client's requests (0: back to back)")
+    parser.add_argument(
+        "--interval",
+        type=float,
+        default=1.0,
+        help="seconds between one client's requests (0: back to back)",
+    )
     parser.add_argument("--example", default="small_cnn")
     parser.add_argument("--trials", type=int, default=400, help="budget of the job being tuned")
     parser.add_argument("--output", type=Path, default=None)
@@ -122,8 +135,9 @@ def main() -> int:
             with server.client(token) as client:
                 with open(model_path, "rb") as handle:
                     model = client.post("/models", files={"file": (model_path.name, handle)}).json()
-                job = client.post("/jobs", json={"model_id": model["id"],
-                                                 "trial_budget": args.trials}).json()
+                job = client.post(
+                    "/jobs", json={"model_id": model["id"], "trial_budget": args.trials}
+                ).json()
                 deadline = time.monotonic() + 600
                 while (current := client.get(f"/jobs/{job['id']}").json())["trials_done"] == 0:
                     if time.monotonic() > deadline or current["status"] not in (
@@ -135,11 +149,16 @@ def main() -> int:
                 trials_before = current["trials_done"]
                 gc.collect()
                 gc.freeze()  # this process imported torch (export): keep the GC off its objects
-                print(f"job {job['id']} tuning ({trials_before} trials so far); "
-                      f"{args.clients} clients for {args.duration:.0f} s ...", flush=True)
-                latencies, errors, elapsed = asyncio.run(run_load(
-                    server.api, token, job["id"], args.clients, args.duration, args.interval
-                ))
+                print(
+                    f"job {job['id']} tuning ({trials_before} trials so far); "
+                    f"{args.clients} clients for {args.duration:.0f} s ...",
+                    flush=True,
+                )
+                latencies, errors, elapsed = asyncio.run(
+                    run_load(
+                        server.api, token, job["id"], args.clients, args.duration, args.interval
+                    )
+                )
                 after = client.get(f"/jobs/{job['id']}").json()
                 # The same load with the worker idle: what tuning on the same machine costs.
                 client.post(f"/jobs/{job['id']}/cancel")
@@ -148,9 +167,11 @@ def main() -> int:
                     if time.monotonic() > deadline:
                         raise SystemExit("the worker did not stop after the cancel")
                     time.sleep(0.5)
-                idle = asyncio.run(run_load(
-                    server.api, token, job["id"], args.clients, args.duration, args.interval
-                ))
+                idle = asyncio.run(
+                    run_load(
+                        server.api, token, job["id"], args.clients, args.duration, args.interval
+                    )
+                )
         finally:
             stop_server(server)
 
@@ -159,8 +180,10 @@ def main() -> int:
         p50, p90, p99 = (percentile(ms, q) for q in (50, 90, 99))
         worst = max(ms) if ms else float("nan")
         rate = len(ms) / elapsed if elapsed else 0.0
-        line = (f"| {label} | {len(ms)} | {rate:.0f} | {p50:.1f} | {p90:.1f} | {p99:.1f} | "
-                f"{worst:.1f} | {len(errors)} |")
+        line = (
+            f"| {label} | {len(ms)} | {rate:.0f} | {p50:.1f} | {p90:.1f} | {p99:.1f} | "
+            f"{worst:.1f} | {len(errors)} |"
+        )
         return line, p99
 
     tuning_line, p99 = row("job tuning", latencies, errors, elapsed)

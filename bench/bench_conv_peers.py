@@ -34,6 +34,7 @@ starts; ONNX Runtime gets ``--threads`` intra-op threads. Writes ``conv_peers_<d
 ``.md`` (machine, date, load average before and after) into ``--out`` (default
 ``bench/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,17 +67,41 @@ def _load_baseline(commit: str, work: Path) -> None:
     from compiler.peers.library import find_blas
 
     source = work / "shim_baseline.cc"
-    source.write_text(subprocess.run(["git", "show", f"{commit}:compiler/peers/shim.cc"],
-                                     cwd=REPO, check=True, capture_output=True,
-                                     text=True).stdout)
+    source.write_text(
+        subprocess.run(
+            ["git", "show", f"{commit}:compiler/peers/shim.cc"],
+            cwd=REPO,
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+    )
     blas = find_blas()
     runtime = Path(tvm.__file__).parent / "lib"
     out = work / "libshim_baseline.so"
-    renames = [f"-D{name}={name}{SUFFIX}"
-               for name in ("tunehub_peer_gemm", "tunehub_peer_conv2d_nhwc")]
-    subprocess.run(["g++", "-O2", "-std=c++17", "-fPIC", *blas.defines(), *renames, "-shared",
-                    str(source), "-o", str(out), "-Wl,--no-as-needed", *blas.link_flags(),
-                    f"-L{runtime}", "-ltvm_runtime", f"-Wl,-rpath,{runtime}"], check=True)
+    renames = [
+        f"-D{name}={name}{SUFFIX}" for name in ("tunehub_peer_gemm", "tunehub_peer_conv2d_nhwc")
+    ]
+    subprocess.run(
+        [
+            "g++",
+            "-O2",
+            "-std=c++17",
+            "-fPIC",
+            *blas.defines(),
+            *renames,
+            "-shared",
+            str(source),
+            "-o",
+            str(out),
+            "-Wl,--no-as-needed",
+            *blas.link_flags(),
+            f"-L{runtime}",
+            "-ltvm_runtime",
+            f"-Wl,-rpath,{runtime}",
+        ],
+        check=True,
+    )
     ctypes.CDLL(str(out), mode=ctypes.RTLD_GLOBAL)
 
 
@@ -113,18 +138,35 @@ def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | Non
         return None
     kh, kw, c, k = w
     rng = np.random.default_rng(0)
-    weights = [numpy_helper.from_array(
-        rng.standard_normal((k, c, kh, kw)).astype("float32"), "w"),
-        numpy_helper.from_array(rng.standard_normal(k).astype("float32"), "b")]
-    pads_bottom = (out[1] - 1) * config["stride_h"] + (kh - 1) * config["dilation_h"] + 1 \
-        - x[1] - config["pad_top"]
-    pads_right = (out[2] - 1) * config["stride_w"] + (kw - 1) * config["dilation_w"] + 1 \
-        - x[2] - config["pad_left"]
-    nodes = [helper.make_node(
-        "Conv", ["x", "w", "b"], ["c"], kernel_shape=[kh, kw],
-        strides=[config["stride_h"], config["stride_w"]],
-        dilations=[config["dilation_h"], config["dilation_w"]],
-        pads=[config["pad_top"], config["pad_left"], max(0, pads_bottom), max(0, pads_right)])]
+    weights = [
+        numpy_helper.from_array(rng.standard_normal((k, c, kh, kw)).astype("float32"), "w"),
+        numpy_helper.from_array(rng.standard_normal(k).astype("float32"), "b"),
+    ]
+    pads_bottom = (
+        (out[1] - 1) * config["stride_h"]
+        + (kh - 1) * config["dilation_h"]
+        + 1
+        - x[1]
+        - config["pad_top"]
+    )
+    pads_right = (
+        (out[2] - 1) * config["stride_w"]
+        + (kw - 1) * config["dilation_w"]
+        + 1
+        - x[2]
+        - config["pad_left"]
+    )
+    nodes = [
+        helper.make_node(
+            "Conv",
+            ["x", "w", "b"],
+            ["c"],
+            kernel_shape=[kh, kw],
+            strides=[config["stride_h"], config["stride_w"]],
+            dilations=[config["dilation_h"], config["dilation_w"]],
+            pads=[config["pad_top"], config["pad_left"], max(0, pads_bottom), max(0, pads_right)],
+        )
+    ]
     nchw = lambda s: [s[0], s[3], s[1], s[2]]  # noqa: E731
     inputs = [helper.make_tensor_value_info("x", TensorProto.FLOAT, nchw(x))]
     last = "c"
@@ -133,13 +175,19 @@ def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | Non
         nodes.append(helper.make_node("Add", ["c", "r"], ["s"]))
         last = "s"
     nodes.append(helper.make_node("Relu", [last], ["y"]))
-    graph = helper.make_graph(nodes, "conv", inputs, [helper.make_tensor_value_info(
-        "y", TensorProto.FLOAT, nchw(out))], weights)
+    graph = helper.make_graph(
+        nodes,
+        "conv",
+        inputs,
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, nchw(out))],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
-    session = ort.InferenceSession(model.SerializeToString(), options,
-                                   providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(
+        model.SerializeToString(), options, providers=["CPUExecutionProvider"]
+    )
     feed = {"x": rng.standard_normal(nchw(x)).astype("float32")}
     if residual:
         feed["r"] = rng.standard_normal(nchw(out)).astype("float32")
@@ -189,12 +237,14 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         with _baseline_functions():
             base = peer_task_module(task_mod, call=_as_im2col(task_mod))
         builds = [("baseline im2col", base)] + [
-            (v.algorithm, peer_task_module(task_mod, call=v)) for v in peer_variants(task_mod)]
+            (v.algorithm, peer_task_module(task_mod, call=v)) for v in peer_variants(task_mod)
+        ]
         for label, mod in builds:
             run, tensors = _tvm_call(mod, target, data)
             run()
-            errors[label] = float(np.abs(tensors[-1].numpy() - expected).max()
-                                  / np.abs(expected).max())
+            errors[label] = float(
+                np.abs(tensors[-1].numpy() - expected).max() / np.abs(expected).max()
+            )
             timers[label] = _timer(run, args.min_secs)
         ort_run = _ort_conv(task_mod, call, args.threads)
         if ort_run is not None:
@@ -202,14 +252,19 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         secs = interleaved(timers, args.rounds, args.pause)
         config = dict(call.config)
         (kh, kw, c, k), out = shapes[1], shapes[-1]
-        rows.append({
-            "task": task.name, "weight": task.weight, "key": task.key,
-            "shape": f"{shapes[0][1]}x{shapes[0][2]}x{c} -> {out[1]}x{out[2]}x{k}, "
-                     f"{kh}x{kw} s{config['stride_h']}",
-            "mflops": _conv_flops(task_mod) / 1e6, "default": call.algorithm,
-            "ms": {label: s * 1e3 for label, s in secs.items()},
-            "max error / max |y|": errors,
-        })
+        rows.append(
+            {
+                "task": task.name,
+                "weight": task.weight,
+                "key": task.key,
+                "shape": f"{shapes[0][1]}x{shapes[0][2]}x{c} -> {out[1]}x{out[2]}x{k}, "
+                f"{kh}x{kw} s{config['stride_h']}",
+                "mflops": _conv_flops(task_mod) / 1e6,
+                "default": call.algorithm,
+                "ms": {label: s * 1e3 for label, s in secs.items()},
+                "max error / max |y|": errors,
+            }
+        )
         print(json.dumps(rows[-1]), flush=True)
     return {"tasks": rows}
 
@@ -257,8 +312,10 @@ def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     feed = {i.name: a for i, a in zip(session.get_inputs(), inputs)}
     (expected,) = session.run(None, feed)
     timers = {"ONNX Runtime": _timer(lambda: session.run(None, feed), args.min_secs)}
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     errors: dict[str, float] = {}
     for choice in ("baseline", "im2col", "default"):
         with _algorithms(choice):
@@ -272,11 +329,17 @@ def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         label = f"zero-trial + peers, {choice}"
         errors[label] = float(np.abs(out - expected).max())
         timers[label] = _timer(lambda vm=vm: vm.invoke_stateful("main"), args.min_secs)
-        print(label, f"{len(keys)} tasks on peers, max abs error vs ORT {errors[label]:.1e}",
-              flush=True)
+        print(
+            label,
+            f"{len(keys)} tasks on peers, max abs error vs ORT {errors[label]:.1e}",
+            flush=True,
+        )
     secs = interleaved(timers, args.rounds, args.pause)
-    return {"ms": {k: v * 1e3 for k, v in secs.items()}, "max abs error vs ORT": errors,
-            "max |y|": float(np.abs(expected).max())}
+    return {
+        "ms": {k: v * 1e3 for k, v in secs.items()},
+        "max abs error vs ORT": errors,
+        "max |y|": float(np.abs(expected).max()),
+    }
 
 
 def _as_im2col(task_mod: Any) -> Any:
@@ -295,18 +358,22 @@ LABELS = ("baseline im2col", "im2col", "winograd_f2", "winograd_f4", "ONNX Runti
 def render(run: dict[str, Any]) -> str:
     m = run["machine"]
     lines = [
-        f"# Convolution peer algorithms, {run['date']}", "",
+        f"# Convolution peer algorithms, {run['date']}",
+        "",
         f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`, {m['logical_cpus']} logical CPUs), "
         f"{run['threads']} threads; TVM {m['tvm']}, ONNX Runtime {m['onnxruntime']}; "
         f"{run['rounds']} rounds of >= {run['min_secs']} s per variant, in a new random order "
         f"each round with {run.get('pause', 0)} s of sleep before each, medians. "
         f"Command: `TVM_NUM_THREADS={run['threads']} python -m bench.bench_conv_peers "
         f"--threads {run['threads']} --rounds {run['rounds']}` at commit {run['commit']}; "
-        f"baseline shim: {run['baseline']}.", "",
-        f"Load before: `{run['load before']}`; after: `{run['load after']}`.", "",
+        f"baseline shim: {run['baseline']}.",
+        "",
+        f"Load before: `{run['load before']}`; after: `{run['load after']}`.",
+        "",
         "ms per call of the whole task (library call + TIR epilogue) and GFLOP/s of the "
         "convolution alone (2*N*OH*OW*K*KH*KW*C); ONNX Runtime runs the same Conv (+ Add) + Relu "
-        "in NCHW. *default*: what `find_peer` picks. Ratios are against the baseline im2col.", "",
+        "in NCHW. *default*: what `find_peer` picks. Ratios are against the baseline im2col.",
+        "",
         "| task | w | shape | MFLOP | " + " | ".join(LABELS) + " | default | default / baseline "
         "| default / ORT |",
         "|---|---|---|---|" + "---|" * len(LABELS) + "---|---|---|",
@@ -322,37 +389,50 @@ def render(run: dict[str, Any]) -> str:
 
         default = ms[r["default"]]
         for label in LABELS:
-            totals[label] += r["weight"] * ms.get(label, ms["im2col"] if label.startswith(
-                "winograd") else 0.0)
+            totals[label] += r["weight"] * ms.get(
+                label, ms["im2col"] if label.startswith("winograd") else 0.0
+            )
         totals["default"] += r["weight"] * default
         ort = ms.get("ONNX Runtime")
         lines.append(
             f"| {r['task']} | {r['weight']} | {r['shape']} | {r['mflops']:.1f} | "
             + " | ".join(cell(label) for label in LABELS)
             + f" | {r['default']} | {default / ms['baseline im2col']:.2f}x | "
-            + (f"{default / ort:.2f}x |" if ort else "— |"))
+            + (f"{default / ort:.2f}x |" if ort else "— |")
+        )
     lines += [
-        "", "Weighted sums over these tasks (ms; weight = uses in the model; a Winograd column "
+        "",
+        "Weighted sums over these tasks (ms; weight = uses in the model; a Winograd column "
         "counts im2col where the task has no Winograd variant): "
-        + ", ".join(f"{label} {totals[label]:.2f}" for label in (*LABELS, "default")) + ".", "",
+        + ", ".join(f"{label} {totals[label]:.2f}" for label in (*LABELS, "default"))
+        + ".",
+        "",
         "Max abs error of each variant against the task's own TIR, relative to the output's "
-        "largest magnitude (random normal data and weights):", ""]
+        "largest magnitude (random normal data and weights):",
+        "",
+    ]
     for r in run["tasks"]:
         errs = ", ".join(f"{k} {v:.1e}" for k, v in r["max error / max |y|"].items())
         lines.append(f"- {r['task']}: {errs}")
     if "model" in run:
         model = run["model"]
         ort_ms = model["ms"]["ONNX Runtime"]
-        lines += ["", "## ResNet-18 end to end (ms, batch 1, 224x224)", "",
-                  "Interleaved with each other in the same rounds, after the single tasks; "
-                  f"the output's largest magnitude is {model.get('max |y|', float('nan')):.3g}.",
-                  "",
-                  "| build | ms | / ONNX Runtime | max abs error vs ONNX Runtime |",
-                  "|---|---|---|---|"]
+        lines += [
+            "",
+            "## ResNet-18 end to end (ms, batch 1, 224x224)",
+            "",
+            "Interleaved with each other in the same rounds, after the single tasks; "
+            f"the output's largest magnitude is {model.get('max |y|', float('nan')):.3g}.",
+            "",
+            "| build | ms | / ONNX Runtime | max abs error vs ONNX Runtime |",
+            "|---|---|---|---|",
+        ]
         for label, ms in model["ms"].items():
             err = model["max abs error vs ORT"].get(label)
-            lines.append(f"| {label} | {ms:.2f} | {ms / ort_ms:.2f}x | "
-                         + (f"{err:.1e} |" if err is not None else "— |"))
+            lines.append(
+                f"| {label} | {ms:.2f} | {ms / ort_ms:.2f}x | "
+                + (f"{err:.1e} |" if err is not None else "— |")
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -361,11 +441,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--min-secs", type=float, default=0.1)
-    parser.add_argument("--pause", type=float, default=0.05,
-                        help="seconds of sleep before each timed run (spinning threads idle)")
+    parser.add_argument(
+        "--pause",
+        type=float,
+        default=0.05,
+        help="seconds of sleep before each timed run (spinning threads idle)",
+    )
     parser.add_argument("--baseline", default=BASELINE)
-    parser.add_argument("--no-model", dest="model", action="store_false",
-                        help="only the single tasks, not ResNet-18 end to end")
+    parser.add_argument(
+        "--no-model",
+        dest="model",
+        action="store_false",
+        help="only the single tasks, not ResNet-18 end to end",
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
@@ -373,11 +461,17 @@ def main(argv: list[str] | None = None) -> int:
 
     date = dt.date.today().isoformat()
     run: dict[str, Any] = {
-        "date": date, "threads": args.threads, "rounds": args.rounds, "min_secs": args.min_secs,
+        "date": date,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "min_secs": args.min_secs,
         "pause": args.pause,
-        "machine": machine(), "baseline": args.baseline, "load before": _load(),
-        "commit": subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO,
-                                 capture_output=True, text=True).stdout.strip(),
+        "machine": machine(),
+        "baseline": args.baseline,
+        "load before": _load(),
+        "commit": subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True
+        ).stdout.strip(),
     }
     with tempfile.TemporaryDirectory() as tmp:
         run.update(bench(args, Path(tmp)))

@@ -28,6 +28,7 @@ Writes ``bench/results/cost_model_<date>.md`` with the machine and date. The est
 runs' recorded times; to compare a warm run's end with the cold run's under the same machine
 conditions, re-measure both runs' best schedules with ``bench/remeasure.py``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -115,30 +116,49 @@ def copy_other_workloads(source, dest, target_row, exclude: set[int]) -> int:
     for workload in source.list_workloads(target_id=target_row.id):
         if workload.id in exclude:
             continue
-        new = dest.ensure_workload(workload.key, workload.mod_json, flops=workload.flops,
-                                   summary=workload.summary)
+        new = dest.ensure_workload(
+            workload.key, workload.mod_json, flops=workload.flops, summary=workload.summary
+        )
         new_ids[workload.id] = new.id
         rows = list(source.iter_records(target_id=target_row.id, workload_id=workload.id))
-        dest.commit_records([
-            NewTuningRecord(
-                workload_id=new.id, target_id=dest_target.id,
-                trace_json=r.trace_json, run_secs=r.run_secs, args_info_json=r.args_info_json,
-                error_text=r.error_text,
-            )
-            for r in rows
-        ])
+        dest.commit_records(
+            [
+                NewTuningRecord(
+                    workload_id=new.id,
+                    target_id=dest_target.id,
+                    trace_json=r.trace_json,
+                    run_secs=r.run_secs,
+                    args_info_json=r.args_info_json,
+                    error_text=r.error_text,
+                )
+                for r in rows
+            ]
+        )
         copied += len(rows)
     for model in source.list_models():
         tasks = [t for t in source.model_workloads(model.id) if t.workload_id in new_ids]
         if not tasks or any(t.workload_id in exclude for t in source.model_workloads(model.id)):
             continue
-        row = dest.add_model(content_hash=model.content_hash, format=model.format,
-                             filename=model.filename, size=model.size, owner=model.owner)
-        dest.set_model_workloads(row.id, [
-            ModelWorkload(model_id=row.id, workload_id=new_ids[t.workload_id],
-                          task_name=t.task_name, weight=t.weight, skip_reason=t.skip_reason)
-            for t in tasks
-        ])
+        row = dest.add_model(
+            content_hash=model.content_hash,
+            format=model.format,
+            filename=model.filename,
+            size=model.size,
+            owner=model.owner,
+        )
+        dest.set_model_workloads(
+            row.id,
+            [
+                ModelWorkload(
+                    model_id=row.id,
+                    workload_id=new_ids[t.workload_id],
+                    task_name=t.task_name,
+                    weight=t.weight,
+                    skip_reason=t.skip_reason,
+                )
+                for t in tasks
+            ],
+        )
     return copied
 
 
@@ -164,9 +184,17 @@ def sibling_seeders():
 
 
 def search_efficiency(
-    source, target_row, name: str, work: Path, max_trials: int | None = None,
-    transfer: bool = True, seeds: bool = True, leave_out: frozenset[str] = frozenset(),
-    population: bool = False, seed: int = 0, full_budget: bool = False,
+    source,
+    target_row,
+    name: str,
+    work: Path,
+    max_trials: int | None = None,
+    transfer: bool = True,
+    seeds: bool = True,
+    leave_out: frozenset[str] = frozenset(),
+    population: bool = False,
+    seed: int = 0,
+    full_budget: bool = False,
 ) -> dict:
     """One warm run of example ``name`` (see the module docstring). ``transfer=False``: the
     run's cost model starts with no booster and learns from the run's measurements alone (the
@@ -190,21 +218,28 @@ def search_efficiency(
     from tuner.search import SearchConfig
 
     model, cold_records = model_runs(source, name)
-    weights = {w.workload_id: w.weight for w in source.model_workloads(model.id)
-               if w.task_name not in leave_out}
+    weights = {
+        w.workload_id: w.weight
+        for w in source.model_workloads(model.id)
+        if w.task_name not in leave_out
+    }
     tuned = {r.workload_id for r in cold_records}
     weights = {k: w for k, w in weights.items() if k in tuned}  # untunable tasks left out
     cold = curve(cold_records, weights)
     cold_final = cold[-1]
     goal = WITHIN * cold_final
-    row = {"model": name, "cold_trials": len(cold_records), "cold_final_ms": cold_final * 1e3,
-           "cold_to_goal": trials_to(goal, cold), "left_out": sorted(leave_out)}
+    row = {
+        "model": name,
+        "cold_trials": len(cold_records),
+        "cold_final_ms": cold_final * 1e3,
+        "cold_to_goal": trials_to(goal, cold),
+        "left_out": sorted(leave_out),
+    }
     dest = db.open_storage(f"sqlite:///{work / f'warm-{name}.db'}", upgrade=True)
     try:
         spec = target_row.spec()
         if transfer:
-            row["transfer_records"] = copy_other_workloads(source, dest, target_row,
-                                                           set(weights))
+            row["transfer_records"] = copy_other_workloads(source, dest, target_row, set(weights))
             start = time.perf_counter()
             trained = train_for_target(dest, spec)
             row["train_secs"] = time.perf_counter() - start
@@ -223,19 +258,31 @@ def search_efficiency(
         try:
             budget = min(len(cold_records), max_trials or len(cold_records))
             with sibling_seeders() as seeders:
-                tune_model(dest, prepared, trials=budget, output_dir=work / f"out-{name}",
-                           filename=path.name, listeners=[] if full_budget else [stop],
-                           cost_model=cost_model, seed=seed,
-                           search=SearchConfig(sibling_seeds=seeds,
-                                               sibling_population=seeds and population))
+                tune_model(
+                    dest,
+                    prepared,
+                    trials=budget,
+                    output_dir=work / f"out-{name}",
+                    filename=path.name,
+                    listeners=[] if full_budget else [stop],
+                    cost_model=cost_model,
+                    seed=seed,
+                    search=SearchConfig(
+                        sibling_seeds=seeds, sibling_population=seeds and population
+                    ),
+                )
         except (_Reached, RuntimeError) as err:
             if stop.reached_at is None:
                 raise err
         row["warm_secs"] = time.perf_counter() - start
         job = max(dest.list_jobs(), key=lambda j: j.id)
         warm_records = dest.list_records(job_id=job.id, limit=100000)
-        dest_weights = {dest.workload_ids([source.get_workload_by_id(k).key])[
-            source.get_workload_by_id(k).key]: w for k, w in weights.items()}
+        dest_weights = {
+            dest.workload_ids([source.get_workload_by_id(k).key])[
+                source.get_workload_by_id(k).key
+            ]: w
+            for k, w in weights.items()
+        }
         warm = curve(warm_records, dest_weights)
         row["warm_trials"] = len(warm_records)
         row["warm_to_goal"] = trials_to(goal, warm)
@@ -244,7 +291,8 @@ def search_efficiency(
         row["at_equal_trials"] = {
             n: (warm[n - 1] * 1e3, cold[n - 1] * 1e3)
             for n in sorted({100, 150, 200, 250, 300, 400, len(warm)})
-            if n <= min(len(warm), len(cold))}
+            if n <= min(len(warm), len(cold))
+        }
         row["guard_switches"] = guard_switches(getattr(cost_model.model, "guard_log", []))
         row["sibling_seeds"] = sum(len(s.measured) for s in seeders)
         row["sibling_population"] = sum(s.populated for s in seeders)
@@ -267,25 +315,34 @@ def unseen_model_accuracy(source, target_row, training_set, name: str) -> list[d
     from cost_model.metrics import pairwise_accuracy
 
     model, _ = model_runs(source, name)
-    keys = {source.get_workload_by_id(w.workload_id).key: w for w in
-            source.model_workloads(model.id)}
+    keys = {
+        source.get_workload_by_id(w.workload_id).key: w for w in source.model_workloads(model.id)
+    }
     held = [g for g, key in enumerate(training_set.workload_keys) if key in keys]
     train = ~np.isin(training_set.groups, held)
     labels = throughput_labels(training_set.costs, training_set.groups)
-    booster = train_booster(training_set.features[train], labels[train],
-                            training_set.groups[train], BoosterConfig())
+    booster = train_booster(
+        training_set.features[train], labels[train], training_set.groups[train], BoosterConfig()
+    )
     rows = []
     for group in held:
         idx = np.flatnonzero(training_set.groups == group)
         if np.isfinite(training_set.costs[idx]).sum() < 4:
             continue
         workload = source.get_workload_by_id(keys[training_set.workload_keys[group]].workload_id)
-        rows.append({
-            "model": name, "workload": workload.summary.split(" ")[0], "records": len(idx),
-            "weight": keys[workload.key].weight,
-            "pairwise": pairwise_accuracy(predict(booster, training_set.features[idx]),
-                                          training_set.costs[idx], np.zeros(len(idx), np.int32)),
-        })
+        rows.append(
+            {
+                "model": name,
+                "workload": workload.summary.split(" ")[0],
+                "records": len(idx),
+                "weight": keys[workload.key].weight,
+                "pairwise": pairwise_accuracy(
+                    predict(booster, training_set.features[idx]),
+                    training_set.costs[idx],
+                    np.zeros(len(idx), np.int32),
+                ),
+            }
+        )
     return rows
 
 
@@ -317,8 +374,10 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
             "|---|---|---|---|---|---|",
         ]
         for r in eval_rows:
-            lines.append(f"| {r.model} | {r.seen} | {r.workloads} | {r.pairwise:.3f} | "
-                         f"{r.top1:.3f} | {r.top5:.3f} |")
+            lines.append(
+                f"| {r.model} | {r.seen} | {r.workloads} | {r.pairwise:.3f} | "
+                f"{r.top1:.3f} | {r.top5:.3f} |"
+            )
     if search_rows:
         lines += [
             "",
@@ -330,8 +389,11 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
             "|---|---|---|---|---|---|---|---|",
         ]
         for r in search_rows:
-            ratio = (f"{r['warm_to_goal'] / r['cold_to_goal']:.2f}"
-                     if r.get("warm_to_goal") and r.get("cold_to_goal") else "-")
+            ratio = (
+                f"{r['warm_to_goal'] / r['cold_to_goal']:.2f}"
+                if r.get("warm_to_goal") and r.get("cold_to_goal")
+                else "-"
+            )
             warm = r.get("warm_to_goal") or f"not within {r.get('warm_trials')}"
             lines.append(
                 f"| {r['model']} | {r['cold_trials']} | {r['cold_final_ms']:.4f} | "
@@ -349,25 +411,37 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
         ]
         for r in equal:
             for n, (warm, cold) in r["at_equal_trials"].items():
-                lines.append(f"| {r['model']} | {n} | {warm:.3f} | {cold:.3f} | "
-                             f"{warm / cold:.2f} |")
+                lines.append(
+                    f"| {r['model']} | {n} | {warm:.3f} | {cold:.3f} | {warm / cold:.2f} |"
+                )
     left = [r for r in search_rows if r.get("left_out")]
     if left:
-        lines += ["", "Tasks left out of both estimates (`--leave-out`; their trials still count): "
-                  + "; ".join(f"{r['model']}: {', '.join(r['left_out'])}" for r in left) + "."]
+        lines += [
+            "",
+            "Tasks left out of both estimates (`--leave-out`; their trials still count): "
+            + "; ".join(f"{r['model']}: {', '.join(r['left_out'])}" for r in left)
+            + ".",
+        ]
     seeded = [r for r in search_rows if "sibling_seeds" in r]
     if seeded:
-        lines += ["", "Sibling seeds measured in the warm runs (counted in their trials): "
-                  + ", ".join(f"{r['model']} {r['sibling_seeds']}" for r in seeded) + "; "
-                  "sibling schedules put in their search populations (summed over batches): "
-                  + ", ".join(f"{r['model']} {r.get('sibling_population', 0)}" for r in seeded)
-                  + "."]
+        lines += [
+            "",
+            "Sibling seeds measured in the warm runs (counted in their trials): "
+            + ", ".join(f"{r['model']} {r['sibling_seeds']}" for r in seeded)
+            + "; "
+            "sibling schedules put in their search populations (summed over batches): "
+            + ", ".join(f"{r['model']} {r.get('sibling_population', 0)}" for r in seeded)
+            + ".",
+        ]
     switched = [(r["model"], s) for r in search_rows for s in r.get("guard_switches", [])]
     if switched:
         lines += ["", "Guard switches (batch index over all scored batches):", ""]
-        lines += [f"- {name}: batch {s['batch']}, {s['family']} to the {s['to']} model "
-                  f"(window rank accuracy transfer {s['transfer_accuracy']:.3f}, cold "
-                  f"{s['cold_accuracy']:.3f})" for name, s in switched]
+        lines += [
+            f"- {name}: batch {s['batch']}, {s['family']} to the {s['to']} model "
+            f"(window rank accuracy transfer {s['transfer_accuracy']:.3f}, cold "
+            f"{s['cold_accuracy']:.3f})"
+            for name, s in switched
+        ]
     if unseen_rows:
         lines += [
             "",
@@ -380,14 +454,17 @@ def write_report(eval_rows, search_rows, source_url: str, args, unseen_rows=()) 
             "|---|---|---|---|---|",
         ]
         for r in unseen_rows:
-            lines.append(f"| {r['model']} | {r['workload']} | {r['records']} | {r['weight']} | "
-                         f"{r['pairwise']:.3f} |")
+            lines.append(
+                f"| {r['model']} | {r['workload']} | {r['records']} | {r['weight']} | "
+                f"{r['pairwise']:.3f} |"
+            )
         by_model: dict[str, list[float]] = {}
         for r in unseen_rows:
             by_model.setdefault(r["model"], []).append(r["pairwise"])
         for name, values in by_model.items():
-            lines.append(f"| {name} | **mean of {len(values)} workloads** | | | "
-                         f"**{np.mean(values):.3f}** |")
+            lines.append(
+                f"| {name} | **mean of {len(values)} workloads** | | | **{np.mean(values):.3f}** |"
+            )
     out = args.out or REPO / "bench" / "results" / f"cost_model_{today}.md"
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -398,39 +475,83 @@ def main() -> int:
     parser.add_argument("--source", required=True, help="database URL with cold runs")
     parser.add_argument("--models", nargs="*", default=["mlp", "bert", "mobilenetv2"])
     parser.add_argument("--folds", type=int, default=4)
-    parser.add_argument("--min-records", type=int, default=40,
-                        help="hold out only workloads with at least this many records")
-    parser.add_argument("--history", type=int, nargs="+", default=[0, 16, 64],
-                        help="records of a held-out workload the models may learn from first")
+    parser.add_argument(
+        "--min-records",
+        type=int,
+        default=40,
+        help="hold out only workloads with at least this many records",
+    )
+    parser.add_argument(
+        "--history",
+        type=int,
+        nargs="+",
+        default=[0, 16, 64],
+        help="records of a held-out workload the models may learn from first",
+    )
     parser.add_argument("--skip-eval", action="store_true")
-    parser.add_argument("--unseen", nargs="*", default=[], metavar="MODEL",
-                        help="per-workload rank accuracy on these models' workloads of a booster "
-                        "trained on all other workloads")
+    parser.add_argument(
+        "--unseen",
+        nargs="*",
+        default=[],
+        metavar="MODEL",
+        help="per-workload rank accuracy on these models' workloads of a booster "
+        "trained on all other workloads",
+    )
     parser.add_argument("--skip-search", action="store_true")
-    parser.add_argument("--no-base", action="store_true", help="warm runs start with no booster "
-                        "and learn from their own measurements only (ablation of the transfer)")
-    parser.add_argument("--no-seeds", action="store_true",
-                        help="warm runs without sibling schedules, measured or in "
-                        "populations (tuner.task_scheduler.sibling_seeds, tuner.database.primed)")
-    parser.add_argument("--full-budget", action="store_true",
-                        help="warm runs spend their whole budget instead of stopping at the goal "
-                        "(their recorded estimate can reach it early on a fast moment of the "
-                        "machine)")
-    parser.add_argument("--seed", type=int, default=0,
-                        help="the warm runs' search seed (repeat a run with another to see its "
-                        "spread)")
-    parser.add_argument("--population", action="store_true",
-                        help="warm runs also put sibling schedules in their search populations "
-                        "(tuner.database.primed; off by default, as in tunehub tune)")
-    parser.add_argument("--leave-out", nargs="*", default=[], metavar="TASK",
-                        help="task names left out of the cold and warm estimates (e.g. tasks the "
-                        "cold run only tuned in a later job, after a compiler change renamed them)")
-    parser.add_argument("--max-warm-trials", type=int, help="stop a warm run here even when it has "
-                        "not reached the goal (default: the cold run's trial count)")
-    parser.add_argument("--work", type=Path, help="keep the warm runs' databases and artifacts "
-                        "here (default: a temporary folder, removed at the end)")
-    parser.add_argument("--out", type=Path, help="report path (default: "
-                        "bench/results/cost_model_<date>.md)")
+    parser.add_argument(
+        "--no-base",
+        action="store_true",
+        help="warm runs start with no booster "
+        "and learn from their own measurements only (ablation of the transfer)",
+    )
+    parser.add_argument(
+        "--no-seeds",
+        action="store_true",
+        help="warm runs without sibling schedules, measured or in "
+        "populations (tuner.task_scheduler.sibling_seeds, tuner.database.primed)",
+    )
+    parser.add_argument(
+        "--full-budget",
+        action="store_true",
+        help="warm runs spend their whole budget instead of stopping at the goal "
+        "(their recorded estimate can reach it early on a fast moment of the "
+        "machine)",
+    )
+    parser.add_argument(
+        "--seed",
+        type=int,
+        default=0,
+        help="the warm runs' search seed (repeat a run with another to see its spread)",
+    )
+    parser.add_argument(
+        "--population",
+        action="store_true",
+        help="warm runs also put sibling schedules in their search populations "
+        "(tuner.database.primed; off by default, as in tunehub tune)",
+    )
+    parser.add_argument(
+        "--leave-out",
+        nargs="*",
+        default=[],
+        metavar="TASK",
+        help="task names left out of the cold and warm estimates (e.g. tasks the "
+        "cold run only tuned in a later job, after a compiler change renamed them)",
+    )
+    parser.add_argument(
+        "--max-warm-trials",
+        type=int,
+        help="stop a warm run here even when it has "
+        "not reached the goal (default: the cold run's trial count)",
+    )
+    parser.add_argument(
+        "--work",
+        type=Path,
+        help="keep the warm runs' databases and artifacts "
+        "here (default: a temporary folder, removed at the end)",
+    )
+    parser.add_argument(
+        "--out", type=Path, help="report path (default: bench/results/cost_model_<date>.md)"
+    )
     args = parser.parse_args()
     import db
     from compiler.target import cpu_target
@@ -446,8 +567,14 @@ def main() -> int:
     if not args.skip_eval or args.unseen:
         training_set = extend_training_set(source, target_row)
     if not args.skip_eval:
-        eval_rows = evaluate(source, target_row, training_set, folds=args.folds,
-                             min_records=args.min_records, history_sizes=args.history)
+        eval_rows = evaluate(
+            source,
+            target_row,
+            training_set,
+            folds=args.folds,
+            min_records=args.min_records,
+            history_sizes=args.history,
+        )
     for name in args.unseen:
         unseen_rows += unseen_model_accuracy(source, target_row, training_set, name)
     if eval_rows or unseen_rows:
@@ -458,15 +585,23 @@ def main() -> int:
         for name in [] if args.skip_search else args.models:
             if (work / f"warm-{name}.db").exists():
                 raise SystemExit(f"{work / f'warm-{name}.db'} exists: pass another --work")
-            search_rows.append(search_efficiency(source, target_row, name, work,
-                                                 args.max_warm_trials, not args.no_base,
-                                                 not args.no_seeds,
-                                                 frozenset(args.leave_out),
-                                                 args.population, args.seed,
-                                                 args.full_budget))
+            search_rows.append(
+                search_efficiency(
+                    source,
+                    target_row,
+                    name,
+                    work,
+                    args.max_warm_trials,
+                    not args.no_base,
+                    not args.no_seeds,
+                    frozenset(args.leave_out),
+                    args.population,
+                    args.seed,
+                    args.full_budget,
+                )
+            )
             print(json.dumps(search_rows[-1], default=str), flush=True)
-            print(write_report(eval_rows, search_rows, args.source, args, unseen_rows),
-                  flush=True)
+            print(write_report(eval_rows, search_rows, args.source, args, unseen_rows), flush=True)
     source.close()
     return 0
 

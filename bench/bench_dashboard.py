@@ -23,6 +23,7 @@ and a poll for what is new (``?after=<last record id>``) after 64 more records.
 
 Writes ``bench/results/dashboard_<date>.md`` (machine, date, settings, numbers).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -129,10 +130,14 @@ def main() -> int:
                 response = upload(client, model_path)
                 response.raise_for_status()
                 model = response.json()
-                job = client.post("/jobs", json={"model_id": model["id"],
-                                                 "trial_budget": args.records}).json()
-            print(f"{args.model}: {len(model['tasks'])} tasks; writing {args.records} records "
-                  f"for job {job['id']}", flush=True)
+                job = client.post(
+                    "/jobs", json={"model_id": model["id"], "trial_budget": args.records}
+                ).json()
+            print(
+                f"{args.model}: {len(model['tasks'])} tasks; writing {args.records} records "
+                f"for job {job['id']}",
+                flush=True,
+            )
             writer, fill_secs = fill_records(server, job["id"], args.records)
             url = f"{server.url}/dashboard/jobs/{job['id']}"
             loads = []

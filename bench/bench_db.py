@@ -19,6 +19,7 @@ What is measured (one target, 1,000 workloads, records spread evenly, 5 % failed
 Traces are real: those of an 8-trial tuning run of a 64x64x64 matmul, with their sampling
 decisions re-drawn to make each record a distinct schedule of realistic size (~1.9 KB).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -154,7 +155,9 @@ def start_postgres() -> tuple[str | None, bool]:
         return url, False
     out = subprocess.run(
         ["bash", str(REPO / "scripts" / "postgres.sh"), "start"],
-        capture_output=True, text=True, check=False,
+        capture_output=True,
+        text=True,
+        check=False,
     ).stdout
     for line in out.splitlines():
         if line.startswith("export TUNEHUB_TEST_POSTGRES_URL="):
@@ -395,8 +398,9 @@ def write_report(path: Path, rows: list[dict], info: dict, versions: dict, wall:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--records", type=int, nargs="+", default=[100_000, 1_000_000])
-    parser.add_argument("--backends", nargs="+", default=["sqlite", "postgresql"],
-                        choices=["sqlite", "postgresql"])
+    parser.add_argument(
+        "--backends", nargs="+", default=["sqlite", "postgresql"], choices=["sqlite", "postgresql"]
+    )
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     args = parser.parse_args(argv)
     sizes = sorted(args.records)

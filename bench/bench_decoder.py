@@ -41,6 +41,7 @@ the mean per call; the table gives the median of rounds, the ratio to ONNX Runti
 Writes ``decoder_<date>.json`` and ``.md`` into ``--out`` (default ``bench/results``) after every
 case (machine from ``/proc/cpuinfo``, load averages before and after each case, UTC times).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -63,12 +64,19 @@ import numpy as np
 from bench.bench_peers import _timer
 
 REPO = Path(__file__).resolve().parents[1]
-VARIANTS = ("torch eager", "torch.compile", "ONNX Runtime", "TuneHub zero-trial",
-            "TuneHub tuned", "TuneHub one job")
+VARIANTS = (
+    "torch eager",
+    "torch.compile",
+    "ONNX Runtime",
+    "TuneHub zero-trial",
+    "TuneHub tuned",
+    "TuneHub one job",
+)
 
 
-def interleaved(timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0,
-                pause: float = 0.2) -> dict[str, dict[str, float]]:
+def interleaved(
+    timers: dict[str, Callable[[], float]], rounds: int, seed: int = 0, pause: float = 0.2
+) -> dict[str, dict[str, float]]:
     """``rounds`` rounds of every timer in a random order per round (after one warm-up round),
     a pause of ``pause`` seconds before each (other frameworks' worker threads spin for a
     while after a call, and on 2 cores they would slow the next timer); per timer the median,
@@ -83,8 +91,10 @@ def interleaved(timers: dict[str, Callable[[], float]], rounds: int, seed: int =
         for name in order:
             time.sleep(pause)
             samples[name].append(timers[name]())
-    return {name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
-            for name, v in samples.items()}
+    return {
+        name: {"median": statistics.median(v), "min": min(v), "max": max(v)}
+        for name, v in samples.items()
+    }
 
 
 def machine() -> dict[str, Any]:
@@ -98,9 +108,14 @@ def machine() -> dict[str, Any]:
         if line.startswith("model name"):
             model = line.split(":", 1)[1].strip()
             break
-    return {"cpu_model": model, "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),
-            "logical_cpus": os.cpu_count(), "tvm": tvm.__version__, "torch": torch.__version__,
-            "onnxruntime": onnxruntime.__version__}
+    return {
+        "cpu_model": model,
+        "llvm_cpu": str(tvm.target.codegen.llvm_get_system_cpu()),
+        "logical_cpus": os.cpu_count(),
+        "tvm": tvm.__version__,
+        "torch": torch.__version__,
+        "onnxruntime": onnxruntime.__version__,
+    }
 
 
 def _load() -> list[float]:
@@ -119,6 +134,7 @@ def _torch_timer(module: Any, inputs: tuple, threads: int) -> Callable[[], float
     def call() -> None:
         with torch.no_grad():
             module(*inputs)
+
     return _timer(call)
 
 
@@ -137,6 +153,7 @@ def _compiled_timer(module: Any, inputs: tuple, threads: int) -> tuple[Callable[
     def call() -> None:
         with torch.no_grad():
             compiled(*inputs)
+
     return _timer(call), secs
 
 
@@ -151,8 +168,9 @@ def _ort_timer(path: Path, inputs: list[np.ndarray], threads: int) -> Callable[[
     return _timer(lambda: session.run(None, feed))
 
 
-def _library_timer(path: Path, prepared: Any, inputs: list[np.ndarray]
-                   ) -> tuple[Callable[[], float], dict[str, Any]]:
+def _library_timer(
+    path: Path, prepared: Any, inputs: list[np.ndarray]
+) -> tuple[Callable[[], float], dict[str, Any]]:
     """Load the library at ``path``, verify it (seeded inputs, then ``inputs``) against the
     model's reference, and return its timer (the VM call on inputs already on the device)."""
     from compiler.runner import LoadedLibrary
@@ -160,18 +178,21 @@ def _library_timer(path: Path, prepared: Any, inputs: list[np.ndarray]
 
     library = LoadedLibrary(path, "cpu")
     check = verify(prepared.model, library.run)
-    again = compare(library.run(inputs), reference_outputs(prepared.model, inputs),
-                    check.reference)
-    result = {"passed": check.passed and again.passed, "reference": check.reference,
-              "max_abs_error": max(check.max_abs_error, again.max_abs_error),
-              "message": check.message if not check.passed else again.message}
+    again = compare(library.run(inputs), reference_outputs(prepared.model, inputs), check.reference)
+    result = {
+        "passed": check.passed and again.passed,
+        "reference": check.reference,
+        "max_abs_error": max(check.max_abs_error, again.max_abs_error),
+        "message": check.message if not check.passed else again.message,
+    }
     function = library.function_for(inputs)
     library.vm.set_input(function, *library._to_device(inputs))  # noqa: SLF001 - timing the call
     return _timer(lambda: library.vm.invoke_stateful(function)), result
 
 
-def _tune(prepared: Any, trials: int, output_dir: Path, filename: str,
-          args: argparse.Namespace) -> tuple[dict[str, Any], Path]:
+def _tune(
+    prepared: Any, trials: int, output_dir: Path, filename: str, args: argparse.Namespace
+) -> tuple[dict[str, Any], Path]:
     """``tuner.job.tune_model`` of ``prepared`` with ``trials`` into ``args.db``: the job's
     summary for the results (without its per-task rows) and its verified library's path.
     Raises what the job raises."""
@@ -181,13 +202,23 @@ def _tune(prepared: Any, trials: int, output_dir: Path, filename: str,
 
     storage = open_storage(args.db, upgrade=True)
     try:
-        summary = tune_model(storage, prepared, trials=trials, output_dir=output_dir,
-                             filename=filename, cost_model=args.cost_model, force=True)
+        summary = tune_model(
+            storage,
+            prepared,
+            trials=trials,
+            output_dir=output_dir,
+            filename=filename,
+            cost_model=args.cost_model,
+            force=True,
+        )
     finally:
         storage.close()
     tuning = {
-        **{k: v for k, v in summary.to_json().items()
-           if k not in ("tasks", "verification", "artifact_dir")},
+        **{
+            k: v
+            for k, v in summary.to_json().items()
+            if k not in ("tasks", "verification", "artifact_dir")
+        },
         "tasks by action": dict(Counter(t.action for t in summary.tasks)),
     }
     return tuning, Path(summary.artifact_dir) / LIBRARY_NAME
@@ -197,8 +228,9 @@ def _case_name(program: str, length: int) -> str:
     return f"{program}_{length}"
 
 
-def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: Path
-                 ) -> dict[str, Any]:
+def tune_one_job(
+    cases: list[tuple[str, int]], args: argparse.Namespace, work: Path
+) -> dict[str, Any]:
     """Every case as a program of one archive, tuned as one job of ``args.one_job`` trials; the
     job's summary and its library's path (``"library"``), or its error (``"error"``)."""
     from compiler.model_spec import ModelLimits
@@ -206,27 +238,31 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
     from compiler.target import cpu_target
     from examples.kv_decoder import export_programs
 
-    print(f"[{_now()}] one job: export {len(cases)} programs, tune {args.one_job} trials",
-          flush=True)
+    print(
+        f"[{_now()}] one job: export {len(cases)} programs, tune {args.one_job} trials", flush=True
+    )
     info: dict[str, Any] = {"load before": _load(), "started": _now(), "seconds": {}}
     started = time.perf_counter()
-    archive = export_programs(args.decoder, work / "programs.pt2",
-                              {_case_name(p, n): (p, n) for p, n in cases})
+    archive = export_programs(
+        args.decoder, work / "programs.pt2", {_case_name(p, n): (p, n) for p, n in cases}
+    )
     info["seconds"]["export"] = time.perf_counter() - started
     started = time.perf_counter()
     # torch's archive stores every program's weights apart (no sharing across programs): n
     # programs of a 128 MB decoder are n x 128 MB, over the default upload limit of 512 MB.
     limits = ModelLimits(max_bytes=max(ModelLimits().max_bytes, 2 * archive.stat().st_size))
     info["archive MB"] = archive.stat().st_size / 1e6
-    prepared = prepare_model(archive, cpu_target(args.threads), allow_external_data=False,
-                             limits=limits)
+    prepared = prepare_model(
+        archive, cpu_target(args.threads), allow_external_data=False, limits=limits
+    )
     info["seconds"]["prepare"] = time.perf_counter() - started
     info["programs"] = list(prepared.model.programs)
     info["tasks"] = len(prepared.partition.tasks)
     started = time.perf_counter()
     try:
-        info["tuning"], library = _tune(prepared, args.one_job, work / "one-job", archive.name,
-                                        args)
+        info["tuning"], library = _tune(
+            prepared, args.one_job, work / "one-job", archive.name, args
+        )
         info["seconds"]["tune"] = time.perf_counter() - started
         info["library"] = str(library)
     except Exception as err:  # noqa: BLE001 - reported in the table
@@ -236,8 +272,13 @@ def tune_one_job(cases: list[tuple[str, int]], args: argparse.Namespace, work: P
     return info
 
 
-def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
-               one_job: dict[str, Any] | None = None) -> dict[str, Any]:
+def bench_case(
+    program: str,
+    length: int,
+    args: argparse.Namespace,
+    work: Path,
+    one_job: dict[str, Any] | None = None,
+) -> dict[str, Any]:
     """One program at one length: every variant built, verified and timed side by side."""
     from compiler.build import build_zero_trial, export_library
     from compiler.prepare import prepare_model
@@ -246,9 +287,16 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
 
     label = f"{program} {dict(prefill='S', decode='P', step='C')[program]}={length}"
     print(f"[{_now()}] {label}: export", flush=True)
-    row: dict[str, Any] = {"case": label, "program": program, "length": length,
-                           "load before": _load(), "started": _now(), "checks": {},
-                           "errors": {}, "seconds": {}}
+    row: dict[str, Any] = {
+        "case": label,
+        "program": program,
+        "length": length,
+        "load before": _load(),
+        "started": _now(),
+        "checks": {},
+        "errors": {},
+        "seconds": {},
+    }
     module = program_module(args.decoder, program)
     tensors = example_inputs(args.decoder, program, length, seed=1)
     arrays = [t.numpy() for t in tensors]
@@ -264,7 +312,8 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
     if not args.no_compile:
         try:
             timers["torch.compile"], row["seconds"]["torch.compile"] = _compiled_timer(
-                module, tensors, args.threads)
+                module, tensors, args.threads
+            )
         except Exception as err:  # noqa: BLE001 - reported in the table
             row["errors"]["torch.compile"] = f"{type(err).__name__}: {str(err)[:300]}"
 
@@ -273,12 +322,15 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
     started = time.perf_counter()
     prepared = prepare_model(pt2, target, allow_external_data=False)
     row["seconds"]["prepare"] = time.perf_counter() - started
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     row["tasks"] = len(tasks)
     row["gemm tasks"] = [
         {"name": t.name, "weight": t.weight, "shapes": [list(s[1]) for s in t.shapes]}
-        for t in prepared.partition.tasks if "matmul" in t.name
+        for t in prepared.partition.tasks
+        if "matmul" in t.name
     ]
     started = time.perf_counter()
     executable, peers = build_zero_trial(prepared.mod, target, tasks)
@@ -286,17 +338,20 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
     row["seconds"]["zero-trial build"] = time.perf_counter() - started
     row["zero-trial peers"] = len(peers)
     timers["TuneHub zero-trial"], row["checks"]["TuneHub zero-trial"] = _library_timer(
-        path, prepared, arrays)
+        path, prepared, arrays
+    )
 
     if args.tune and program in args.tune_programs:
         print(f"[{_now()}] {label}: tune {args.tune} trials", flush=True)
         started = time.perf_counter()
         try:
-            row["tuning"], library = _tune(prepared, args.tune, work / f"{program}{length}-job",
-                                           pt2.name, args)
+            row["tuning"], library = _tune(
+                prepared, args.tune, work / f"{program}{length}-job", pt2.name, args
+            )
             row["seconds"]["tune"] = time.perf_counter() - started
             timers["TuneHub tuned"], row["checks"]["TuneHub tuned"] = _library_timer(
-                library, prepared, arrays)
+                library, prepared, arrays
+            )
         except Exception as err:  # noqa: BLE001 - reported in the table
             row["errors"]["TuneHub tuned"] = f"{type(err).__name__}: {str(err)[:300]}"
             traceback.print_exc()
@@ -304,7 +359,8 @@ def bench_case(program: str, length: int, args: argparse.Namespace, work: Path,
     if one_job is not None:
         if "library" in one_job:
             timers["TuneHub one job"], row["checks"]["TuneHub one job"] = _library_timer(
-                Path(one_job["library"]), prepared, arrays)
+                Path(one_job["library"]), prepared, arrays
+            )
         else:
             row["errors"]["TuneHub one job"] = one_job.get("error", "not built")
 
@@ -326,63 +382,95 @@ def _ms(value: float | None) -> str:
 def render(run: dict[str, Any]) -> str:
     m = run["machine"]
     lines = [
-        f"# Decoder prefill and decode latency, {run['date']}", "",
+        f"# Decoder prefill and decode latency, {run['date']}",
+        "",
         f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`, {m['logical_cpus']} logical CPUs), "
         f"{run['threads']} threads for every framework (TVM_NUM_THREADS, torch.set_num_threads, "
         f"ORT intra_op_num_threads); TVM {m['tvm']}, torch {m['torch']}, ONNX Runtime "
         f"{m['onnxruntime']}. Started {run['started']}, load average {run['load at start']} "
-        f"(1/5/15 min). Command: `python -m bench.bench_decoder {' '.join(run['argv'])}`.", "",
+        f"(1/5/15 min). Command: `python -m bench.bench_decoder {' '.join(run['argv'])}`.",
+        "",
         f"Decoder: `{run['decoder']}` ({run['parameters'] / 1e6:.1f} M parameters, "
         f"{run['config']}), seeded random weights; `transformers`' Llama modelling code with the "
         "KV cache as explicit tensors (`examples/kv_decoder.py`). Prefill returns the last "
         "position's logits and the caches; decode takes one token and the caches of P "
         "positions; step takes one token, its position (C / 2) and a cache of capacity C "
         "(`Step`: one program for every step of a generation). Medians of "
-        f"{run['rounds']} interleaved rounds, ms per call (per token for decode).", "",
+        f"{run['rounds']} interleaved rounds, ms per call (per token for decode).",
+        "",
     ]
-    present = [v for v in VARIANTS if any(v in r.get("latency ms", {}) or v in r["errors"]
-                                          for r in run["cases"])]
+    present = [
+        v
+        for v in VARIANTS
+        if any(v in r.get("latency ms", {}) or v in r["errors"] for r in run["cases"])
+    ]
     one = "TuneHub one job" in present
-    lines += ["| case | " + " | ".join(present)
-              + " | zero-trial / ORT | tuned / ORT |" + (" one job / ORT |" if one else "")
-              + " load after |",
-              "|---" * (len(present) + 4 + one) + "|"]
+    lines += [
+        "| case | "
+        + " | ".join(present)
+        + " | zero-trial / ORT | tuned / ORT |"
+        + (" one job / ORT |" if one else "")
+        + " load after |",
+        "|---" * (len(present) + 4 + one) + "|",
+    ]
     for r in run["cases"]:
         lat = r.get("latency ms", {})
-        cells = [_ms(lat.get(v)) if v in lat else ("failed" if v in r["errors"] else "—")
-                 for v in present]
+        cells = [
+            _ms(lat.get(v)) if v in lat else ("failed" if v in r["errors"] else "—")
+            for v in present
+        ]
         ort = lat.get("ONNX Runtime")
 
         def ratio(name: str, lat: dict = lat, ort: float | None = ort) -> str:
             return f"{lat[name] / ort:.2f}x" if name in lat and ort else "—"
-        lines.append(f"| {r['case']} | " + " | ".join(cells) + f" | {ratio('TuneHub zero-trial')}"
-                     f" | {ratio('TuneHub tuned')} |"
-                     + (f" {ratio('TuneHub one job')} |" if one else "")
-                     + f" {r.get('load after')} |")
-    lines += ["", "Per case: TuneHub verification (max abs error against torch), tasks, build "
-              "times; errors.", ""]
+
+        lines.append(
+            f"| {r['case']} | " + " | ".join(cells) + f" | {ratio('TuneHub zero-trial')}"
+            f" | {ratio('TuneHub tuned')} |"
+            + (f" {ratio('TuneHub one job')} |" if one else "")
+            + f" {r.get('load after')} |"
+        )
+    lines += [
+        "",
+        "Per case: TuneHub verification (max abs error against torch), tasks, build times; errors.",
+        "",
+    ]
     for r in run["cases"]:
-        checks = ", ".join(f"{k}: {'passed' if v['passed'] else 'FAILED'} "
-                           f"{v['max_abs_error']:.1e}" for k, v in r["checks"].items())
+        checks = ", ".join(
+            f"{k}: {'passed' if v['passed'] else 'FAILED'} {v['max_abs_error']:.1e}"
+            for k, v in r["checks"].items()
+        )
         secs = ", ".join(f"{k} {v:.0f} s" for k, v in r["seconds"].items())
-        gemv = sum(1 for t in r.get("gemm tasks", []) if len(t["shapes"][-1]) == 2
-                   and t["shapes"][-1][0] == 1)
-        lines.append(f"- {r['case']}: {checks}; {r.get('tasks')} tasks "
-                     f"({len(r.get('gemm tasks', []))} matmul, {gemv} of them 2-D with M = 1), "
-                     f"{r.get('zero-trial peers')} on peers in the zero-trial build; {secs}"
-                     + (f"; tuned {r['tuning']['trials_this_run']} trials, tasks "
-                        f"{r['tuning']['tasks by action']}" if "tuning" in r else ""))
+        gemv = sum(
+            1
+            for t in r.get("gemm tasks", [])
+            if len(t["shapes"][-1]) == 2 and t["shapes"][-1][0] == 1
+        )
+        lines.append(
+            f"- {r['case']}: {checks}; {r.get('tasks')} tasks "
+            f"({len(r.get('gemm tasks', []))} matmul, {gemv} of them 2-D with M = 1), "
+            f"{r.get('zero-trial peers')} on peers in the zero-trial build; {secs}"
+            + (
+                f"; tuned {r['tuning']['trials_this_run']} trials, tasks "
+                f"{r['tuning']['tasks by action']}"
+                if "tuning" in r
+                else ""
+            )
+        )
         for name, error in r["errors"].items():
             lines.append(f"  - {name} failed: `{error}`")
     job = run.get("one job")
     if job:
         secs = ", ".join(f"{k} {v:.0f} s" for k, v in job["seconds"].items())
         tuning = job.get("tuning", {})
-        lines += ["", f"One job: programs {', '.join(job.get('programs', []))} of one archive "
-                  f"({job.get('archive MB', 0):.0f} MB: torch stores each program's weights), "
-                  f"{job.get('tasks')} tasks, {tuning.get('trials_this_run', '—')} trials "
-                  f"in all; tasks {tuning.get('tasks by action', {})}; {secs}; load before "
-                  f"{job['load before']}, after {job['load after']}."]
+        lines += [
+            "",
+            f"One job: programs {', '.join(job.get('programs', []))} of one archive "
+            f"({job.get('archive MB', 0):.0f} MB: torch stores each program's weights), "
+            f"{job.get('tasks')} tasks, {tuning.get('trials_this_run', '—')} trials "
+            f"in all; tasks {tuning.get('tasks by action', {})}; {secs}; load before "
+            f"{job['load before']}, after {job['load after']}.",
+        ]
         if "error" in job:
             lines.append(f"  - failed: `{job['error']}`")
     if run.get("load at end"):
@@ -395,19 +483,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--decoder", default="llama_32m")
     parser.add_argument("--prefill", type=int, nargs="*", default=[16, 128, 512])
     parser.add_argument("--past", type=int, nargs="*", default=[128])
-    parser.add_argument("--step", type=int, nargs="*", default=[],
-                        help="cache capacities C of one-step decode cases")
+    parser.add_argument(
+        "--step",
+        type=int,
+        nargs="*",
+        default=[],
+        help="cache capacities C of one-step decode cases",
+    )
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tune", type=int, default=0, help="tune each case N trials")
-    parser.add_argument("--tune-programs", nargs="+", choices=("prefill", "decode", "step"),
-                        default=["prefill", "decode", "step"],
-                        help="which programs --tune tunes")
-    parser.add_argument("--one-job", type=int, default=0, metavar="N",
-                        help="also tune every case as one program of one archive, one job of "
-                             "N trials in all")
-    parser.add_argument("--db", help="SQLite/PostgreSQL URL for --tune and --one-job "
-                                     "(default: temporary)")
+    parser.add_argument(
+        "--tune-programs",
+        nargs="+",
+        choices=("prefill", "decode", "step"),
+        default=["prefill", "decode", "step"],
+        help="which programs --tune tunes",
+    )
+    parser.add_argument(
+        "--one-job",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also tune every case as one program of one archive, one job of N trials in all",
+    )
+    parser.add_argument(
+        "--db", help="SQLite/PostgreSQL URL for --tune and --one-job (default: temporary)"
+    )
     parser.add_argument("--cost-model", default="auto")
     parser.add_argument("--no-compile", action="store_true", help="skip torch.compile")
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
@@ -423,11 +525,17 @@ def main(argv: list[str] | None = None) -> int:
     spec = get_kv_decoder(args.decoder)
     date = dt.date.today().isoformat()
     run: dict[str, Any] = {
-        "date": date, "started": _now(), "load at start": _load(), "threads": args.threads,
-        "rounds": args.rounds, "machine": machine(), "decoder": args.decoder,
+        "date": date,
+        "started": _now(),
+        "load at start": _load(),
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "machine": machine(),
+        "decoder": args.decoder,
         "config": ", ".join(f"{k} {v}" for k, v in spec.config.items()),
         "parameters": sum(p.numel() for p in build_causal_lm(spec).parameters()),
-        "argv": argv if argv is not None else sys.argv[1:], "cases": [],
+        "argv": argv if argv is not None else sys.argv[1:],
+        "cases": [],
     }
     args.out.mkdir(parents=True, exist_ok=True)
     stem = args.out / f"decoder_{date}{args.tag}"
@@ -436,8 +544,11 @@ def main(argv: list[str] | None = None) -> int:
         stem.with_suffix(".json").write_text(json.dumps(run, indent=1, default=str))
         stem.with_suffix(".md").write_text(render(run))
 
-    cases = ([("decode", p) for p in args.past] + [("step", c) for c in args.step]
-             + [("prefill", s) for s in args.prefill])
+    cases = (
+        [("decode", p) for p in args.past]
+        + [("step", c) for c in args.step]
+        + [("prefill", s) for s in args.prefill]
+    )
     with tempfile.TemporaryDirectory(prefix="bench-decoder-") as tmp:
         if (args.tune or args.one_job) and not args.db:
             args.db = f"sqlite:///{tmp}/tuning.db"

@@ -17,6 +17,7 @@ Writes ``bench/results/decoders_import_<date>.md``: one row per definition and f
 and verified with the largest absolute error, or refused with TuneHub's message), and the task
 list of each imported model with the part of the decoder each task computes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -80,8 +81,23 @@ def _role(name: str, shapes: list[tuple[str, list[int], str]], vocab: int) -> st
         return "mask / residual add"
     if "multiply" in ops:
         return "scale"
-    layout = {"reshape", "transpose", "broadcast", "to", "squeeze", "expand", "dims", "strided",
-              "slice", "concatenate", "split", "cast", "fused", "copy", ""}
+    layout = {
+        "reshape",
+        "transpose",
+        "broadcast",
+        "to",
+        "squeeze",
+        "expand",
+        "dims",
+        "strided",
+        "slice",
+        "concatenate",
+        "split",
+        "cast",
+        "fused",
+        "copy",
+        "",
+    }
     if all(part.rstrip("0123456789") in layout for part in ops.split("_")):
         return "layout (reshape/transpose)"
     return "other"
@@ -133,9 +149,7 @@ def check_file(path: str, fmt: str, vocab: int, seq: int) -> dict[str, Any]:
     result["build_s"] = time.perf_counter() - start
     seeded = verify(prepared.model, library.run)
     ids = np.random.default_rng(1).integers(0, vocab, size=(1, seq)).astype(np.int64)
-    whole = compare(
-        library.run([ids]), reference_outputs(prepared.model, [ids]), seeded.reference
-    )
+    whole = compare(library.run([ids]), reference_outputs(prepared.model, [ids]), seeded.reference)
     result.update(
         status="verified" if seeded.passed and whole.passed else "mismatch",
         reference=seeded.reference,
@@ -182,8 +196,9 @@ def _run(names: list[str], seq: int) -> list[dict[str, Any]]:
                         row["bytes"] = path.stat().st_size
                         try:
                             row.update(
-                                pool.submit(check_file, str(path), fmt, spec.vocab_size, seq)
-                                .result()
+                                pool.submit(
+                                    check_file, str(path), fmt, spec.vocab_size, seq
+                                ).result()
                             )
                         except concurrent.futures.process.BrokenProcessPool:
                             row.update(status="failed", message="the checking process died")
@@ -249,11 +264,16 @@ def render(rows: list[dict[str, Any]], seq: int, command: str) -> str:
             f"| {row['name']} | {_cell(row['features'])} | {row['format']} | {result} | "
             f"{tasks} | {error} | {_cell(note)} |"
         )
-    lines += ["", "## Tasks the two formats share", "",
-              "Tasks are keyed by the structural hash of their TIR (`compiler.keys`): a task of "
-              "the `.pt2` import with the key of an ONNX import's task is tuned once for both.",
-              "", "| decoder | .pt2 tasks | ONNX tasks | shared | share of the .pt2 FLOPs | "
-              "shared parts |", "|---|---|---|---|---|---|"]
+    lines += [
+        "",
+        "## Tasks the two formats share",
+        "",
+        "Tasks are keyed by the structural hash of their TIR (`compiler.keys`): a task of "
+        "the `.pt2` import with the key of an ONNX import's task is tuned once for both.",
+        "",
+        "| decoder | .pt2 tasks | ONNX tasks | shared | share of the .pt2 FLOPs | shared parts |",
+        "|---|---|---|---|---|---|",
+    ]
     by_model = {(row["name"], row["format"]): row for row in rows if "tasks" in row}
     for name in dict.fromkeys(row["name"] for row in rows):
         pt2, onnx_row = by_model.get((name, "pt2")), by_model.get((name, "onnx"))
@@ -268,15 +288,24 @@ def render(rows: list[dict[str, Any]], seq: int, command: str) -> str:
             f"| {name} | {len(pt2['tasks'])} | {len(onnx_row['tasks'])} | {len(shared)} | "
             f"{flops:.0%} | {parts} |"
         )
-    lines += ["", "## Tasks", "",
-              "Each imported model's tasks as `compiler.partition` lists them (heaviest first): "
-              "weight x fused operators, and the part of the decoder they compute (read from "
-              "the names and shapes by the benchmark).", ""]
+    lines += [
+        "",
+        "## Tasks",
+        "",
+        "Each imported model's tasks as `compiler.partition` lists them (heaviest first): "
+        "weight x fused operators, and the part of the decoder they compute (read from "
+        "the names and shapes by the benchmark).",
+        "",
+    ]
     for row in rows:
         if "tasks" not in row:
             continue
-        lines += [f"### {row['name']} ({row['format']}): {len(row['tasks'])} tasks", "",
-                  "| weight | task | part | MFLOP | tunable |", "|---|---|---|---|---|"]
+        lines += [
+            f"### {row['name']} ({row['format']}): {len(row['tasks'])} tasks",
+            "",
+            "| weight | task | part | MFLOP | tunable |",
+            "|---|---|---|---|---|",
+        ]
         for task in row["tasks"]:
             lines.append(
                 f"| {task['weight']} | `{task['name']}` | {task['role']} | "
@@ -290,11 +319,20 @@ def main(argv: list[str] | None = None) -> int:
     from examples.decoders import ALL_DECODERS, DEFAULT_SEQ
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--names", nargs="+", choices=sorted(ALL_DECODERS),
-                        default=list(ALL_DECODERS), help="decoders to try (default: all)")
+    parser.add_argument(
+        "--names",
+        nargs="+",
+        choices=sorted(ALL_DECODERS),
+        default=list(ALL_DECODERS),
+        help="decoders to try (default: all)",
+    )
     parser.add_argument("--seq", type=int, default=DEFAULT_SEQ, help="static sequence length")
-    parser.add_argument("--out", type=Path, default=None,
-                        help="markdown file (default: bench/results/decoders_import_<date>.md)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="markdown file (default: bench/results/decoders_import_<date>.md)",
+    )
     args = parser.parse_args(argv)
     out = args.out or REPO / "bench" / "results" / (
         f"decoders_import_{dt.date.today().isoformat()}.md"
@@ -304,9 +342,11 @@ def main(argv: list[str] | None = None) -> int:
     except Exception:  # noqa: BLE001 - say where the benchmark itself broke, then fail
         traceback.print_exc()
         return 1
-    command = "python -m bench.bench_decoder_import" + (
-        f" --seq {args.seq}" if args.seq != DEFAULT_SEQ else ""
-    ) + (f" --names {' '.join(args.names)}" if args.names != list(ALL_DECODERS) else "")
+    command = (
+        "python -m bench.bench_decoder_import"
+        + (f" --seq {args.seq}" if args.seq != DEFAULT_SEQ else "")
+        + (f" --names {' '.join(args.names)}" if args.names != list(ALL_DECODERS) else "")
+    )
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(render(rows, args.seq, command))
     print(f"wrote {out}")

@@ -20,6 +20,7 @@ included in its time). Threads: TVM's target has ``num-cores = --threads``,
 ``gemm_packed_<date>.json`` and ``.md`` (machine, date) into ``--out`` (default
 ``bench/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -66,22 +67,36 @@ def case_model(spec: tuple) -> tuple[Any, list[int], float]:
         _, cin, cout, size, kernel, stride, pad = spec
         out = (size + 2 * pad - kernel) // stride + 1
         shape, out_shape = [1, cin, size, size], [1, cout, out, out]
-        nodes = [helper.make_node("Conv", ["x", "w", "b"], ["c"], kernel_shape=[kernel] * 2,
-                                  strides=[stride] * 2, pads=[pad] * 4),
-                 helper.make_node("Relu", ["c"], ["y"])]
+        nodes = [
+            helper.make_node(
+                "Conv",
+                ["x", "w", "b"],
+                ["c"],
+                kernel_shape=[kernel] * 2,
+                strides=[stride] * 2,
+                pads=[pad] * 4,
+            ),
+            helper.make_node("Relu", ["c"], ["y"]),
+        ]
         weights = [weight("w", (cout, cin, kernel, kernel)), weight("b", (cout,))]
         flops = 2.0 * cin * cout * kernel * kernel * out * out
     else:
         _, rows, inner, cols = spec
         shape, out_shape = [rows, inner], [rows, cols]
-        nodes = [helper.make_node("MatMul", ["x", "w"], ["m"]),
-                 helper.make_node("Add", ["m", "b"], ["s"]),
-                 helper.make_node("Relu", ["s"], ["y"])]
+        nodes = [
+            helper.make_node("MatMul", ["x", "w"], ["m"]),
+            helper.make_node("Add", ["m", "b"], ["s"]),
+            helper.make_node("Relu", ["s"], ["y"]),
+        ]
         weights = [weight("w", (inner, cols)), weight("b", (cols,))]
         flops = 2.0 * rows * inner * cols
     graph = helper.make_graph(
-        nodes, "case", [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)], weights)
+        nodes,
+        "case",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, shape)],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, out_shape)],
+        weights,
+    )
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
     onnx.checker.check_model(model)
     return model, shape, flops
@@ -121,11 +136,15 @@ def bench_case(name: str, spec: tuple, threads: int, rounds: int, work: Path) ->
         checks[label] = float(np.abs(_to_nchw(out, spec) - expected).max())
         timers[label] = _timer(lambda f=func, t=tensors: f(*t))
     medians = interleaved(timers, rounds)
-    return {"case": name, "spec": list(spec), "gflop": flops / 1e9,
-            "default": variant_label(find_peer(task)),
-            "ms": {k: v * 1e3 for k, v in medians.items()},
-            "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
-            "max_abs_error": checks}
+    return {
+        "case": name,
+        "spec": list(spec),
+        "gflop": flops / 1e9,
+        "default": variant_label(find_peer(task)),
+        "ms": {k: v * 1e3 for k, v in medians.items()},
+        "gflops": {k: flops / v / 1e9 for k, v in medians.items()},
+        "max_abs_error": checks,
+    }
 
 
 def _to_nchw(out: np.ndarray, spec: tuple) -> np.ndarray:
@@ -160,17 +179,22 @@ def render(run: dict[str, Any]) -> str:
     m = run["machine"]
     labels = ["ONNX Runtime", "packed", "im2col", "sgemm", "winograd_f2", "winograd_f4"]
     present = [lab for lab in labels if any(lab in c["ms"] for c in run["cases"])]
-    lines = [f"# Packed-weight GEMM peers vs OpenBLAS vs ONNX Runtime, {run['date']}", "",
-             f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`), {run['threads']} threads each; "
-             f"TVM {m['tvm']}, ONNX Runtime {m['onnxruntime']}; {run['rounds']} interleaved "
-             "rounds, medians. Command: `python -m bench.bench_gemm_packed "
-             + " ".join(run["argv"]) + "`.", "",
-             "ms (GFLOP/s) per operator with bias and ReLU; TVM columns are the task's library "
-             "peer variants (`packed`: the shim's GEMM, weight packed once; `im2col`/`sgemm`: "
-             "OpenBLAS; the zero-trial default in bold).", "",
-             "| operator | GFLOP | " + " | ".join(present)
-             + " | packed / ORT | packed / OpenBLAS |",
-             "|---" * (len(present) + 4) + "|"]
+    lines = [
+        f"# Packed-weight GEMM peers vs OpenBLAS vs ONNX Runtime, {run['date']}",
+        "",
+        f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`), {run['threads']} threads each; "
+        f"TVM {m['tvm']}, ONNX Runtime {m['onnxruntime']}; {run['rounds']} interleaved "
+        "rounds, medians. Command: `python -m bench.bench_gemm_packed "
+        + " ".join(run["argv"])
+        + "`.",
+        "",
+        "ms (GFLOP/s) per operator with bias and ReLU; TVM columns are the task's library "
+        "peer variants (`packed`: the shim's GEMM, weight packed once; `im2col`/`sgemm`: "
+        "OpenBLAS; the zero-trial default in bold).",
+        "",
+        "| operator | GFLOP | " + " | ".join(present) + " | packed / ORT | packed / OpenBLAS |",
+        "|---" * (len(present) + 4) + "|",
+    ]
     for c in run["cases"]:
         cells = []
         for lab in present:
@@ -181,9 +205,12 @@ def render(run: dict[str, Any]) -> str:
             cells.append(f"**{text}**" if lab == c["default"] else text)
         blas = c["ms"].get("im2col") or c["ms"].get("sgemm")
         packed = c["ms"].get("packed")
-        lines.append(f"| {c['case']} | {c['gflop']:.3f} | " + " | ".join(cells)
-                     + f" | {packed / c['ms']['ONNX Runtime']:.2f}x | "
-                     + (f"{packed / blas:.2f}x |" if packed and blas else "— |"))
+        lines.append(
+            f"| {c['case']} | {c['gflop']:.3f} | "
+            + " | ".join(cells)
+            + f" | {packed / c['ms']['ONNX Runtime']:.2f}x | "
+            + (f"{packed / blas:.2f}x |" if packed and blas else "— |")
+        )
     worst = max(err for c in run["cases"] for err in c["max_abs_error"].values())
     lines += ["", f"Every variant matched ONNX Runtime (largest max abs error {worst:.1e})."]
     return "\n".join(lines) + "\n"
@@ -200,13 +227,18 @@ def main(argv: list[str] | None = None) -> int:
     from bench.bench_levers import machine
 
     date = dt.date.today().isoformat()
-    run = {"date": date, "threads": args.threads, "rounds": args.rounds, "machine": machine(),
-           "argv": argv if argv is not None else sys.argv[1:], "cases": []}
+    run = {
+        "date": date,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "machine": machine(),
+        "argv": argv if argv is not None else sys.argv[1:],
+        "cases": [],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-gemm-") as tmp:
         for name in args.cases:
-            run["cases"].append(bench_case(name, CASES[name], args.threads, args.rounds,
-                                           Path(tmp)))
+            run["cases"].append(bench_case(name, CASES[name], args.threads, args.rounds, Path(tmp)))
             (args.out / f"gemm_packed_{date}.json").write_text(json.dumps(run, indent=1))
             (args.out / f"gemm_packed_{date}.md").write_text(render(run))
             print(json.dumps(run["cases"][-1]), flush=True)

@@ -22,6 +22,7 @@ Every row is written as soon as it is done: ``<out>/gpu_<date>.md`` (report) and
 ``gpu_<date>.json`` (rows, with the error texts of failed candidates). Items that would start
 after ``--deadline-secs`` are skipped and marked so.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -183,7 +184,8 @@ def gemm_module(n: int, dtype: str):
     b = te.placeholder((n, n), dtype, name="B")
     k = te.reduce_axis((0, n), name="k")
     c = te.compute(
-        (n, n), lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
+        (n, n),
+        lambda i, j: te.sum(a[i, k].astype(acc) * b[k, j].astype(acc), axis=k),
         name="matmul",  # the name a GEMM anchor has after LegalizeOps (compiler.peers)
     )
     out = c if dtype == acc else te.compute((n, n), lambda i, j: c[i, j].astype(dtype), name="D")
@@ -212,16 +214,24 @@ def bench_gemm(spec: str, trials: int, target, work: Path, population: int, spac
     storage = db.open_storage(f"sqlite:///{db_file}", upgrade=True)
     database = MetaScheduleDatabase(storage, target)
     stats = make_trial_stats()
-    task = ms.ExtractedTask(task_name=f"gemm_{kind}_{n}", mod=mod, target=tvm_target,
-                            dispatched=[mod], weight=1)
+    task = ms.ExtractedTask(
+        task_name=f"gemm_{kind}_{n}", mod=mod, target=tvm_target, dispatched=[mod], weight=1
+    )
     reset_metaschedule_logging()
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="tunehub-gemm-") as work_dir:
         run_search(
-            [task], database=database, target_kind="cuda", trials=trials,
-            batch_size=min(32, max(8, trials // 4)), work_dir=work_dir,
-            measure=MeasureConfig.for_target("cuda"), search=gpu_search_config(population),
-            callbacks=[RecordErrorsCallback(database), stats], space=space, seed=0,
+            [task],
+            database=database,
+            target_kind="cuda",
+            trials=trials,
+            batch_size=min(32, max(8, trials // 4)),
+            work_dir=work_dir,
+            measure=MeasureConfig.for_target("cuda"),
+            search=gpu_search_config(population),
+            callbacks=[RecordErrorsCallback(database), stats],
+            space=space,
+            seed=0,
         )
     row["tune_secs"] = time.perf_counter() - started
     row.update(stats.summary())
@@ -252,8 +262,9 @@ def bench_gemm(spec: str, trials: int, target, work: Path, population: int, spac
         row["error"] = "no valid schedule found"
         return row
     row["chosen"] = (
-        "default (DLight)" if default_sch is not None
-        and str(sch.trace) == str(default_sch.trace) else "search"
+        "default (DLight)"
+        if default_sch is not None and str(sch.trace) == str(default_sch.trace)
+        else "search"
     )
     lib = tvm.compile(sch.mod, target=tvm_target)
     row["tunehub_ms"] = _time_tvm_gemm(lib, a, b, dtype, rel_err, row, "tunehub")
@@ -324,9 +335,14 @@ def bench_network(name: str, trials: int, target, work: Path, storage, populatio
         prepared = prepare_model(path, target)
     inputs = random_inputs(prepared.model.inputs)
     tunable = [t for t in prepared.partition.tasks if t.tunable]
-    row: dict[str, Any] = {"network": name, "tasks": len(prepared.partition.tasks),
-                           "tunable_tasks": len(tunable), "trial_budget": trials,
-                           "format": prepared.model.format, "format_note": refused}
+    row: dict[str, Any] = {
+        "network": name,
+        "tasks": len(prepared.partition.tasks),
+        "tunable_tasks": len(tunable),
+        "trial_budget": trials,
+        "format": prepared.model.format,
+        "format_note": refused,
+    }
     row.update(torch_network_ms(name, inputs))
     untuned = LoadedLibrary.from_executable(build(prepared.mod, target), "cuda")
     row["untuned_verified"] = verify(prepared.model, untuned.run, device="cuda").passed
@@ -334,8 +350,14 @@ def bench_network(name: str, trials: int, target, work: Path, storage, populatio
     counter = ValidCounter()
     started = time.perf_counter()
     summary = tune_model(
-        storage, prepared, trials=trials, output_dir=work / f"{name}-tuned",
-        filename=path.name, search=gpu_search_config(population), listeners=[counter], seed=0,
+        storage,
+        prepared,
+        trials=trials,
+        output_dir=work / f"{name}-tuned",
+        filename=path.name,
+        search=gpu_search_config(population),
+        listeners=[counter],
+        seed=0,
         force=True,
     )
     row["tune_secs"] = time.perf_counter() - started
@@ -420,8 +442,10 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
     ]
     for r in gemm_rows:
         if "error" in r and "tunehub_ms" not in r:
-            lines.append(f"| {r['gemm']} | {r.get('space')} | {r.get('trials', '-')} | "
-                         f"{_ratio(r.get('valid_ratio'))} | failed: {r['error'][:120]} ||||||||||")
+            lines.append(
+                f"| {r['gemm']} | {r.get('space')} | {r.get('trials', '-')} | "
+                f"{_ratio(r.get('valid_ratio'))} | failed: {r['error'][:120]} ||||||||||"
+            )
             continue
         lines.append(
             f"| {r['gemm']} | {r['space']} | {r['trials']} | {r['valid']} "
@@ -450,8 +474,11 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
         if "error" in r and "tuned_ms" not in r:
             lines.append(f"| {r['network']} | failed: {r['error'][:160]} |||||||||")
             continue
-        ratio = (f"{r['tuned_ms'] / r['torch_eager_ms']:.2f}x"
-                 if isinstance(r.get("tuned_ms"), float) else "-")
+        ratio = (
+            f"{r['tuned_ms'] / r['torch_eager_ms']:.2f}x"
+            if isinstance(r.get("tuned_ms"), float)
+            else "-"
+        )
         lines.append(
             f"| {r['network']} | {r['tasks']} ({r.get('tasks_tuned')}) | {r['trials']} "
             f"({r['valid']}, {_ratio(r['valid_ratio'])}) | {_ms(r['torch_eager_ms'])} | "
@@ -466,23 +493,36 @@ def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> P
     path = out / f"gpu_{today}.md"
     path.write_text("\n".join(lines) + "\n")
     (out / f"gpu_{today}.json").write_text(
-        json.dumps({"machine": info, "gemm": gemm_rows, "networks": net_rows, "skipped": skipped},
-                   indent=1, default=str) + "\n"
+        json.dumps(
+            {"machine": info, "gemm": gemm_rows, "networks": net_rows, "skipped": skipped},
+            indent=1,
+            default=str,
+        )
+        + "\n"
     )
     return path
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--gemm", nargs="*", default=["fp16:4096", "fp16:2048", "fp32:2048",
-                                                     "fp32:4096"])
+    parser.add_argument(
+        "--gemm", nargs="*", default=["fp16:4096", "fp16:2048", "fp32:2048", "fp32:4096"]
+    )
     parser.add_argument("--gemm-trials", type=int, default=64)
-    parser.add_argument("--baseline-space", nargs="*", default=[],
-                        help="GEMMs also tuned in MetaSchedule's default CUDA space")
+    parser.add_argument(
+        "--baseline-space",
+        nargs="*",
+        default=[],
+        help="GEMMs also tuned in MetaSchedule's default CUDA space",
+    )
     parser.add_argument("--baseline-trials", type=int, default=32)
     parser.add_argument("--networks", nargs="*", default=["resnet18", "bert"])
-    parser.add_argument("--net-trials", type=int, default=48,
-                        help="trial budget per network (4 per task: the heaviest tasks first)")
+    parser.add_argument(
+        "--net-trials",
+        type=int,
+        default=48,
+        help="trial budget per network (4 per task: the heaviest tasks first)",
+    )
     parser.add_argument("--population", type=int, default=256)
     parser.add_argument("--out", type=Path, default=REPO / "bench" / "results")
     parser.add_argument("--deadline-secs", type=float, default=None)
@@ -516,8 +556,10 @@ def main() -> int:
             traceback.print_exc()
             row = {key: item, "error": f"{type(err).__name__}: {err}"}
         rows.append(row)
-        print(json.dumps({k: v for k, v in row.items() if k != "error_samples"}, default=str),
-              flush=True)
+        print(
+            json.dumps({k: v for k, v in row.items() if k != "error_samples"}, default=str),
+            flush=True,
+        )
         write_report(args.out, info, args, gemm_rows, net_rows, skipped)
 
     with tempfile.TemporaryDirectory(prefix="tunehub-bench-gpu-") as tmp:
@@ -527,17 +569,33 @@ def main() -> int:
                 from tvm.s_tir import meta_schedule as ms
 
                 default = ms.space_generator.PostOrderApply()
-                run(gemm_rows, spec, "gemm", lambda s=spec, d=default: bench_gemm(
-                    s, args.baseline_trials, target, work, args.population, space=d))
+                run(
+                    gemm_rows,
+                    spec,
+                    "gemm",
+                    lambda s=spec, d=default: bench_gemm(
+                        s, args.baseline_trials, target, work, args.population, space=d
+                    ),
+                )
         for spec in args.gemm:
             if in_time(spec):
-                run(gemm_rows, spec, "gemm",
-                    lambda s=spec: bench_gemm(s, args.gemm_trials, target, work, args.population))
+                run(
+                    gemm_rows,
+                    spec,
+                    "gemm",
+                    lambda s=spec: bench_gemm(s, args.gemm_trials, target, work, args.population),
+                )
         storage = db.open_storage(f"sqlite:///{work / 'networks.db'}", upgrade=True)
         for name in args.networks:
             if in_time(name):
-                run(net_rows, name, "network", lambda n=name: bench_network(
-                    n, args.net_trials, target, work, storage, args.population))
+                run(
+                    net_rows,
+                    name,
+                    "network",
+                    lambda n=name: bench_network(
+                        n, args.net_trials, target, work, storage, args.population
+                    ),
+                )
         storage.close()
     print(write_report(args.out, info, args, gemm_rows, net_rows, skipped).read_text(), flush=True)
     return 0

@@ -19,6 +19,7 @@ verified against the reference framework.
 
 Rows are written as they are done: ``<out>/gpu_peers_<date>.md`` and ``.json``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,8 @@ def bench_gemm(spec: str, target, rounds: int) -> dict[str, Any]:
     load_peers()  # the peer's host code calls the shim: it must be in this process
     with tvm_target:  # on a copy: the pass may update a module it holds the only reference to
         dlight = dl.ApplyDefaultSchedule(dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Fallback())(
-            task.clone())
+            task.clone()
+        )
     row: dict[str, Any] = {"gemm": spec, "flops": 2.0 * n**3}
     torch_dtype = getattr(torch, dtype)
     gen = torch.Generator(device="cuda").manual_seed(0)
@@ -81,8 +83,10 @@ def bench_gemm(spec: str, target, rounds: int) -> dict[str, Any]:
         row[f"{label}_rel_err"] = _rel_err(torch.from_numpy(c_t.numpy()).cuda(), ref)
         row[f"{label}_ms"] = cuda_median_ms(lambda f=func, c=c_t: f(a_t, b_t, c))
     secs = time_side_by_side([(dlight, None), (peer, None)], target, rounds)
-    row["runner_ms"] = {label: (sorted(s)[len(s) // 2] * 1e3 if s else None)
-                        for label, s in zip(("dlight", "peer"), secs)}
+    row["runner_ms"] = {
+        label: (sorted(s)[len(s) // 2] * 1e3 if s else None)
+        for label, s in zip(("dlight", "peer"), secs)
+    }
     timed = {k: v for k, v in row["runner_ms"].items() if v is not None}
     row["chosen"] = min(timed, key=timed.get) if timed else None
     row["chosen_ms"] = row[f"{row['chosen']}_ms"] if row["chosen"] else None
@@ -110,27 +114,43 @@ def bench_network(name: str, target, trials: int, work: Path) -> dict[str, Any]:
     row.update(torch_network_ms(name, inputs))
     untuned = LoadedLibrary.from_executable(build(prepared.mod, target), "cuda")
     row["untuned_ms"] = untuned.time(inputs).median_secs * 1e3
-    keys = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
-            if find_peer(e.dispatched[0], device_of(target)) is not None}
+    keys = {
+        t.key
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+        if find_peer(e.dispatched[0], device_of(target)) is not None
+    }
     row["gemm_tasks"] = len(keys)
     all_peers = LoadedLibrary.from_executable(
-        build(prepared.mod, target, ms.database.MemoryDatabase(), peers=keys), "cuda")
+        build(prepared.mod, target, ms.database.MemoryDatabase(), peers=keys), "cuda"
+    )
     row["all_peers_verified"] = verify(prepared.model, all_peers.run, device="cuda").message
     row["all_peers_ms"] = all_peers.time(inputs).median_secs * 1e3
     if trials:
         storage = db.open_storage(f"sqlite:///{work / f'{name}.db'}", upgrade=True)
         started = time.perf_counter()
-        summary = tune_model(storage, prepared, trials=trials, output_dir=work / f"{name}-tuned",
-                             filename=path.name, search=gpu_search_config(64), seed=0,
-                             force=True, cost_model="cold")
+        summary = tune_model(
+            storage,
+            prepared,
+            trials=trials,
+            output_dir=work / f"{name}-tuned",
+            filename=path.name,
+            search=gpu_search_config(64),
+            seed=0,
+            force=True,
+            cost_model="cold",
+        )
         row["tune_secs"] = time.perf_counter() - started
         manifest = json.loads((work / f"{name}-tuned" / "manifest.json").read_text())
         row["tuned_ms"] = summary.measured.median_secs * 1e3 if summary.measured else None
         row["tuned_verified"] = summary.verification.get("message")
         row["tuned_peers"] = len((manifest.get("peers") or {}).get("tasks", []))
         row["per_task"] = [
-            {"name": t["name"], "candidates": [
-                {_kind(c): c.get("median_ms"), "chosen": c["chosen"]} for c in t["candidates"]]}
+            {
+                "name": t["name"],
+                "candidates": [
+                    {_kind(c): c.get("median_ms"), "chosen": c["chosen"]} for c in t["candidates"]
+                ],
+            }
             for t in manifest.get("remeasured", [])
         ]
         storage.close()
@@ -151,12 +171,15 @@ def _fmt(value: Any, digits: int = 3) -> str:
 def write_report(out: Path, info: dict, args: Any, gemms: list, nets: list, notes: list) -> None:
     today = dt.date.today().isoformat()
     lines = [
-        f"# GPU library peers ({today})", "",
+        f"# GPU library peers ({today})",
+        "",
         f"Machine: {info.get('gpu')} (compute {info.get('compute_capability')}), torch "
         f"{info.get('torch')} (CUDA {info.get('cuda_runtime')}), TVM {info.get('tvm')}; peer "
         f"library: {info.get('peer_library')}.",
-        "Command: `python -m bench.bench_gpu_peers " + " ".join(os.sys.argv[1:]) + "`", "",
-        "## GEMM (ms, CUDA events, median; TFLOP/s in brackets)", "",
+        "Command: `python -m bench.bench_gpu_peers " + " ".join(os.sys.argv[1:]) + "`",
+        "",
+        "## GEMM (ms, CUDA events, median; TFLOP/s in brackets)",
+        "",
         "| GEMM | DLight | cuBLAS peer | torch (cuBLAS) | runner: DLight / peer | chosen | "
         "chosen vs torch | rel. err peer / torch |",
         "|---|---|---|---|---|---|---|---|",
@@ -165,6 +188,7 @@ def write_report(out: Path, info: dict, args: Any, gemms: list, nets: list, note
         if "error" in r:
             lines.append(f"| {r['gemm']} | failed: {r['error']} |||||||")
             continue
+
         def tf(ms: float, flops: float = r["flops"]) -> str:
             return f"{ms:.3f} ({flops / ms / 1e9:.0f})"
 
@@ -172,11 +196,16 @@ def write_report(out: Path, info: dict, args: Any, gemms: list, nets: list, note
         lines.append(
             f"| {r['gemm']} | {tf(r['dlight_ms'])} | {tf(r['peer_ms'])} | {tf(r['torch_ms'])} | "
             f"{_fmt(runner['dlight'])} / {_fmt(runner['peer'])} | {r['chosen']} | "
-            f"{_fmt(r['vs_cublas'], 2)}x | {r['peer_rel_err']:.1e} / {r['torch_rel_err']:.1e} |")
-    lines += ["", "## Networks (ms, batch 1, float32)", "",
-              "| network | torch eager | torch.compile | TVM untuned (DLight) | all GEMMs on "
-              "cuBLAS | tuned + peers (trials) | peers chosen | verified |",
-              "|---|---|---|---|---|---|---|---|"]
+            f"{_fmt(r['vs_cublas'], 2)}x | {r['peer_rel_err']:.1e} / {r['torch_rel_err']:.1e} |"
+        )
+    lines += [
+        "",
+        "## Networks (ms, batch 1, float32)",
+        "",
+        "| network | torch eager | torch.compile | TVM untuned (DLight) | all GEMMs on "
+        "cuBLAS | tuned + peers (trials) | peers chosen | verified |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in nets:
         if "error" in r:
             lines.append(f"| {r['network']} | failed: {r['error']} |||||||")
@@ -186,18 +215,24 @@ def write_report(out: Path, info: dict, args: Any, gemms: list, nets: list, note
             f"{_fmt(r.get('torch_compile_ms'))} | {_fmt(r.get('untuned_ms'))} | "
             f"{_fmt(r.get('all_peers_ms'))} | "
             f"{_fmt(r.get('tuned_ms'))} ({args.trials}) | {r.get('tuned_peers', '-')} of "
-            f"{r.get('gemm_tasks')} | {r.get('tuned_verified') or r.get('all_peers_verified')} |")
+            f"{r.get('gemm_tasks')} | {r.get('tuned_verified') or r.get('all_peers_verified')} |"
+        )
     lines += ["", *notes]
     (out / f"gpu_peers_{today}.md").write_text("\n".join(lines) + "\n")
-    (out / f"gpu_peers_{today}.json").write_text(json.dumps(
-        {"machine": info, "gemm": gemms, "networks": nets, "notes": notes}, indent=1,
-        default=str))
+    (out / f"gpu_peers_{today}.json").write_text(
+        json.dumps(
+            {"machine": info, "gemm": gemms, "networks": nets, "notes": notes},
+            indent=1,
+            default=str,
+        )
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--gemm", nargs="*", default=["fp16:4096", "fp16:2048", "fp32:4096",
-                                                       "fp32:2048"])
+    parser.add_argument(
+        "--gemm", nargs="*", default=["fp16:4096", "fp16:2048", "fp32:4096", "fp32:2048"]
+    )
     parser.add_argument("--networks", nargs="*", default=["bert", "resnet18"])
     parser.add_argument("--trials", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=5)
@@ -229,12 +264,17 @@ def main(argv: list[str] | None = None) -> int:
             continue
         print(f"== {item}", flush=True)
         try:
-            row = (bench_gemm(item, target, args.rounds) if kind == "gemm"
-                   else bench_network(item, target, args.trials, work))
+            row = (
+                bench_gemm(item, target, args.rounds)
+                if kind == "gemm"
+                else bench_network(item, target, args.trials, work)
+            )
         except Exception as err:  # noqa: BLE001 - reported in the table
             traceback.print_exc()
-            row = {"gemm" if kind == "gemm" else "network": item,
-                   "error": f"{type(err).__name__}: {err}"[:300]}
+            row = {
+                "gemm" if kind == "gemm" else "network": item,
+                "error": f"{type(err).__name__}: {err}"[:300],
+            }
         print(json.dumps(row, default=str)[:1500], flush=True)
         (gemms if kind == "gemm" else nets).append(row)
         write_report(args.out, info, args, gemms, nets, notes)

@@ -29,6 +29,7 @@ ONNX Runtime gets ``intra_op_num_threads = --threads``. Writes ``levers_<date>.j
 case and ``levers_<date>.md`` (machine, date, threads) into ``--out`` (default
 ``bench/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,8 +78,14 @@ def _conv_model(
     bias = (rng.standard_normal(cout) * 0.1).astype("float32")
     pad = kernel // 2
     nodes = [
-        helper.make_node("Conv", ["x", "w", "b"], ["conv"], kernel_shape=[kernel, kernel],
-                         pads=[pad] * 4, group=groups)
+        helper.make_node(
+            "Conv",
+            ["x", "w", "b"],
+            ["conv"],
+            kernel_shape=[kernel, kernel],
+            pads=[pad] * 4,
+            group=groups,
+        )
     ]
     inits = [numpy_helper.from_array(weight, "w"), numpy_helper.from_array(bias, "b")]
     last = "conv"
@@ -86,12 +93,15 @@ def _conv_model(
         nodes.append(helper.make_node("Relu", [last], ["y"]))
         last = "y"
     elif activation == "relu6":
-        inits += [numpy_helper.from_array(np.array(0.0, "float32"), "lo"),
-                  numpy_helper.from_array(np.array(6.0, "float32"), "hi")]
+        inits += [
+            numpy_helper.from_array(np.array(0.0, "float32"), "lo"),
+            numpy_helper.from_array(np.array(6.0, "float32"), "hi"),
+        ]
         nodes.append(helper.make_node("Clip", [last, "lo", "hi"], ["y"]))
         last = "y"
     graph = helper.make_graph(
-        nodes, "op",
+        nodes,
+        "op",
         [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, cin, size, size])],
         [helper.make_tensor_value_info(last, TensorProto.FLOAT, [1, cout, size, size])],
         inits,
@@ -121,16 +131,36 @@ def _dense_model(rows: int, cin: int, cout: int) -> Any:
 CASES: dict[str, Case] = {
     c.name: c
     for c in (
-        Case("conv3x3_64_56", "ResNet-18", "conv 3x3 64→64, 56², + bias + ReLU",
-             lambda: _conv_model(64, 64, 56, 3, 1, "relu")),
-        Case("conv3x3_256_14", "ResNet-18", "conv 3x3 256→256, 14², + bias + ReLU",
-             lambda: _conv_model(256, 256, 14, 3, 1, "relu")),
-        Case("dwconv3x3_144_56", "MobileNetV2", "depthwise 3x3, 144 ch, 56², + bias + ReLU6",
-             lambda: _conv_model(144, 144, 56, 3, 144, "relu6")),
-        Case("pwconv1x1_144_24_56", "MobileNetV2", "pointwise 1x1 144→24, 56², + bias",
-             lambda: _conv_model(144, 24, 56, 1, 1, None)),
-        Case("dense_128_256_1024", "BERT", "dense [128, 256] x [256, 1024] + bias",
-             lambda: _dense_model(128, 256, 1024)),
+        Case(
+            "conv3x3_64_56",
+            "ResNet-18",
+            "conv 3x3 64→64, 56², + bias + ReLU",
+            lambda: _conv_model(64, 64, 56, 3, 1, "relu"),
+        ),
+        Case(
+            "conv3x3_256_14",
+            "ResNet-18",
+            "conv 3x3 256→256, 14², + bias + ReLU",
+            lambda: _conv_model(256, 256, 14, 3, 1, "relu"),
+        ),
+        Case(
+            "dwconv3x3_144_56",
+            "MobileNetV2",
+            "depthwise 3x3, 144 ch, 56², + bias + ReLU6",
+            lambda: _conv_model(144, 144, 56, 3, 144, "relu6"),
+        ),
+        Case(
+            "pwconv1x1_144_24_56",
+            "MobileNetV2",
+            "pointwise 1x1 144→24, 56², + bias",
+            lambda: _conv_model(144, 24, 56, 1, 1, None),
+        ),
+        Case(
+            "dense_128_256_1024",
+            "BERT",
+            "dense [128, 256] x [256, 1024] + bias",
+            lambda: _dense_model(128, 256, 1024),
+        ),
     )
 }
 
@@ -161,14 +191,24 @@ def _tune(task: Any, target: Any, trials: int, per_iter: int, seed: int, work: P
     work.mkdir(parents=True, exist_ok=True)
     database = ms.database.JSONDatabase(work_dir=str(work))
     context = ms.TuneContext(
-        mod=task.dispatched[0], target=target, space_generator="post-order-apply",
-        search_strategy="evolutionary", task_name=str(task.task_name), rand_state=seed,
+        mod=task.dispatched[0],
+        target=target,
+        space_generator="post-order-apply",
+        search_strategy="evolutionary",
+        task_name=str(task.task_name),
+        rand_state=seed,
     )
     with closing(make_builder(measure)) as builder:
         return ms.tune.tune_tasks(
-            tasks=[context], task_weights=[1.0], work_dir=str(work), max_trials_global=trials,
-            max_trials_per_task=trials, num_trials_per_iter=per_iter,
-            builder=builder, runner=make_runner(measure), database=database,
+            tasks=[context],
+            task_weights=[1.0],
+            work_dir=str(work),
+            max_trials_global=trials,
+            max_trials_per_task=trials,
+            num_trials_per_iter=per_iter,
+            builder=builder,
+            runner=make_runner(measure),
+            database=database,
             cost_model="random",
         )
 
@@ -255,8 +295,11 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
 
     proto = case.build()
     mod = _relax_module(proto)
-    feed = {"x": np.random.default_rng(1).standard_normal(
-        [d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]).astype("float32")}
+    feed = {
+        "x": np.random.default_rng(1)
+        .standard_normal([d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim])
+        .astype("float32")
+    }
     session = _ort_session(proto, args.threads)
     expected = session.run(None, feed)[0]
     variants: dict[str, dict[str, Any]] = {}
@@ -266,8 +309,12 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         spec = cpu_target(args.threads, CompileOptions(layout, prepack))  # type: ignore[arg-type]
         parts = partition(mod, spec)
         anchor, task = parts.tasks[0], parts.extracted[0]
-        row: dict[str, Any] = {"task": anchor.name, "key": anchor.key, "flops": anchor.flops,
-                               "tasks_in_module": len(parts.tasks)}
+        row: dict[str, Any] = {
+            "task": anchor.name,
+            "key": anchor.key,
+            "flops": anchor.flops,
+            "tasks_in_module": len(parts.tasks),
+        }
         if anchor.key in by_key:
             row["same_task_as"] = by_key[anchor.key]
             variants[label] = row
@@ -275,19 +322,29 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         by_key[anchor.key] = label
         _restore_affinity()
         start = time.perf_counter()
-        database = _tune(task, spec.tvm_target(), args.trials, args.per_iter, args.seed,
-                         work / case.name / label.split()[0].replace("+", "_"))
+        database = _tune(
+            task,
+            spec.tvm_target(),
+            args.trials,
+            args.per_iter,
+            args.seed,
+            work / case.name / label.split()[0].replace("+", "_"),
+        )
         row["tune_secs"] = time.perf_counter() - start
         row["valid_records"] = sum(
-            1 for r in database.get_all_tuning_records()
+            1
+            for r in database.get_all_tuning_records()
             if r.run_secs and all(float(s) < 1e9 for s in r.run_secs)
         )
         library = LoadedLibrary.from_executable(build(mod, spec, database))
         row["max_abs_error"] = float(np.max(np.abs(library.run([feed["x"]])[0] - expected)))
         tuned[label] = (task, spec.tvm_target(), database)
         variants[label] = row
-        print(f"{case.name} {label}: tuned {anchor.name} in {row['tune_secs']:.0f} s, "
-              f"max abs error {row['max_abs_error']:.2e}", flush=True)
+        print(
+            f"{case.name} {label}: tuned {anchor.name} in {row['tune_secs']:.0f} s, "
+            f"max abs error {row['max_abs_error']:.2e}",
+            flush=True,
+        )
     _restore_affinity()
     timers = {
         label: _kernel_timer(t, tgt, db, args.min_ms) for label, (t, tgt, db) in tuned.items()
@@ -303,8 +360,11 @@ def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]
         row["gflops"] = flops / (row["median_ms"] * 1e-3) / 1e9
         row["vs_ort"] = row["median_ms"] / ort_ms
     return {
-        "case": case.name, "network": case.network, "description": case.description,
-        "flops": flops, "ort": {**times["ONNX Runtime"], "gflops": flops / (ort_ms * 1e-3) / 1e9},
+        "case": case.name,
+        "network": case.network,
+        "description": case.description,
+        "flops": flops,
+        "ort": {**times["ONNX Runtime"], "gflops": flops / (ort_ms * 1e-3) / 1e9},
         "variants": variants,
     }
 
@@ -355,14 +415,22 @@ def render(results: list[dict[str, Any]]) -> str:
     for result in (r for file in results for r in file["cases"]):
         for label, row in result["variants"].items():
             same = row.get("same_task_as")
-            cells = [result["network"], result["description"],
-                     f"{label} (same task as {same})" if same else label,
-                     f"{row['median_ms']:.3f}", f"{row['gflops']:.0f}", f"{row['vs_ort']:.2f}x"]
+            cells = [
+                result["network"],
+                result["description"],
+                f"{label} (same task as {same})" if same else label,
+                f"{row['median_ms']:.3f}",
+                f"{row['gflops']:.0f}",
+                f"{row['vs_ort']:.2f}x",
+            ]
             if same:
                 cells += ["—", "—", "—"]
             else:
-                cells += [f"{row['min_ms']:.3f}–{row['max_ms']:.3f}", f"{row['tune_secs']:.0f}",
-                          f"{row['max_abs_error']:.1e}"]
+                cells += [
+                    f"{row['min_ms']:.3f}–{row['max_ms']:.3f}",
+                    f"{row['tune_secs']:.0f}",
+                    f"{row['max_abs_error']:.1e}",
+                ]
             lines.append("| " + " | ".join(cells) + " |")
         ort = result["ort"]
         lines.append(
@@ -393,10 +461,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     result: dict[str, Any] = {
-        "date": date, "machine": machine(), "cases": [],
-        "config": {"trials": args.trials, "per_iter": args.per_iter, "threads": args.threads,
-                   "rounds": args.rounds, "min_ms": args.min_ms, "seed": args.seed,
-                   "argv": argv if argv is not None else __import__("sys").argv[1:]},
+        "date": date,
+        "machine": machine(),
+        "cases": [],
+        "config": {
+            "trials": args.trials,
+            "per_iter": args.per_iter,
+            "threads": args.threads,
+            "rounds": args.rounds,
+            "min_ms": args.min_ms,
+            "seed": args.seed,
+            "argv": argv if argv is not None else __import__("sys").argv[1:],
+        },
     }
     stem = f"levers_{date}"
     with tempfile.TemporaryDirectory() as work:

@@ -9,6 +9,7 @@ configuration it reports the spread ``(max - min) / median`` and the coefficient
 those repeated measurements; the goal is a spread within 3 % for TuneHub's default
 (:class:`tuner.measure.MeasureConfig`). Writes ``bench/results/measure_spread_<date>.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,8 +51,10 @@ def main() -> int:
     from tuner.search import FAST_SEARCH
 
     rows = []
-    with tempfile.TemporaryDirectory(prefix="tunehub-spread-") as tmp, \
-            closing(make_builder(MeasureConfig())) as builder:
+    with (
+        tempfile.TemporaryDirectory(prefix="tunehub-spread-") as tmp,
+        closing(make_builder(MeasureConfig())) as builder,
+    ):
         work = Path(tmp)
         target = cpu_target()
         prepared = prepare_model(export_onnx(args.example, work / "m.onnx"), target)
@@ -85,13 +88,15 @@ def main() -> int:
                 if len(means) < 2:
                     continue
                 median = statistics.median(means)
-                rows.append({
-                    "task": task.name,
-                    "config": label,
-                    "median_us": median * 1e6,
-                    "spread_pct": (max(means) - min(means)) / median * 100,
-                    "cv_pct": statistics.stdev(means) / statistics.mean(means) * 100,
-                })
+                rows.append(
+                    {
+                        "task": task.name,
+                        "config": label,
+                        "median_us": median * 1e6,
+                        "spread_pct": (max(means) - min(means)) / median * 100,
+                        "cv_pct": statistics.stdev(means) / statistics.mean(means) * 100,
+                    }
+                )
                 print(json.dumps(rows[-1]), flush=True)
         storage.close()
     today = dt.date.today().isoformat()

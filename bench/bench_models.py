@@ -41,6 +41,7 @@ some tasks of a model new keys (e.g. ``compiler/fast_math.py``), tune each named
 more trials *without* ``--continue``: only the tasks the database has no records for are tuned,
 the others are reused. Reported as its own column (``TuneHub top-up``) beside the rungs.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,7 +66,8 @@ INTERLEAVED_NOTE = (
     "Latencies (but TVM untuned's) are medians of interleaved rounds in one process after all "
     "tuning (`interleaved_latencies`: ONNX Runtime, torch eager, torch.compile and every rung's "
     "artifact, a new random order each round). `TuneHub 0` is the zero-trial build (library "
-    "peers + TVM's default schedules, no tuning).")
+    "peers + TVM's default schedules, no tuning)."
+)
 
 
 def rung(path: str, budget: int | str) -> str:
@@ -154,9 +156,13 @@ def tune_rung(row: dict, prepared, budget: int, work: Path, storage, path: str =
     done = row.get(_done_key(path), 0)
     start = time.perf_counter()
     summary = tune_model(
-        storage, prepared, trials=budget - done,
+        storage,
+        prepared,
+        trials=budget - done,
         output_dir=work / f"{row['model']}-{label.replace(' ', '-')}",
-        continue_tuning=done > 0, filename=Path(row["path"]).name, cost_model="cold",
+        continue_tuning=done > 0,
+        filename=Path(row["path"]).name,
+        cost_model="cold",
     )
     row[_done_key(path)] = done + summary.trials_this_run
     row[f"TuneHub {label}"] = summary.measured.median_secs if summary.measured else None
@@ -171,8 +177,13 @@ def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
 
     start = time.perf_counter()
     summary = tune_model(
-        storage, prepared, trials=trials, output_dir=work / f"{row['model']}-top-up",
-        filename=Path(row["path"]).name, cost_model="cold", force=True,
+        storage,
+        prepared,
+        trials=trials,
+        output_dir=work / f"{row['model']}-top-up",
+        filename=Path(row["path"]).name,
+        cost_model="cold",
+        force=True,
     )
     row["trials top-up"] = summary.trials_this_run
     row["tasks reused top-up"] = summary.tasks_reused
@@ -203,18 +214,25 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     batch = choose_batch_size(len(prepared.partition.tasks), trials)
     storage = db.open_storage(f"sqlite:///{work / 'throughput.db'}", upgrade=True)
     start = time.perf_counter()
-    summary = tune_model(storage, prepared, trials=trials, output_dir=work / "tp-tunehub", seed=0,
-                         cost_model="cold")
+    summary = tune_model(
+        storage, prepared, trials=trials, output_dir=work / "tp-tunehub", seed=0, cost_model="cold"
+    )
     tunehub_secs = time.perf_counter() - start
     storage.close()
     measure = MeasureConfig()
     start = time.perf_counter()
     with closing(make_builder(measure)) as builder:
         database = ms.relax_integration.tune_relax(
-            mod=prepared.partition.fused, params=None, target=target.tvm_target(),
-            work_dir=str(work / "tp-plain"), max_trials_global=trials, num_trials_per_iter=batch,
-            builder=builder, runner=make_runner(measure),
-            strategy=SearchConfig().strategy(), seed=0,
+            mod=prepared.partition.fused,
+            params=None,
+            target=target.tvm_target(),
+            work_dir=str(work / "tp-plain"),
+            max_trials_global=trials,
+            num_trials_per_iter=batch,
+            builder=builder,
+            runner=make_runner(measure),
+            strategy=SearchConfig().strategy(),
+            seed=0,
         )
     build(prepared.mod, target, database)
     plain_secs = time.perf_counter() - start
@@ -228,8 +246,9 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     }
 
 
-def interleaved_latencies(name: str, model_path: Path, threads: int, libraries: dict[str, Path],
-                          rounds: int) -> dict[str, float]:
+def interleaved_latencies(
+    name: str, model_path: Path, threads: int, libraries: dict[str, Path], rounds: int
+) -> dict[str, float]:
     """Median seconds per call of ONNX Runtime, torch eager, ``torch.compile`` and each library of
     ``libraries`` (label -> ``model.so``) on ``name``'s seeded inputs, timed side by side in one
     process: :func:`bench.bench_peers.interleaved` rounds (a new random order each round, a pause
@@ -245,8 +264,10 @@ def interleaved_latencies(name: str, model_path: Path, threads: int, libraries: 
     from examples.networks import EXAMPLES
 
     inputs = random_inputs(load_model(model_path).inputs)
-    timers = {"ONNX Runtime": _ort_timer(model_path, inputs, threads),
-              "torch eager": _torch_timer(name, inputs, threads)}
+    timers = {
+        "ONNX Runtime": _ort_timer(model_path, inputs, threads),
+        "torch eager": _torch_timer(name, inputs, threads),
+    }
     try:
         compiled = torch.compile(EXAMPLES[name].build().eval())
         tensors = [torch.from_numpy(a) for a in inputs]
@@ -256,6 +277,7 @@ def interleaved_latencies(name: str, model_path: Path, threads: int, libraries: 
         def call_compiled() -> None:
             with torch.no_grad():
                 compiled(*tensors)
+
         timers["torch.compile"] = _timer(call_compiled)
     except Exception as err:  # noqa: BLE001 - reported in the table
         print(f"torch.compile failed on {name}: {type(err).__name__}: {err}", flush=True)
@@ -287,21 +309,27 @@ def retime(work: Path, threads: int, rounds: int = 7) -> tuple[list[dict], list[
 
     saved = json.loads((work / "rows.json").read_text())
     budgets = saved["budgets"]
-    labels = ["0", *(rung(p, b) for p in saved.get("paths", ["new"]) for b in budgets),
-              "top-up"]
+    labels = ["0", *(rung(p, b) for p in saved.get("paths", ["new"]) for b in budgets), "top-up"]
     rows = []
     for old in saved["rows"]:
-        row = {k: v for k, v in old.items()
-               if k in ("model", "tasks", "path", "TVM untuned")
-               or k.startswith(("trials ", "wall ", "verified ", "tasks reused "))}
+        row = {
+            k: v
+            for k, v in old.items()
+            if k in ("model", "tasks", "path", "TVM untuned")
+            or k.startswith(("trials ", "wall ", "verified ", "tasks reused "))
+        }
         path = Path(old["path"])
-        row.update(interleaved_latencies(old["model"], path, threads,
-                                         rung_libraries(work, old["model"], labels), rounds))
+        row.update(
+            interleaved_latencies(
+                old["model"], path, threads, rung_libraries(work, old["model"], labels), rounds
+            )
+        )
         if "TVM untuned" not in row:
             prepared = prepare_model(path, cpu_target(threads))
             untuned = LoadedLibrary.from_executable(build(prepared.mod, prepared.target))
-            row["TVM untuned"] = untuned.time(random_inputs(prepared.model.inputs),
-                                              repeat=3).median_secs
+            row["TVM untuned"] = untuned.time(
+                random_inputs(prepared.model.inputs), repeat=3
+            ).median_secs
         rows.append(row)
         print(json.dumps(row, default=str), flush=True)
     return rows, budgets, saved.get("throughput"), saved.get("paths", ["new"])
@@ -313,12 +341,16 @@ def load_saved_rows(work: Path) -> dict:
     return json.loads(path.read_text()) if path.exists() else {}
 
 
-def save_rows(work: Path, rows: list[dict], budgets: list[int], throughput: dict | None,
-              paths: list[str]) -> None:
-    (work / "rows.json").write_text(json.dumps(
-        {"budgets": budgets, "paths": paths, "rows": rows, "throughput": throughput},
-        default=str, indent=1,
-    ))
+def save_rows(
+    work: Path, rows: list[dict], budgets: list[int], throughput: dict | None, paths: list[str]
+) -> None:
+    (work / "rows.json").write_text(
+        json.dumps(
+            {"budgets": budgets, "paths": paths, "rows": rows, "throughput": throughput},
+            default=str,
+            indent=1,
+        )
+    )
 
 
 def _fmt(value) -> str:
@@ -328,8 +360,13 @@ def _fmt(value) -> str:
 
 
 def write_report(
-    rows: list[dict], budgets: list[int], throughput: dict | None, threads: int, note: str = "",
-    out: Path | None = None, paths: list[str] | None = None,
+    rows: list[dict],
+    budgets: list[int],
+    throughput: dict | None,
+    threads: int,
+    note: str = "",
+    out: Path | None = None,
+    paths: list[str] | None = None,
 ) -> Path:
     from bench.bench_db import machine
 
@@ -363,12 +400,15 @@ def write_report(
         rungs = ", ".join(
             f"{label}: {row.get(f'trials {label}')} trials in "
             f"{row.get(f'wall {label}', 0):.0f} s (verified: {row.get(f'verified {label}')})"
-            for label in labels if f"trials {label}" in row
+            for label in labels
+            if f"trials {label}" in row
         )
         if "trials top-up" in row:
-            rungs += (f"; top-up: {row['trials top-up']} trials on the tasks the database lacked "
-                      f"({row['tasks reused top-up']} tasks reused) in "
-                      f"{row['wall top-up']:.0f} s (verified: {row['verified top-up']})")
+            rungs += (
+                f"; top-up: {row['trials top-up']} trials on the tasks the database lacked "
+                f"({row['tasks reused top-up']} tasks reused) in "
+                f"{row['wall top-up']:.0f} s (verified: {row['verified top-up']})"
+            )
         lines.append(f"- {row['model']}: {rungs}")
     pending = [label for label in labels if any(f"TuneHub {label}" not in row for row in rows)]
     if pending:
@@ -403,26 +443,56 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--throughput-model", default="mlp")
     parser.add_argument("--throughput-trials", type=int, default=64)
-    parser.add_argument("--db", help="keep the tuning database at this URL (default: a temporary "
-                        "SQLite file); bench/bench_cost_model.py trains on such a database")
+    parser.add_argument(
+        "--db",
+        help="keep the tuning database at this URL (default: a temporary "
+        "SQLite file); bench/bench_cost_model.py trains on such a database",
+    )
     parser.add_argument("--work", type=Path, help="keep artifacts and rows.json in DIR")
-    parser.add_argument("--out", type=Path, help="report path (default: "
-                        "bench/results/models_<date>.md)")
-    parser.add_argument("--top-up", type=int, metavar="N", help="tune only the tasks of the "
-                        "named models that the database lacks, with N trials (see above)")
-    parser.add_argument("--paths", nargs="+", choices=PATHS, default=["new"],
-                        help="compile paths to tune, side by side (see above)")
-    parser.add_argument("--rounds", type=int, default=7,
-                        help="interleaved timing rounds of the final side by side")
-    parser.add_argument("--retime", type=Path, metavar="DIR",
-                        help="re-measure baselines and the artifacts a --work run left in DIR")
+    parser.add_argument(
+        "--out", type=Path, help="report path (default: bench/results/models_<date>.md)"
+    )
+    parser.add_argument(
+        "--top-up",
+        type=int,
+        metavar="N",
+        help="tune only the tasks of the "
+        "named models that the database lacks, with N trials (see above)",
+    )
+    parser.add_argument(
+        "--paths",
+        nargs="+",
+        choices=PATHS,
+        default=["new"],
+        help="compile paths to tune, side by side (see above)",
+    )
+    parser.add_argument(
+        "--rounds", type=int, default=7, help="interleaved timing rounds of the final side by side"
+    )
+    parser.add_argument(
+        "--retime",
+        type=Path,
+        metavar="DIR",
+        help="re-measure baselines and the artifacts a --work run left in DIR",
+    )
     args = parser.parse_args()
     if args.retime:
         rows, budgets, throughput, paths = retime(args.retime, args.threads, args.rounds)
-        print(write_report(rows, budgets, throughput, args.threads, note=(
-            "Latencies re-measured in one run with `--retime` from the artifacts each rung "
-            "published (tuning itself ran earlier, see trials and wall times). "
-            + INTERLEAVED_NOTE), out=args.out, paths=paths))
+        print(
+            write_report(
+                rows,
+                budgets,
+                throughput,
+                args.threads,
+                note=(
+                    "Latencies re-measured in one run with `--retime` from the artifacts each rung "
+                    "published (tuning itself ran earlier, see trials and wall times). "
+                    + INTERLEAVED_NOTE
+                ),
+                out=args.out,
+                paths=paths,
+            )
+        )
         return 0
     import db
 
@@ -433,8 +503,9 @@ def main() -> int:
         work.mkdir(parents=True, exist_ok=True)
         throughput = None
         if args.throughput_model:
-            throughput = bench_throughput(args.throughput_model, args.throughput_trials,
-                                          args.threads, work)
+            throughput = bench_throughput(
+                args.throughput_model, args.throughput_trials, args.threads, work
+            )
             print(json.dumps(throughput), flush=True)
         storage = db.open_storage(args.db or f"sqlite:///{work / 'bench.db'}", upgrade=True)
         saved = load_saved_rows(work)
@@ -454,21 +525,28 @@ def main() -> int:
                     Path(row["path"]), cpu_target(args.threads, options=path_options("today"))
                 )
             old = next((r for r in saved.get("rows", []) if r["model"] == name), {})
-            row.update({k: v for k, v in old.items() if k.startswith("trials done") or
-                        k.startswith(("TuneHub ", "trials ", "wall ", "verified "))})
+            row.update(
+                {
+                    k: v
+                    for k, v in old.items()
+                    if k.startswith("trials done")
+                    or k.startswith(("TuneHub ", "trials ", "wall ", "verified "))
+                }
+            )
             rows.append(row)
             print(json.dumps(row, default=str), flush=True)
         rows += [r for r in saved.get("rows", []) if r["model"] not in args.models]
         for budget in asked:  # rung-major: every model gets the small budget first
             for row in rows:
                 for path in args.paths:  # side by side: both paths of a model at each rung
-                    if (row["model"], path) not in prepared or \
-                            f"TuneHub {rung(path, budget)}" in row:
+                    if (
+                        row["model"],
+                        path,
+                    ) not in prepared or f"TuneHub {rung(path, budget)}" in row:
                         continue  # not asked for this run, or measured by an earlier run
                     tune_rung(row, prepared[row["model"], path], budget, work, storage, path)
                     print(json.dumps(row, default=str), flush=True)
-                    write_report(rows, budgets, throughput, args.threads, out=args.out,
-                                 paths=paths)
+                    write_report(rows, budgets, throughput, args.threads, out=args.out, paths=paths)
                     save_rows(work, rows, budgets, throughput, paths)
         for row in rows:
             if args.top_up and (row["model"], "new") in prepared:
@@ -479,13 +557,28 @@ def main() -> int:
         labels = ["0", *(rung(p, b) for p in paths for b in budgets), "top-up"]
         for row in rows:  # the table's latencies: all side by side, at the end
             if row["model"] in args.models:
-                row.update(interleaved_latencies(row["model"], Path(row["path"]), args.threads,
-                                                 rung_libraries(work, row["model"], labels),
-                                                 args.rounds))
+                row.update(
+                    interleaved_latencies(
+                        row["model"],
+                        Path(row["path"]),
+                        args.threads,
+                        rung_libraries(work, row["model"], labels),
+                        args.rounds,
+                    )
+                )
                 print(json.dumps(row, default=str), flush=True)
         save_rows(work, rows, budgets, throughput, paths)
-    print(write_report(rows, budgets, throughput, args.threads, out=args.out, paths=paths,
-                       note=INTERLEAVED_NOTE))
+    print(
+        write_report(
+            rows,
+            budgets,
+            throughput,
+            args.threads,
+            out=args.out,
+            paths=paths,
+            note=INTERLEAVED_NOTE,
+        )
+    )
     return 0
 
 

@@ -31,6 +31,7 @@ peers run on TVM's thread pool); ONNX Runtime and torch get ``--threads`` intra-
 Writes ``peers_<date>.json`` and ``peers_<date>.md`` (machine, date, threads) into ``--out``
 (default ``bench/results``).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -53,6 +54,7 @@ MODELS = ("resnet18", "mobilenetv2", "bert", "mlp")
 
 def _timer(call: Callable[[], Any], min_secs: float = 0.2) -> Callable[[], float]:
     """A round of ``call``: run it for at least ``min_secs``, return the mean seconds per call."""
+
     def round_secs() -> float:
         count, start = 0, time.perf_counter()
         while True:
@@ -61,11 +63,13 @@ def _timer(call: Callable[[], Any], min_secs: float = 0.2) -> Callable[[], float
             elapsed = time.perf_counter() - start
             if elapsed >= min_secs:
                 return elapsed / count
+
     return round_secs
 
 
-def interleaved(timers: dict[str, Callable[[], float]], rounds: int, pause: float = 0.05,
-                seed: int = 0) -> dict[str, float]:
+def interleaved(
+    timers: dict[str, Callable[[], float]], rounds: int, pause: float = 0.05, seed: int = 0
+) -> dict[str, float]:
     """Median of ``rounds`` rounds per timer. Each round runs every timer once in a new random
     order, with ``pause`` seconds of sleep before each: a runtime's threads that spin after
     their call (ONNX Runtime's intra-op pool, TVM's pool) go idle before the next timer starts,
@@ -89,8 +93,9 @@ def interleaved(timers: dict[str, Callable[[], float]], rounds: int, pause: floa
     return {n: statistics.median(v) for n, v in samples.items()}
 
 
-def _library_timer(executable: Any, inputs: list[np.ndarray], link_peers: bool, work: Path,
-                   model: Any, label: str) -> tuple[Callable[[], float], dict[str, Any]]:
+def _library_timer(
+    executable: Any, inputs: list[np.ndarray], link_peers: bool, work: Path, model: Any, label: str
+) -> tuple[Callable[[], float], dict[str, Any]]:
     """Export ``executable``, load it from disk, verify it and return its timer."""
     from compiler.build import export_library
     from compiler.runner import LoadedLibrary
@@ -126,6 +131,7 @@ def _torch_timer(name: str, inputs: list[np.ndarray], threads: int) -> Callable[
     def call() -> None:
         with torch.no_grad():
             model(*tensors)
+
     return _timer(call)
 
 
@@ -167,9 +173,15 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
         call = find_peer(task_mod)
         if call is None:
             continue
-        row = {"task": task.name, "key": task.key, "weight": task.weight,
-               "mflops": task.flops / 1e6, "peer": f"{call.kind} {dict(call.config)}",
-               "default variant": variant_label(call), "variants": []}
+        row = {
+            "task": task.name,
+            "key": task.key,
+            "weight": task.weight,
+            "mflops": task.flops / 1e6,
+            "peer": f"{call.kind} {dict(call.config)}",
+            "default variant": variant_label(call),
+            "variants": [],
+        }
         index = len(rows)
         rows.append(row)
         for variant in peer_variants(task_mod):
@@ -188,8 +200,11 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
         for label in (*row["variants"], "default", "tuned"):
             ms = row.get(f"{label} ms")
             row[f"{label} GFLOP/s"] = row["mflops"] / ms if ms else None
-        timed = {label: row[f"{label} ms"] for label in (*row["variants"], "default", "tuned")
-                 if row.get(f"{label} ms")}
+        timed = {
+            label: row[f"{label} ms"]
+            for label in (*row["variants"], "default", "tuned")
+            if row.get(f"{label} ms")
+        }
         row["peer ms"] = row.get(f"peer {row['default variant']} ms")
         row["chosen"] = min(timed, key=timed.get) if timed else None
     return rows
@@ -207,8 +222,10 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     target = cpu_target(args.threads)
     prepared = prepare_model(path, target)
     inputs = random_inputs(prepared.model.inputs)
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     result: dict[str, Any] = {"model": name, "tasks": len(tasks), "checks": {}}
     timers: dict[str, Callable[[], float]] = {
         "ONNX Runtime": _ort_timer(path, inputs, args.threads),
@@ -219,20 +236,24 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     started = time.perf_counter()
     defaults_only = build(prepared.mod, target, ms.database.MemoryDatabase())
     timers["zero-trial, no peers"], result["checks"]["zero-trial, no peers"] = _library_timer(
-        defaults_only, inputs, False, work, prepared.model, f"{name}-defaults")
+        defaults_only, inputs, False, work, prepared.model, f"{name}-defaults"
+    )
     started = time.perf_counter()
     zero, keys = build_zero_trial(prepared.mod, target, tasks)
     result["zero-trial build s"] = time.perf_counter() - started
     result["zero-trial peers"] = len(keys)
     timers["zero-trial + peers"], result["checks"]["zero-trial + peers"] = _library_timer(
-        zero, inputs, bool(keys), work, prepared.model, f"{name}-zero")
+        zero, inputs, bool(keys), work, prepared.model, f"{name}-zero"
+    )
     if keys:  # the same with OpenBLAS where the packed GEMM is the default, without oneDNN
         from compiler.peers import find_peer
 
         defaults = {key: find_peer(task) for key, task in tasks if key in keys}
         # (label, swap, file suffix, built even when it swaps nothing)
-        variants = [("OpenBLAS", openblas_call, "openblas", True),
-                    ("no oneDNN", without_onednn, "no-onednn", False)]
+        variants = [
+            ("OpenBLAS", openblas_call, "openblas", True),
+            ("no oneDNN", without_onednn, "no-onednn", False),
+        ]
         for label, swap, suffix, always in variants:
             calls = {key: swap(call) for key, call in defaults.items()}
             if calls == defaults and not always:  # the zero-trial build itself
@@ -240,7 +261,8 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
             built = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=calls)
             column = f"zero-trial + peers ({label})"
             timers[column], result["checks"][column] = _library_timer(
-                built, inputs, True, work, prepared.model, f"{name}-zero-{suffix}")
+                built, inputs, True, work, prepared.model, f"{name}-zero-{suffix}"
+            )
     records: dict[str, list] = {}
     if args.tune:
         from db.storage import open_storage
@@ -248,13 +270,21 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
 
         storage = open_storage(args.db, upgrade=True)
         started = time.perf_counter()
-        summary = tune_model(storage, prepared, trials=args.tune, output_dir=work / f"{name}-job",
-                             filename=path.name, cost_model=args.cost_model, force=True)
+        summary = tune_model(
+            storage,
+            prepared,
+            trials=args.tune,
+            output_dir=work / f"{name}-job",
+            filename=path.name,
+            cost_model=args.cost_model,
+            force=True,
+        )
         storage.close()
-        result["tuning"] = {"trials": summary.trials_this_run,
-                            "wall s": time.perf_counter() - started,
-                            "job artifact ms": summary.measured.median_secs * 1e3
-                            if summary.measured else None}
+        result["tuning"] = {
+            "trials": summary.trials_this_run,
+            "wall s": time.perf_counter() - started,
+            "job artifact ms": summary.measured.median_secs * 1e3 if summary.measured else None,
+        }
     if args.db:
         records = _tuned(name, prepared, args, work, inputs, timers, result)
     result["per task"] = per_task(prepared, records, args.rounds)
@@ -265,8 +295,15 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     return result
 
 
-def _tuned(name: str, prepared: Any, args: argparse.Namespace, work: Path, inputs: list[np.ndarray],
-           timers: dict[str, Callable[[], float]], result: dict[str, Any]) -> dict[str, list]:
+def _tuned(
+    name: str,
+    prepared: Any,
+    args: argparse.Namespace,
+    work: Path,
+    inputs: list[np.ndarray],
+    timers: dict[str, Callable[[], float]],
+    result: dict[str, Any],
+) -> dict[str, list]:
     """Add ``tuned alone`` and ``tuned + peers`` from ``--db``; return the top records."""
     from compiler.build import build
     from db.metaschedule_database import MetaScheduleDatabase
@@ -280,13 +317,14 @@ def _tuned(name: str, prepared: Any, args: argparse.Namespace, work: Path, input
     result["tuned tasks"] = sum(1 for v in records.values() if v)
     alone = build(prepared.mod, prepared.target, database_from_records(prepared, records))
     timers["tuned alone"], result["checks"]["tuned alone"] = _library_timer(
-        alone, inputs, False, work, prepared.model, f"{name}-tuned")
+        alone, inputs, False, work, prepared.model, f"{name}-tuned"
+    )
     winners = choose_winners(prepared, records, RemeasureConfig(top=3, rounds=args.rounds))
     both = build(prepared.mod, prepared.target, winners.database, peers=winners.peers)
     result["tuned + peers: peers chosen"] = len(winners.peers)
     timers["tuned + peers"], result["checks"]["tuned + peers"] = _library_timer(
-        both, inputs, bool(winners.peers), work, prepared.model,
-        f"{name}-tuned-peers")
+        both, inputs, bool(winners.peers), work, prepared.model, f"{name}-tuned-peers"
+    )
     storage.close()
     return records
 
@@ -297,9 +335,17 @@ def machine() -> dict[str, Any]:
     return levers_machine()
 
 
-COLUMNS = ("ONNX Runtime", "torch eager", "TVM untuned", "zero-trial, no peers",
-           "zero-trial + peers (OpenBLAS)", "zero-trial + peers (no oneDNN)", "zero-trial + peers",
-           "tuned alone", "tuned + peers")
+COLUMNS = (
+    "ONNX Runtime",
+    "torch eager",
+    "TVM untuned",
+    "zero-trial, no peers",
+    "zero-trial + peers (OpenBLAS)",
+    "zero-trial + peers (no oneDNN)",
+    "zero-trial + peers",
+    "tuned alone",
+    "tuned + peers",
+)
 
 
 def _ms(value: Any) -> str:
@@ -307,51 +353,78 @@ def _ms(value: Any) -> str:
 
 
 def render(run: dict[str, Any]) -> str:
-    lines = [f"# Library peers, {run['date']}", "",
-             f"Machine: {run['machine']['cpu_model']} (LLVM `{run['machine']['llvm_cpu']}`), "
-             f"{run['threads']} threads for every framework; TVM {run['machine']['tvm']}, "
-             f"ONNX Runtime {run['machine']['onnxruntime']}; {run['rounds']} interleaved rounds, "
-             "medians. Command: `python -m bench.bench_peers "
-             + " ".join(run["argv"]) + "`.", "", "## Whole models (ms)", ""]
+    lines = [
+        f"# Library peers, {run['date']}",
+        "",
+        f"Machine: {run['machine']['cpu_model']} (LLVM `{run['machine']['llvm_cpu']}`), "
+        f"{run['threads']} threads for every framework; TVM {run['machine']['tvm']}, "
+        f"ONNX Runtime {run['machine']['onnxruntime']}; {run['rounds']} interleaved rounds, "
+        "medians. Command: `python -m bench.bench_peers " + " ".join(run["argv"]) + "`.",
+        "",
+        "## Whole models (ms)",
+        "",
+    ]
     present = [c for c in COLUMNS if any(c in m["latency ms"] for m in run["models"])]
-    lines += ["| model | " + " | ".join(present) + " | zero-trial + peers / ORT |",
-              "|---" * (len(present) + 2) + "|"]
+    lines += [
+        "| model | " + " | ".join(present) + " | zero-trial + peers / ORT |",
+        "|---" * (len(present) + 2) + "|",
+    ]
     for m in run["models"]:
         lat = m["latency ms"]
         ratio = lat["zero-trial + peers"] / lat["ONNX Runtime"]
-        lines.append(f"| {m['model']} | " + " | ".join(_ms(lat.get(c)) for c in present)
-                     + f" | {ratio:.2f}x |")
+        lines.append(
+            f"| {m['model']} | "
+            + " | ".join(_ms(lat.get(c)) for c in present)
+            + f" | {ratio:.2f}x |"
+        )
     lines += ["", "Verification of every library (max abs error against ONNX Runtime):", ""]
     for m in run["models"]:
-        checks = ", ".join(f"{k} {v['max_abs_error']:.1e}" + ("" if v["passed"] else " FAILED")
-                           for k, v in m["checks"].items())
-        lines.append(f"- {m['model']}: {checks}; zero-trial build {m['zero-trial build s']:.1f} s, "
-                     f"{m['zero-trial peers']} of {m['tasks']} tasks on peers")
+        checks = ", ".join(
+            f"{k} {v['max_abs_error']:.1e}" + ("" if v["passed"] else " FAILED")
+            for k, v in m["checks"].items()
+        )
+        lines.append(
+            f"- {m['model']}: {checks}; zero-trial build {m['zero-trial build s']:.1f} s, "
+            f"{m['zero-trial peers']} of {m['tasks']} tasks on peers"
+        )
     for m in run["models"]:
         if "tuning" in m:
             t = m["tuning"]
-            lines.append(f"- {m['model']}: tuned {t['trials']} trials in {t['wall s']:.0f} s "
-                         f"({m.get('tuned tasks', '?')} tasks with records); the job's own "
-                         f"artifact (tuned + peers as a job builds it): {_ms(t['job artifact ms'])}"
-                         f" ms; tuned + peers here chose {m.get('tuned + peers: peers chosen')} "
-                         "peers")
+            lines.append(
+                f"- {m['model']}: tuned {t['trials']} trials in {t['wall s']:.0f} s "
+                f"({m.get('tuned tasks', '?')} tasks with records); the job's own "
+                f"artifact (tuned + peers as a job builds it): {_ms(t['job artifact ms'])}"
+                f" ms; tuned + peers here chose {m.get('tuned + peers: peers chosen')} "
+                "peers"
+            )
     for m in run["models"]:
-        lines += ["", f"## {m['model']}: tasks with a peer (ms, GFLOP/s)", "",
-                  "Every peer variant of the task (`packed`: im2col + the shim's packed-weight "
-                  "GEMM; `im2col`/`sgemm`: OpenBLAS; `winograd_*`; `onednn`: oneDNN's primitive; "
-                  "`depthwise_conv2d_nhwc`: the shim's depthwise kernel), the zero-trial build's "
-                  "default variant first.", "",
-                  "| task | weight | MFLOP | peer call | peer variants | default schedule |"
-                  " tuned best | fastest |", "|---|---|---|---|---|---|---|---|"]
+        lines += [
+            "",
+            f"## {m['model']}: tasks with a peer (ms, GFLOP/s)",
+            "",
+            "Every peer variant of the task (`packed`: im2col + the shim's packed-weight "
+            "GEMM; `im2col`/`sgemm`: OpenBLAS; `winograd_*`; `onednn`: oneDNN's primitive; "
+            "`depthwise_conv2d_nhwc`: the shim's depthwise kernel), the zero-trial build's "
+            "default variant first.",
+            "",
+            "| task | weight | MFLOP | peer call | peer variants | default schedule |"
+            " tuned best | fastest |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in m["per task"]:
+
             def cell(label: str, r: dict = r) -> str:
                 ms = r.get(f"{label} ms")
                 return "—" if ms is None else f"{ms:.3f} ({r[f'{label} GFLOP/s']:.0f})"
-            variants = "; ".join(f"{v.removeprefix('peer ')} {cell(v)}"
-                                 for v in r.get("variants", ["peer"]))
-            lines.append(f"| {r['task']} | {r['weight']} | {r['mflops']:.1f} | {r['peer']} | "
-                         f"{variants} | {cell('default')} | {cell('tuned')} | "
-                         f"{r.get('chosen') or '—'} |")
+
+            variants = "; ".join(
+                f"{v.removeprefix('peer ')} {cell(v)}" for v in r.get("variants", ["peer"])
+            )
+            lines.append(
+                f"| {r['task']} | {r['weight']} | {r['mflops']:.1f} | {r['peer']} | "
+                f"{variants} | {cell('default')} | {cell('tuned')} | "
+                f"{r.get('chosen') or '—'} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -368,8 +441,14 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     os.environ["TVM_NUM_THREADS"] = str(args.threads)
     date = dt.date.today().isoformat()
-    run = {"date": date, "threads": args.threads, "rounds": args.rounds, "machine": machine(),
-           "argv": argv if argv is not None else __import__("sys").argv[1:], "models": []}
+    run = {
+        "date": date,
+        "threads": args.threads,
+        "rounds": args.rounds,
+        "machine": machine(),
+        "argv": argv if argv is not None else __import__("sys").argv[1:],
+        "models": [],
+    }
     args.out.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="bench-peers-") as tmp:
         if args.tune and not args.db:

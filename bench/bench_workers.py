@@ -24,6 +24,7 @@ and after each run is reported, since this machine is shared.
 
 Goal: throughput(N) >= 0.8 N throughput(1). Writes ``bench/results/workers_<date>.md``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -42,8 +43,16 @@ sys.path.insert(0, str(REPO))
 from tests.service.conftest import start_server, stop_server, upload  # noqa: E402
 from tests.service.workers_helpers import start_rpc, start_worker, wait_exit  # noqa: E402
 
-SHAPES = [(32, 128, 64), (48, 96, 64), (64, 64, 96), (32, 192, 32), (40, 128, 80), (56, 72, 48),
-          (24, 160, 64), (64, 112, 40)]
+SHAPES = [
+    (32, 128, 64),
+    (48, 96, 64),
+    (64, 64, 96),
+    (32, 192, 32),
+    (40, 128, 80),
+    (56, 72, 48),
+    (24, 160, 64),
+    (64, 112, 40),
+]
 
 
 def _cpu_model() -> str:
@@ -93,11 +102,19 @@ def _register_target(server, token: str, cores: int) -> str:
 
     spec = cpu_target(num_cores=cores)
     with server.client(token) as client:
-        reply = client.post("/workers/register", json={
-            "name": "bench-target", "fingerprint": json.loads(spec.fingerprint_json),
-            "target": {"kind": spec.kind, "target_json": spec.target_json,
-                       "fingerprint_json": spec.fingerprint_json, "tvm_version": spec.tvm_version},
-        })
+        reply = client.post(
+            "/workers/register",
+            json={
+                "name": "bench-target",
+                "fingerprint": json.loads(spec.fingerprint_json),
+                "target": {
+                    "kind": spec.kind,
+                    "target_json": spec.target_json,
+                    "fingerprint_json": spec.fingerprint_json,
+                    "tvm_version": spec.tvm_version,
+                },
+            },
+        )
         assert reply.status_code == 200, reply.text
         client.post("/workers/bench-target/heartbeat", json={"status": "offline"})
     return spec.key
@@ -117,8 +134,11 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
     procs = []
     try:
         # One worker token per worker (a worker token may be bound to one worker's name).
-        target_key = (_register_target(server, server.token("bench-target", kind="worker"), cores)
-                      if cores else None)
+        target_key = (
+            _register_target(server, server.token("bench-target", kind="worker"), cores)
+            if cores
+            else None
+        )
         with server.client(server.token("bench-user")) as user:
             jobs = []
             for i, (rows, inner, cols) in enumerate(SHAPES[: args.tasks]):
@@ -161,9 +181,16 @@ def run_once(n_workers: int, args, folder: Path) -> dict:
         trials = sum(x["trials_done"] for x in tune)
         window = last - first
         return {
-            "workers": n_workers, "trials": trials, "window": window, "wall": wall, "cpu": cpu,
-            "rate": trials / window, "per_cpu": trials / cpu if cpu else float("nan"),
-            "leases": len(tune), "load_before": load_before, "load_after": load_after,
+            "workers": n_workers,
+            "trials": trials,
+            "window": window,
+            "wall": wall,
+            "cpu": cpu,
+            "rate": trials / window,
+            "per_cpu": trials / cpu if cpu else float("nan"),
+            "leases": len(tune),
+            "load_before": load_before,
+            "load_after": load_after,
             "by_worker": sorted({x["worker"] for x in tune}),
         }
     finally:
@@ -183,11 +210,20 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=8, help="trials per task")
     parser.add_argument("--population", type=int, default=64, help="search population")
     parser.add_argument("--rpc", type=int, default=0, help="measure through K RPC servers")
-    parser.add_argument("--db", default=None, metavar="POSTGRES_URL",
-                        help="PostgreSQL server URL: a fresh database is made on it for each run "
-                        "(default: SQLite in a temporary home)")
-    parser.add_argument("--cores-per-worker", type=int, default=0, metavar="K",
-                        help="pin each worker to K cores of its own (0: no pinning)")
+    parser.add_argument(
+        "--db",
+        default=None,
+        metavar="POSTGRES_URL",
+        help="PostgreSQL server URL: a fresh database is made on it for each run "
+        "(default: SQLite in a temporary home)",
+    )
+    parser.add_argument(
+        "--cores-per-worker",
+        type=int,
+        default=0,
+        metavar="K",
+        help="pin each worker to K cores of its own (0: no pinning)",
+    )
     parser.add_argument("--timeout", type=float, default=1800)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()

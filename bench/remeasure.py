@@ -14,6 +14,7 @@ times each, so that both estimates are taken under the same conditions.
 Prints (and with ``--out`` writes) a Markdown table: per task, both re-measured times, and both
 estimates, recorded and re-measured.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,21 +37,24 @@ class Remeasured:
     b_secs: float | None
 
 
-def remeasure_bests(pairs: list[tuple[str, int, Any, Any, Any]], target: Any,
-                    rounds: int = 3) -> list[Remeasured]:
+def remeasure_bests(
+    pairs: list[tuple[str, int, Any, Any, Any]], target: Any, rounds: int = 3
+) -> list[Remeasured]:
     """``pairs``: ``(task name, weight, workload module, best row of run a, best row of run
     b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per
     pair, in order. A schedule that does not build or run gets ``None``; never raises for one."""
     from tuner.remeasure import time_side_by_side
 
-    schedules = [(mod, json.loads(row.trace_json))
-                 for _, _, mod, row_a, row_b in pairs for row in (row_a, row_b)]
+    schedules = [
+        (mod, json.loads(row.trace_json))
+        for _, _, mod, row_a, row_b in pairs
+        for row in (row_a, row_b)
+    ]
     rounds_of = time_side_by_side(schedules, target, rounds)
     out = []
     for index, (task, weight, _, _, _) in enumerate(pairs):
         a, b = rounds_of[2 * index], rounds_of[2 * index + 1]
-        out.append(Remeasured(task, weight, *(statistics.median(t) if t else None
-                                              for t in (a, b))))
+        out.append(Remeasured(task, weight, *(statistics.median(t) if t else None for t in (a, b))))
     return out
 
 
@@ -105,27 +109,46 @@ def main() -> int:
                 continue  # untunable here or not tuned by one of the runs: in neither estimate
             recorded[0] += task.weight * cold_best.mean_secs
             recorded[1] += task.weight * warm_best.mean_secs
-            pairs.append((task.task_name, task.weight, tvm.ir.load_json(workload.mod_json),
-                          cold_best, warm_best))
+            pairs.append(
+                (
+                    task.task_name,
+                    task.weight,
+                    tvm.ir.load_json(workload.mod_json),
+                    cold_best,
+                    warm_best,
+                )
+            )
         if not pairs:
             parser.error(f"no task of {args.model} has a best record in both databases")
         rows = remeasure_bests(pairs, target.spec(), args.rounds)
     finally:
         warm.close()
         source.close()
-    lines = [f"# Re-measured best schedules: {args.model}, cold vs warm ({dt.date.today()})", "",
-             f"Machine: {json.dumps(machine())}.", "",
-             "| task | weight | cold best now (ms) | warm best now (ms) | warm / cold |",
-             "|---|---|---|---|---|"]
+    lines = [
+        f"# Re-measured best schedules: {args.model}, cold vs warm ({dt.date.today()})",
+        "",
+        f"Machine: {json.dumps(machine())}.",
+        "",
+        "| task | weight | cold best now (ms) | warm best now (ms) | warm / cold |",
+        "|---|---|---|---|---|",
+    ]
     for r in rows:
         ratio = f"{r.b_secs / r.a_secs:.2f}" if r.a_secs and r.b_secs else "-"
         lines.append(f"| {r.task} | {r.weight} | {_ms(r.a_secs)} | {_ms(r.b_secs)} | {ratio} |")
     cold_now, warm_now = estimate(rows, "a"), estimate(rows, "b")
-    lines += ["", "| estimate (ms) | cold | warm | warm / cold |", "|---|---|---|---|",
-              (f"| recorded | {recorded[0] * 1e3:.3f} | {recorded[1] * 1e3:.3f} | "
-               f"{recorded[1] / recorded[0]:.3f} |"),
-              (f"| re-measured now (median of {args.rounds}) | {_ms(cold_now)} | {_ms(warm_now)} | "
-               + (f"{warm_now / cold_now:.3f} |" if cold_now and warm_now else "- |"))]
+    lines += [
+        "",
+        "| estimate (ms) | cold | warm | warm / cold |",
+        "|---|---|---|---|",
+        (
+            f"| recorded | {recorded[0] * 1e3:.3f} | {recorded[1] * 1e3:.3f} | "
+            f"{recorded[1] / recorded[0]:.3f} |"
+        ),
+        (
+            f"| re-measured now (median of {args.rounds}) | {_ms(cold_now)} | {_ms(warm_now)} | "
+            + (f"{warm_now / cold_now:.3f} |" if cold_now and warm_now else "- |")
+        ),
+    ]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:

@@ -13,6 +13,7 @@ else the best record), its GFLOP/s (the task's FLOPs as MetaSchedule counts them
 of the estimate. Kernels timed alone: an in-model kernel can be slower
 (``bench.task_times`` shows by how much).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,14 @@ def task_rows(manifest: dict[str, Any]) -> list[dict[str, Any]]:
         implementation = schedule["implementation"]
         if schedule["key"] in algorithms:
             implementation += f" ({algorithms[schedule['key']]})"
-        rows.append({**schedule, "implementation": implementation,
-                     "weighted_ms": schedule["weight"] * best_ms,
-                     "gflops": flops / (best_ms * 1e6) if flops else None})
+        rows.append(
+            {
+                **schedule,
+                "implementation": implementation,
+                "weighted_ms": schedule["weight"] * best_ms,
+                "gflops": flops / (best_ms * 1e6) if flops else None,
+            }
+        )
     return sorted(rows, key=lambda row: -row["weighted_ms"])
 
 
@@ -58,7 +64,8 @@ def markdown(name: str, manifest: dict[str, Any], top: int) -> str:
     measured = (manifest.get("measured") or {}).get("median_ms")
     lines = [
         f"**{name}**: {len(rows)} tasks, estimate {total:.3f} ms (sum of weight x best ms)"
-        + (f", measured {measured:.3f} ms in the build" if measured else "") + ".",
+        + (f", measured {measured:.3f} ms in the build" if measured else "")
+        + ".",
         "",
         "| task | weight | implementation | trials | best ms | GFLOP/s | weight x ms | share |",
         "|---|---|---|---|---|---|---|---|",
@@ -68,7 +75,8 @@ def markdown(name: str, manifest: dict[str, Any], top: int) -> str:
         lines.append(
             f"| {row['name'][:60]} | {row['weight']} | {row['implementation']} | "
             f"{row.get('trials', '-')} | {row['best_ms']:.4f} | {gflops} | "
-            f"{row['weighted_ms']:.3f} | {row['weighted_ms'] / total:.0%} |")
+            f"{row['weighted_ms']:.3f} | {row['weighted_ms'] / total:.0%} |"
+        )
     rest = rows[top:]
     if rest:
         rest_ms = sum(row["weighted_ms"] for row in rest)
@@ -78,8 +86,12 @@ def markdown(name: str, manifest: dict[str, Any], top: int) -> str:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("artifacts", nargs="+", type=Path,
-                        help="folders with a manifest.json (a tuned build's output)")
+    parser.add_argument(
+        "artifacts",
+        nargs="+",
+        type=Path,
+        help="folders with a manifest.json (a tuned build's output)",
+    )
     parser.add_argument("--top", type=int, default=12, help="tasks listed per artifact")
     args = parser.parse_args()
     for folder in args.artifacts:

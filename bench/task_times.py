@@ -12,6 +12,7 @@ flushed before each repeat (TVM's ``cache_flush_cpu_non_first_arg``, which flush
 but the first), and prints both next to the tuner's ``best_ms``, weighted sums included, with
 the artifact's measured model latency for comparison. Timing only: nothing is written.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -47,13 +48,19 @@ def main() -> int:
         schedule = best.get(task["key"])
         if not task.get("tunable") or schedule is None or schedule.get("best_ms") is None:
             continue
-        arrays = [tvm.runtime.tensor(rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]), device)
-                  for s in task["shapes"]]
+        arrays = [
+            tvm.runtime.tensor(rng.uniform(-1, 1, s["shape"]).astype(s["dtype"]), device)
+            for s in task["shapes"]
+        ]
         times = {}
         for flush in (False, True):
             evaluator = library.time_evaluator(
-                task["name"], device, number=1, repeat=args.repeat,
-                f_preproc="cache_flush_cpu_non_first_arg" if flush else "")
+                task["name"],
+                device,
+                number=1,
+                repeat=args.repeat,
+                f_preproc="cache_flush_cpu_non_first_arg" if flush else "",
+            )
             times[flush] = float(np.median(evaluator(*arrays).results)) * 1e3
         rows.append((task["name"], task["weight"], schedule["best_ms"], times[False], times[True]))
     print(f"{'task':58} {'w':>2} {'tuner ms':>9} {'warm ms':>9} {'flushed ms':>10}")
@@ -62,8 +69,10 @@ def main() -> int:
     sums = [sum(r[1] * r[i] for r in rows) for i in (2, 3, 4)]
     print(f"{'weighted sum':58} {'':>2} {sums[0]:9.3f} {sums[1]:9.3f} {sums[2]:10.3f}")
     measured = manifest.get("measured") or {}
-    print(f"manifest: estimated {manifest.get('estimated_ms', float('nan')):.3f} ms, "
-          f"measured median {measured.get('median_ms', float('nan')):.3f} ms")
+    print(
+        f"manifest: estimated {manifest.get('estimated_ms', float('nan')):.3f} ms, "
+        f"measured median {measured.get('median_ms', float('nan')):.3f} ms"
+    )
     return 0
 
 

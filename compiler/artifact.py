@@ -7,6 +7,7 @@ bucketed model (:mod:`compiler.buckets`) is verified at every bucket, and its ma
 ``model.buckets`` lists them with each one's VM function and input shapes (what
 :class:`compiler.runner.LoadedLibrary` dispatches on when it loads the artifact).
 """
+
 from __future__ import annotations
 
 import datetime as dt
@@ -75,8 +76,9 @@ def build_manifest(
     return manifest
 
 
-def peers_manifest(keys: Collection[str], target: TargetSpec | None = None
-                   ) -> dict[str, Any] | None:
+def peers_manifest(
+    keys: Collection[str], target: TargetSpec | None = None
+) -> dict[str, Any] | None:
     """The manifest's ``peers``: the library an artifact built with the peers of tasks ``keys``
     for ``target`` (default: a CPU target) needs at run time
     (:meth:`compiler.peers.PeerLibrary.describe`), those tasks and, when ``keys`` maps them to
@@ -86,8 +88,9 @@ def peers_manifest(keys: Collection[str], target: TargetSpec | None = None
         return None
     out: dict[str, Any] = {"runtime_library": library.describe(), "tasks": sorted(keys)}
     if isinstance(keys, Mapping):  # the variant each task calls (e.g. a Winograd algorithm)
-        out["calls"] = {key: call.to_json() for key, call in sorted(keys.items())
-                        if call is not None}
+        out["calls"] = {
+            key: call.to_json() for key, call in sorted(keys.items()) if call is not None
+        }
     return out
 
 
@@ -125,8 +128,9 @@ def publish_artifact(
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        library_path = export_library(executable, staging / LIBRARY_NAME, link_peers=link_peers,
-                                      target=target)
+        library_path = export_library(
+            executable, staging / LIBRARY_NAME, link_peers=link_peers, target=target
+        )
         library = LoadedLibrary(
             library_path, target.device, buckets=[b.to_json() for b in model.buckets]
         )

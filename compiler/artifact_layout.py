@@ -6,6 +6,7 @@ published to :func:`job_artifact_dir` of the service's storage folder, whichever
 (``tunehub tune`` without ``-o``, an embedded worker, a lease worker's upload), so the service
 serves every job's artifact from one place.
 """
+
 from __future__ import annotations
 
 import os

@@ -22,6 +22,7 @@ Each bucket's module comes from the importer with ``main`` and helper functions 
 (``fast_softmax`` of :mod:`compiler.fast_math`): helpers get names of their own in the merged
 module and every reference to them follows (:class:`_RenameGlobals`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence

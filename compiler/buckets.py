@@ -25,6 +25,7 @@ Symbols are named by the model: the ONNX ``dim_param`` (an unnamed dynamic dimen
 name is not saved in a ``.pt2``). A bucket option may name a symbol either way: ``seq=16,64``
 or ``input_ids.1=16,64``.
 """
+
 from __future__ import annotations
 
 import bisect
@@ -179,8 +180,11 @@ class ShapeBuckets:
         parts = [f"{s}={','.join(map(str, v))}" for s, v in self.values]
         text = " ".join(parts)
         for symbol, shares in self.shares:
-            text += (f" ({symbol} from a histogram; shares of the expected inputs "
-                     + ", ".join(f"{share:.0%}" for share in shares) + ")")
+            text += (
+                f" ({symbol} from a histogram; shares of the expected inputs "
+                + ", ".join(f"{share:.0%}" for share in shares)
+                + ")"
+            )
         if self.defaulted:
             text += (
                 f" (default for {', '.join(self.defaulted)}: powers of two from {DEFAULT_MIN} "
@@ -248,9 +252,11 @@ def _parse_histogram_option(text: str) -> tuple[str, SizeHistogram]:
             f"invalid histogram {text!r}: expected NAME~SIZE:COUNT,...[/BUCKETS] with integer "
             "sizes and counts (e.g. seq~12:40,37:5,100:3/3)",
         ) from None
-    if not all(1 <= v <= MAX_BUCKET_VALUE for v in counts) or not all(
-        math.isfinite(c) and c >= 0 for c in counts.values()
-    ) or not sum(counts.values()) > 0:
+    if (
+        not all(1 <= v <= MAX_BUCKET_VALUE for v in counts)
+        or not all(math.isfinite(c) and c >= 0 for c in counts.values())
+        or not sum(counts.values()) > 0
+    ):
         raise ModelError(
             "bad_buckets",
             f"invalid histogram {text!r}: sizes must be between 1 and {MAX_BUCKET_VALUE}, "
@@ -294,8 +300,7 @@ def bucket_values(buckets_json: str | None) -> dict[str, BucketSpec]:
         return {}
     data = json.loads(buckets_json)
     out: dict[str, BucketSpec] = {
-        str(name): tuple(int(v) for v in values)
-        for name, values in data.get("symbols", {}).items()
+        str(name): tuple(int(v) for v in values) for name, values in data.get("symbols", {}).items()
     }
     for name, text in (data.get("histograms") or {}).items():
         out[str(name)] = _parse_histogram_option(f"{name}~{text}")[1]
@@ -359,7 +364,8 @@ def resolve_buckets(
         high = min(highs) if highs else None
         if isinstance(values, SizeHistogram):
             derived, shares[dim.symbol] = histogram_buckets(
-                values, low, MAX_BUCKET_VALUE if high is None else high)
+                values, low, MAX_BUCKET_VALUE if high is None else high
+            )
             histograms[dim.symbol] = values.describe()
             chosen[dim.symbol] = derived
             continue
@@ -377,7 +383,9 @@ def resolve_buckets(
         if symbol in pinned or symbol in chosen:
             continue
         merged = SymbolicDim(
-            symbol, occurrences[0].input, occurrences[0].axis,
+            symbol,
+            occurrences[0].input,
+            occurrences[0].axis,
             max(d.minimum for d in occurrences),
             min((d.maximum for d in occurrences if d.maximum is not None), default=None),
         )
@@ -394,7 +402,8 @@ def resolve_buckets(
         )
     order = [s for s in symbols if s in chosen]
     return ShapeBuckets(
-        tuple((s, chosen[s]) for s in order), tuple(defaulted),
+        tuple((s, chosen[s]) for s in order),
+        tuple(defaulted),
         tuple((s, shares[s]) for s in order if s in shares),
         tuple((s, histograms[s]) for s in order if s in histograms),
     )

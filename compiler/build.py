@@ -8,6 +8,7 @@ Both lower ``mod`` as tuning did (:mod:`compiler.lowering`: the target's convolu
 with a database, prepacked weights folded into the constants), so the library's ``main`` takes
 the model's inputs in their own layout. Failures raise :class:`CompileError`.
 """
+
 from __future__ import annotations
 
 import os
@@ -32,7 +33,9 @@ from compiler.target import TargetSpec
 
 
 def build(
-    mod: tvm.IRModule, target: TargetSpec, database: Any | None = None,
+    mod: tvm.IRModule,
+    target: TargetSpec,
+    database: Any | None = None,
     peers: Collection[str] = (),
 ) -> Any:
     """Compile the normalized (unfused) Relax ``mod``; see the module docstring. ``peers``: the
@@ -85,8 +88,11 @@ def export_library(
     if link_peers:
         library = library_for(target) if target is not None else peer_library()
         if library is None:
-            reason = (library_unavailable_reason(target) if target is not None
-                      else "no peer library on this machine")
+            reason = (
+                library_unavailable_reason(target)
+                if target is not None
+                else "no peer library on this machine"
+            )
             raise CompileError(f"the artifact uses library peers: {reason}")
         kwargs = {"addons": [str(library.object_file)], "options": library.link_options()}
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=".tmp-", dir=path.parent)

@@ -17,6 +17,7 @@ Tuning tasks are keyed by structural hash, so such differences would split one w
 - commutative binary ops with exactly one constant operand have it second.
 Numerics are unchanged up to float rounding (the tests compare against the frameworks).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -23,6 +23,7 @@ final build always agree. A stored target without the
 prepacking, the path its records were tuned with. CUDA targets carry no options and keep their
 own path (DLight fallbacks, tensor-core spaces).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -7,6 +7,7 @@ and :func:`bounded_folding` turns an allocation failure inside TVM (``std::bad_a
 ``tvm.error.InternalError``, or Python's ``MemoryError``; both also end a validation process that
 hits its address-space limit) into a :class:`ModelError` instead of a traceback.
 """
+
 from __future__ import annotations
 
 import contextlib

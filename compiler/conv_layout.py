@@ -16,6 +16,7 @@ Both frontends' imports reach this form alike (they are canonical before it:
 :mod:`compiler.canonicalize`), so ONNX and ``.pt2`` tasks still share keys. ``mod`` itself is
 not modified.
 """
+
 from __future__ import annotations
 
 import tvm

@@ -11,6 +11,7 @@ axis innermost, under its reduction loops, and vectorizes it). Functions already
 (``tirx.is_scheduled``: by ``MetaScheduleApplyDatabase`` or a library peer) are left alone. This
 is a fallback, not tuning: no search, no measurement.
 """
+
 from __future__ import annotations
 
 import tvm
@@ -46,8 +47,11 @@ class CpuFallback(CPUScheduleRule):
                 {"S": spatial, "R": reduce, "O": other}[kind].append(loop)
             if not spatial:
                 continue
-            lanes = spatial[-1] if reduce and not other and len(spatial) > 1 \
-                and _contiguous_innermost(sch, info) else None
+            lanes = (
+                spatial[-1]
+                if reduce and not other and len(spatial) > 1 and _contiguous_innermost(sch, info)
+                else None
+            )
             if lanes is not None:
                 spatial = spatial[:-1]
                 sch.reorder(*spatial, *reduce, lanes)
@@ -56,8 +60,13 @@ class CpuFallback(CPUScheduleRule):
                 sch.reorder(*spatial, *reduce, *other)
             fused = sch.fuse(*spatial) if len(spatial) > 1 else spatial[0]
             extent = sch.get(fused).extent
-            if not reduce and not other and isinstance(extent, tirx.IntImm) \
-                    and int(extent) % VECTOR_LANES == 0 and int(extent) > VECTOR_LANES:
+            if (
+                not reduce
+                and not other
+                and isinstance(extent, tirx.IntImm)
+                and int(extent) % VECTOR_LANES == 0
+                and int(extent) > VECTOR_LANES
+            ):
                 outer, inner = sch.split(fused, [None, VECTOR_LANES])
                 sch.parallel(outer)
                 sch.vectorize(inner)
@@ -121,8 +130,9 @@ class ConvolutionFallback(CpuFallback):
 
 def _block_names(func: tirx.PrimFunc) -> list[str]:
     names: list[str] = []
-    tvm_ffi.structural_walk(func.body, [(s_tir.SBlock, lambda b: names.append(str(b.name_hint)))],
-                            order="post")
+    tvm_ffi.structural_walk(
+        func.body, [(s_tir.SBlock, lambda b: names.append(str(b.name_hint)))], order="post"
+    )
     return names
 
 
@@ -138,8 +148,13 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 def gpu_default_rules() -> list[object]:
     """DLight's GPU rules in the order ``ms.relax_integration.compile_relax`` applies them to
     the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`)."""
-    return [dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-            dl.gpu.Fallback()]
+    return [
+        dl.gpu.Matmul(),
+        dl.gpu.GEMV(),
+        dl.gpu.Reduction(),
+        dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    ]
 
 
 def default_task_module(task_mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:

@@ -4,6 +4,7 @@ Every problem with a user's model surfaces as a :class:`ModelError` whose messag
 the user (the CLI prints it and exits 2; the service answers 4xx with it). ``code`` is a short,
 stable, machine-readable reason that tests and API clients can match on.
 """
+
 from __future__ import annotations
 
 

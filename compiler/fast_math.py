@@ -27,6 +27,7 @@ The lowering applies it after the convolution layout (:func:`compiler.lowering.f
 a ``call_tir`` is opaque to ``ConvertLayout``, so applied before it, a sigmoid after an NHWC
 convolution kept a transpose between them and ran as a task of its own.
 """
+
 from __future__ import annotations
 
 import math

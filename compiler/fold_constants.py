@@ -17,6 +17,7 @@ with numpy where all their operands are constants (numpy's ``cumsum`` and intege
 indexing compute exactly what the ops define), and runs ``FoldConstant`` again, until a round
 evaluates nothing. A module without such calls comes back as ``FoldConstant`` alone leaves it.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -51,8 +52,7 @@ class _EvaluateConstantCalls(relax.PyExprMutator):
                 return None
             axis = None if call.attrs.axis is None else int(call.attrs.axis)
             dtype = str(call.ty.dtype)
-            return np.cumsum(data if axis is not None else data.reshape(-1), axis=axis,
-                             dtype=dtype)
+            return np.cumsum(data if axis is not None else data.reshape(-1), axis=axis, dtype=dtype)
         if name == "relax.index_tensor":
             data = self._constant(call.args[0])
             indices = call.args[1]

@@ -17,6 +17,7 @@ A constant whose shape inference cannot determine is refused too: its size canno
 before it is built. The Relax-side check (:mod:`compiler.constant_limits`) and the validation
 process's memory limit (``service.validation``) are the run-time bounds behind this one.
 """
+
 from __future__ import annotations
 
 import math
@@ -60,9 +61,7 @@ def _itemsize(elem_type: int) -> int:
         return 8  # strings and unknown types: count them as 8 bytes per element
 
 
-def _check_size(
-    what: str, dims: list[int], elem_type: int, limits: ModelLimits
-) -> None:
+def _check_size(what: str, dims: list[int], elem_type: int, limits: ModelLimits) -> None:
     elements = math.prod(dims)
     size = elements * _itemsize(elem_type)
     if elements > limits.max_constant_elements or size > limits.max_constant_bytes:
@@ -138,8 +137,12 @@ def fold_shape_computations(model: onnx.ModelProto) -> onnx.ModelProto:
     if current is model:
         return model
     while True:  # nodes only folded nodes read (the Constant shapes of folded reshapes): gone
-        used = {name for graph in _all_graphs(current.graph) for node in graph.node
-                for name in node.input} | {out.name for out in current.graph.output}
+        used = {
+            name
+            for graph in _all_graphs(current.graph)
+            for node in graph.node
+            for name in node.input
+        } | {out.name for out in current.graph.output}
         live = [node for node in current.graph.node if any(o in used for o in node.output)]
         if len(live) == len(current.graph.node):
             break
@@ -168,8 +171,10 @@ def _check_initializers(graph: onnx.GraphProto, limits: ModelLimits) -> set[str]
         constants.add(tensor.name)
     for sparse in graph.sparse_initializer:
         _check_size(
-            f"sparse initializer {sparse.values.name!r}", list(sparse.dims),
-            sparse.values.data_type, limits,
+            f"sparse initializer {sparse.values.name!r}",
+            list(sparse.dims),
+            sparse.values.data_type,
+            limits,
         )
         constants.add(sparse.values.name)
     return constants
@@ -179,8 +184,10 @@ def _check_constant_node(node: onnx.NodeProto, limits: ModelLimits) -> None:
     for attribute in node.attribute:
         if attribute.type == onnx.AttributeProto.TENSOR:
             _check_size(
-                f"Constant node {node.name or node.output[0]!r}", list(attribute.t.dims),
-                attribute.t.data_type, limits,
+                f"Constant node {node.name or node.output[0]!r}",
+                list(attribute.t.dims),
+                attribute.t.data_type,
+                limits,
             )
         elif attribute.type == onnx.AttributeProto.SPARSE_TENSOR:
             _check_size(

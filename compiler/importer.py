@@ -12,6 +12,7 @@ lowering, after the convolution layout. Operators the importer does not support 
 graph and again on the graph torch's decomposition makes of it, the one TVM translates
 (:mod:`compiler.pt2_ops`, with TuneHub's converters).
 """
+
 from __future__ import annotations
 
 from dataclasses import replace
@@ -84,8 +85,9 @@ def _strided_slices_simplified(func: relax.Function) -> relax.Function:
     (``BindSymbolicVars``: a shape bucket, ``--input-shape``) leaves ``T.Add(1, 16)`` in the
     slice bounds the rotary embedding's ``diff`` decomposes to, and TVM 0.27 legalizes a slice
     with a non-constant bound by ``dynamic_strided_slice``, which fails on a negative axis."""
-    pattern = is_op("relax.strided_slice")(wildcard(), wildcard(), wildcard(), wildcard(),
-                                           wildcard())
+    pattern = is_op("relax.strided_slice")(
+        wildcard(), wildcard(), wildcard(), wildcard(), wildcard()
+    )
     analyzer = Analyzer()
 
     def values(tup: relax.Expr) -> list | None:

@@ -4,6 +4,7 @@ A workload (one fused subgraph's TIR, as an ``IRModule``) is keyed by its struct
 models that contain the same subgraph share one key, whatever the functions are named. The tuning
 database, the task table and the API all use :func:`workload_key`; nothing else may hash workloads.
 """
+
 from __future__ import annotations
 
 import tvm_ffi

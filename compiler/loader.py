@@ -8,6 +8,7 @@ decoder's prefill and decode: one static function per program, ``LoadedModel.pro
 input raises :class:`ModelError` with a user-facing message. No code from the file is executed:
 ``.pt2`` archives go through :mod:`compiler.pt2_safety` first.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -78,8 +79,12 @@ def _load_programs(data: bytes, limits: ModelLimits, display_name: str) -> dict[
 
 
 def _several_programs(
-    programs: Mapping[str, Any], limits: ModelLimits, sha256: str, size: int,
-    input_shapes: Mapping[str, Sequence[int]], buckets: Mapping[str, BucketSpec],
+    programs: Mapping[str, Any],
+    limits: ModelLimits,
+    sha256: str,
+    size: int,
+    input_shapes: Mapping[str, Sequence[int]],
+    buckets: Mapping[str, BucketSpec],
     display_name: str,
 ) -> LoadedModel:
     """A multi-program archive as one model with a function per program (``LoadedModel.programs``,
@@ -101,7 +106,8 @@ def _several_programs(
     for name, program in programs.items():
         if not name.isidentifier():
             raise ModelError(
-                "bad_pt2", f"{display_name}: program name {name!r} is not an identifier")
+                "bad_pt2", f"{display_name}: program name {name!r} is not an identifier"
+            )
         dims, _ = pt2_symbolic_dims(program)
         if dims:
             raise ModelError(
@@ -119,8 +125,9 @@ def _several_programs(
                 "shapes; the compiled library picks a program by its inputs' shapes",
             )
         seen[shapes] = name
-        functions.append(Bucket(name, (), LoadedModel("pt2", sha256, size, specs, program,
-                                                      bindings)))
+        functions.append(
+            Bucket(name, (), LoadedModel("pt2", sha256, size, specs, program, bindings))
+        )
     first = functions[0].model
     return replace(first, buckets=tuple(functions), programs=tuple(programs))
 
@@ -158,18 +165,25 @@ def _specializations(
     return spec, out
 
 
-def _bucketed(models: list[tuple[tuple[tuple[str, int], ...], LoadedModel]],
-              spec: ShapeBuckets | None, dims: Sequence[SymbolicDim],
-              dynamic_source: Any) -> LoadedModel:
+def _bucketed(
+    models: list[tuple[tuple[tuple[str, int], ...], LoadedModel]],
+    spec: ShapeBuckets | None,
+    dims: Sequence[SymbolicDim],
+    dynamic_source: Any,
+) -> LoadedModel:
     """One model, or the largest specialization carrying every bucket, the bucketed symbols'
     dimensions and the symbolic source (see ``LoadedModel``)."""
     if spec is None:
         return models[0][1]
     buckets = tuple(Bucket(function_name(values), values, model) for values, model in models)
     bucketed = {symbol for symbol, _ in spec.values}
-    return replace(models[-1][1], buckets=buckets, bucket_spec=spec,
-                   symbolic_dims=tuple(d for d in dims if d.symbol in bucketed),
-                   dynamic_source=dynamic_source)
+    return replace(
+        models[-1][1],
+        buckets=buckets,
+        bucket_spec=spec,
+        symbolic_dims=tuple(d for d in dims if d.symbol in bucketed),
+        dynamic_source=dynamic_source,
+    )
 
 
 def load_model(
@@ -229,8 +243,9 @@ def load_model(
 
     programs = _load_programs(data, limits, display_name or "<upload>")
     if len(programs) > 1:
-        return _several_programs(programs, limits, sha256, len(data), shapes, wanted,
-                                 display_name or "<upload>")
+        return _several_programs(
+            programs, limits, sha256, len(data), shapes, wanted, display_name or "<upload>"
+        )
     (program,) = programs.values()
     dims, declared = pt2_symbolic_dims(program)
     spec, plans = _specializations(dims, declared, shapes, wanted)

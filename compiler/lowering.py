@@ -25,6 +25,7 @@ Targets on the legacy options (CUDA, and CPU targets stored before the options e
 built by ``compile_relax`` itself (after fast math), unchanged; a CUDA build with library peers runs
 ``compile_relax``'s own steps with the peers applied after fusion (:func:`_cuda_with_peers`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection
@@ -143,10 +144,12 @@ def _cuda_with_peers(
         module, _ = apply_peers(module, peers, "cuda")
         module = MetaScheduleApplyDatabase()(module)
         module = dl.ApplyDefaultSchedule(*gpu_default_rules())(module)
-        return tvm.ir.transform.Sequential([
-            *cuda_pipeline.dataflow_lower_passes(tvm_target),
-            *cuda_pipeline.finalize_passes(tvm_target),
-        ])(module)
+        return tvm.ir.transform.Sequential(
+            [
+                *cuda_pipeline.dataflow_lower_passes(tvm_target),
+                *cuda_pipeline.finalize_passes(tvm_target),
+            ]
+        )(module)
 
     with tvm_target, database, tvm.transform.PassContext(opt_level=3):
         return relax.build(mod, target=tvm_target, relax_pipeline=pipeline)

@@ -1,4 +1,5 @@
 """Plain descriptions of a loaded model: its format, content hash and input tensors."""
+
 from __future__ import annotations
 
 import math
@@ -120,8 +121,7 @@ def buckets_json(model: LoadedModel) -> dict[str, Any]:
     (what :class:`compiler.runner.LoadedLibrary` dispatches on). A multi-program model: the
     program names and the same ``functions`` table."""
     if model.programs:
-        return {"programs": list(model.programs),
-                "functions": [b.to_json() for b in model.buckets]}
+        return {"programs": list(model.programs), "functions": [b.to_json() for b in model.buckets]}
     if not model.buckets or model.bucket_spec is None:
         return {}
     return {**model.bucket_spec.to_json(), "functions": [b.to_json() for b in model.buckets]}

@@ -7,6 +7,7 @@ applying the user's ``input_shapes``) within the size limits, and stays within t
 compile-time-constant limits (:mod:`compiler.graph_limits`). Anything else raises
 :class:`ModelError` with a message for the user; nothing is executed.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence

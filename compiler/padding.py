@@ -22,6 +22,7 @@ cut to the symbol's value at run time. An output axis that follows a symbol in a
 
 This module needs numpy only; the probes run through the callables it is given.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
@@ -159,9 +160,11 @@ def fitting_bucket(
     for key, name in table.items():
         if len(key) != len(shapes) or any(len(k) != len(s) for k, s in zip(key, shapes)):
             continue
-        if all((b >= a) if (i, axis) in padded else (b == a)
-               for i, (k, s) in enumerate(zip(key, shapes))
-               for axis, (b, a) in enumerate(zip(k, s))):
+        if all(
+            (b >= a) if (i, axis) in padded else (b == a)
+            for i, (k, s) in enumerate(zip(key, shapes))
+            for axis, (b, a) in enumerate(zip(k, s))
+        ):
             fits.append((sum(int(np.prod(k)) for k in key), key, name))
     if not fits:
         return None
@@ -196,8 +199,7 @@ def check_padding(
         return PaddingRule(False, "the model has no symbolic dimensions to pad", where)
     minimum = {d.symbol: max(x.minimum for x in dims if x.symbol == d.symbol) for d in dims}
     per_symbol = {
-        symbol: probe_values(values, minimum[symbol])
-        for symbol, values in model.bucket_spec.values
+        symbol: probe_values(values, minimum[symbol]) for symbol, values in model.bucket_spec.values
     }
     cuts: dict[tuple[int, int], str] = {}
     lines: list[str] = []
@@ -223,26 +225,41 @@ def check_padding(
             return _refused(where, lines, f"{label}: {found}")
         for cut in found:
             if cuts.setdefault((cut.output, cut.axis), cut.symbol) != cut.symbol:
-                return _refused(where, lines, f"{label}: output {cut.output} axis {cut.axis} "
-                                "follows different symbols in different buckets")
+                return _refused(
+                    where,
+                    lines,
+                    f"{label}: output {cut.output} axis {cut.axis} "
+                    "follows different symbols in different buckets",
+                )
         ok, error = compare(cut_outputs(padded, found, probe), expected)
         lines.append(f"{label}: max abs error {error:.3g}" + ("" if ok else ", over tolerance"))
         if not ok:
-            return _refused(where, lines, f"{label}: the outputs differ from the reference at "
-                            f"the unpadded size (max abs error {error:.3g})")
+            return _refused(
+                where,
+                lines,
+                f"{label}: the outputs differ from the reference at "
+                f"the unpadded size (max abs error {error:.3g})",
+            )
     if not lines:
         return PaddingRule(False, "no bucket has a smaller size to pad from", where)
     rule_cuts = tuple(OutputCut(o, a, s) for (o, a), s in sorted(cuts.items()))
-    return PaddingRule(True, "", where, rule_cuts, tuple(lines),
-                       tuple(s for s, _ in model.bucket_spec.values if s in padded_symbols))
+    return PaddingRule(
+        True,
+        "",
+        where,
+        rule_cuts,
+        tuple(lines),
+        tuple(s for s, _ in model.bucket_spec.values if s in padded_symbols),
+    )
 
 
 def _refused(where: tuple[Placement, ...], lines: list[str], reason: str) -> PaddingRule:
     return PaddingRule(False, reason, where, (), (*lines, reason))
 
 
-def _probe_model(model: Any, bucket_model: Any, where: Sequence[Placement],
-                 probe: Mapping[str, int]) -> Any:
+def _probe_model(
+    model: Any, bucket_model: Any, where: Sequence[Placement], probe: Mapping[str, int]
+) -> Any:
     """``bucket_model`` at the probe's symbol values, over the model's symbolic source (ONNX
     Runtime and torch run it at any size within the symbols' ranges)."""
     specs = list(bucket_model.inputs)
@@ -251,13 +268,21 @@ def _probe_model(model: Any, bucket_model: Any, where: Sequence[Placement],
         shape = list(spec.shape)
         shape[place.axis] = probe[place.symbol]
         specs[place.input] = replace(spec, shape=tuple(shape))
-    return replace(bucket_model, inputs=tuple(specs), source=model.dynamic_source,
-                   symbol_values=tuple(probe.items()), buckets=(), bucket_spec=None)
+    return replace(
+        bucket_model,
+        inputs=tuple(specs),
+        source=model.dynamic_source,
+        symbol_values=tuple(probe.items()),
+        buckets=(),
+        bucket_spec=None,
+    )
 
 
 def _output_cuts(
-    padded: Sequence[np.ndarray], expected: Sequence[np.ndarray],
-    values: Mapping[str, int], probe: Mapping[str, int],
+    padded: Sequence[np.ndarray],
+    expected: Sequence[np.ndarray],
+    values: Mapping[str, int],
+    probe: Mapping[str, int],
 ) -> list[OutputCut] | str:
     """The cuts that make the padded outputs the reference's shapes, or why there are none."""
     if len(padded) != len(expected):
@@ -272,7 +297,9 @@ def _output_cuts(
                 continue
             symbols = [s for s in values if values[s] == have and probe[s] == need]
             if len(symbols) != 1:
-                return (f"output {index} axis {axis} is {have} in the bucket and {need} at the "
-                        "unpadded size: not one symbol's value, so it cannot be cut back")
+                return (
+                    f"output {index} axis {axis} is {have} in the bucket and {need} at the "
+                    "unpadded size: not one symbol's value, so it cannot be cut back"
+                )
             cuts.append(OutputCut(index, axis, symbols[0]))
     return cuts

@@ -6,6 +6,7 @@ the same sequence) and promises a :class:`Partition`: the fused module that tuni
 compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
 :func:`compiler.keys.workload_key` so tasks are shared across every model.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -52,9 +53,7 @@ class TaskInfo:
             "name": self.name,
             "flops": self.flops,
             "weight": self.weight,
-            "shapes": [
-                {"name": n, "shape": list(s), "dtype": d} for n, s, d in self.shapes
-            ],
+            "shapes": [{"name": n, "shape": list(s), "dtype": d} for n, s, d in self.shapes],
             "tunable": self.tunable,
             "skip_reason": self.skip_reason,
         }
@@ -110,8 +109,9 @@ def _task_info(task: Any) -> TaskInfo:
     )
 
 
-def partition(mod: tvm.IRModule, target: TargetSpec,
-              shares: Mapping[str, float] | None = None) -> Partition:
+def partition(
+    mod: tvm.IRModule, target: TargetSpec, shares: Mapping[str, float] | None = None
+) -> Partition:
     """Fuse ``mod`` for ``target`` and extract its tuning tasks (heaviest first).
 
     ``shares``: a bucketed module's expected share of inputs per bucket function (from a
@@ -133,8 +133,9 @@ def partition(mod: tvm.IRModule, target: TargetSpec,
     )
 
 
-def weigh_by_shares(fused: tvm.IRModule, target: TargetSpec,
-                    shares: Mapping[str, float]) -> dict[str, int]:
+def weigh_by_shares(
+    fused: tvm.IRModule, target: TargetSpec, shares: Mapping[str, float]
+) -> dict[str, int]:
     """Task weights of a bucketed ``fused`` module by key: ``round(sum over buckets of calls
     x share x number of buckets)``, at least 1, so that equal shares give the plain call count.
     Each bucket's calls come from extracting the tasks of the module with only its function."""
@@ -144,8 +145,13 @@ def weigh_by_shares(fused: tvm.IRModule, target: TargetSpec,
         share = shares.get(gvar.name_hint)
         if share is None:
             continue
-        alone = tvm.IRModule({gv: f for gv, f in fused.functions_items()
-                              if not isinstance(f, relax.Function) or gv.same_as(gvar)})
+        alone = tvm.IRModule(
+            {
+                gv: f
+                for gv, f in fused.functions_items()
+                if not isinstance(f, relax.Function) or gv.same_as(gvar)
+            }
+        )
         for task in ms.relax_integration.extract_tasks(alone, target.tvm_target()):
             key = workload_key(task.dispatched[0])
             weighted[key] = weighted.get(key, 0.0) + int(task.weight) * share * len(shares)

@@ -19,6 +19,7 @@ Measurement builds (``tuner.measure.fast_build``) drop the rewrite block
 (``RemoveWeightLayoutRewriteBlock``), as MetaSchedule's default builder does: a candidate's time
 excludes the one-off transform.
 """
+
 from __future__ import annotations
 
 import tvm

@@ -1,4 +1,5 @@
 """The model path up to tuning: load → validate → import → partition, in one call."""
+
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
@@ -49,9 +50,13 @@ def prepare_model(
     """
     limits = limits or ModelLimits()
     model = load_model(
-        source, limits=limits, input_shapes=input_shapes, buckets=buckets,
+        source,
+        limits=limits,
+        input_shapes=input_shapes,
+        buckets=buckets,
         expected_format=expected_format,
-        allow_external_data=allow_external_data, display_name=display_name,
+        allow_external_data=allow_external_data,
+        display_name=display_name,
     )
     with bounded_folding("importing the model"):
         mod = import_model(model)
@@ -67,5 +72,6 @@ def _bucket_shares(model: LoadedModel) -> dict[str, float] | None:
     spec = model.bucket_spec
     if not model.buckets or spec is None or not spec.shares:
         return None
-    return {bucket.function: share
-            for bucket, share in zip(model.buckets, spec.specialization_shares())}
+    return {
+        bucket.function: share for bucket, share in zip(model.buckets, spec.specialization_shares())
+    }

@@ -3,6 +3,7 @@ graph.
 
 The archive itself is opened only through :mod:`compiler.pt2_safety` (no code runs from it).
 """
+
 from __future__ import annotations
 
 import math
@@ -134,9 +135,7 @@ def specialize_program(
     positions over the sequence, :func:`compiler.pt2_ops.input_free_values`), so a bucket's
     tasks are those of a static export at that length, keys included: binding the symbols only
     after translation left the mask's ``arange``/``index_tensor`` work as runtime tasks."""
-    examples = tuple(
-        torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)) for spec in specs
-    )
+    examples = tuple(torch.zeros(spec.shape, dtype=getattr(torch, spec.dtype)) for spec in specs)
     try:
         with torch.no_grad():
             return torch.export.export(program.module(), examples)
@@ -209,9 +208,14 @@ def check_pure_program(program: torch.export.ExportedProgram) -> None:
     buffers = sorted(set(signature.buffers_to_mutate.values()))
     if not inputs and not buffers:
         return
-    what = "; ".join(part for part in (
-        f"input(s) {', '.join(inputs)}" if inputs else "",
-        f"buffer(s) {', '.join(buffers)}" if buffers else "") if part)
+    what = "; ".join(
+        part
+        for part in (
+            f"input(s) {', '.join(inputs)}" if inputs else "",
+            f"buffer(s) {', '.join(buffers)}" if buffers else "",
+        )
+        if part
+    )
     raise ModelError(
         "mutates_state",
         f"the torch.export program updates {what} in place; TuneHub compiles pure functions: "

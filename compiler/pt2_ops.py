@@ -43,6 +43,7 @@ Either way a program that fails is refused with one message listing every missin
 checks that each operator of :data:`DECOMPOSED_OPS` leaves no trace in the decomposed graph and
 imports to the same values as torch, and that each converter matches torch.
 """
+
 from __future__ import annotations
 
 import functools
@@ -56,7 +57,11 @@ from torch import fx
 from tvm import relax
 
 __all__ = [
-    "CONVERTERS", "DECOMPOSED_OPS", "input_free_values", "supported_ops", "translate",
+    "CONVERTERS",
+    "DECOMPOSED_OPS",
+    "input_free_values",
+    "supported_ops",
+    "translate",
     "unsupported_ops",
 ]
 
@@ -133,8 +138,12 @@ def _cat(node: Any, importer: Any) -> relax.Expr:
 
     def legacy_empty(x: relax.Expr) -> bool:
         shape = importer.shape_of(x)
-        return (shape is not None and len(shape) == 1
-                and isinstance(shape[0], tvm.tirx.IntImm) and int(shape[0]) == 0)
+        return (
+            shape is not None
+            and len(shape) == 1
+            and isinstance(shape[0], tvm.tirx.IntImm)
+            and int(shape[0]) == 0
+        )
 
     kept = [x for x in tensors if not legacy_empty(x)] or tensors[:1]
     if len(kept) == 1:
@@ -159,21 +168,33 @@ def _index_put(node: Any, importer: Any) -> relax.Expr:
     position = importer.env[indices[given[0]]] if len(given) == 1 else None
     x_shape = importer.shape_of(x)
     position_shape = importer.shape_of(position) if position is not None else None
-    if (accumulate or position is None or x_shape is None or position_shape is None
-            or not all(isinstance(d, tvm.tirx.IntImm) for d in (*x_shape, *position_shape))
-            or [int(d) for d in position_shape] != [1]
-            or _dtype(position) not in ("int32", "int64")):
+    if (
+        accumulate
+        or position is None
+        or x_shape is None
+        or position_shape is None
+        or not all(isinstance(d, tvm.tirx.IntImm) for d in (*x_shape, *position_shape))
+        or [int(d) for d in position_shape] != [1]
+        or _dtype(position) not in ("int32", "int64")
+    ):
         return importer._index_put(node)  # noqa: SLF001 - TVM's converter for the other cases
     axis, rank = given[0], len(x_shape)
     builder = importer.block_builder
     extent = x_shape[axis]
     along = [1] * axis + [extent] + [1] * (rank - axis - 1)
     position = builder.emit(relax.op.astype(position, "int64"))
-    position = builder.emit(relax.op.where(
-        relax.op.less(position, relax.const(0, "int64")),
-        relax.op.add(position, relax.const(int(extent), "int64")), position))
-    steps = builder.emit(relax.op.reshape(
-        relax.op.arange(relax.prim_value(0), extent, relax.prim_value(1), "int64"), along))
+    position = builder.emit(
+        relax.op.where(
+            relax.op.less(position, relax.const(0, "int64")),
+            relax.op.add(position, relax.const(int(extent), "int64")),
+            position,
+        )
+    )
+    steps = builder.emit(
+        relax.op.reshape(
+            relax.op.arange(relax.prim_value(0), extent, relax.prim_value(1), "int64"), along
+        )
+    )
     chosen = builder.emit(relax.op.equal(steps, relax.op.reshape(position, [1] * rank)))
     values = importer.env[node.args[2]]
     if _dtype(values) != _dtype(x):
@@ -240,9 +261,7 @@ def input_free_values(program: Any) -> dict[fx.Node, torch.Tensor]:
     values: dict[Any, Any] = {}
     with torch.no_grad():
         for node in program.graph.nodes:
-            if node.op != "call_function" or any(
-                arg not in values for arg in node.all_input_nodes
-            ):
+            if node.op != "call_function" or any(arg not in values for arg in node.all_input_nodes):
                 continue
             args, kwargs = fx.node.map_arg((node.args, node.kwargs), values.__getitem__)
             try:

@@ -84,6 +84,7 @@ Residual trust: ``torch._C.PyTorchFileReader`` (miniz) still parses the zip, and
 unpickler and JSON deserializer still run on the (checked) content; attribute look-ups of dotted
 operator names may import torch submodules (torch's own code).
 """
+
 from __future__ import annotations
 
 import ast
@@ -525,7 +526,7 @@ def validate_guard_code(text: object, what: str = "guards_code entry") -> None:
     identifier strings, subscripts by constants, ``.size()``-style tensor attributes, and a fixed
     set of ``math``, ``torch.sym_*`` and builtin numeric functions.
     """
-    if isinstance(text, str) and any(c in text for c in "\n\r\"\\"):
+    if isinstance(text, str) and any(c in text for c in '\n\r"\\'):
         raise _expr_error(what, text, "contains a newline, double quote or backslash")
     tree = _parse_expression(text, what)
     assert isinstance(text, str)
@@ -627,9 +628,9 @@ class _Budget:
     max_members: int
 
 
-def _open_source(data: bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO) -> tuple[
-    BinaryIO, str, bool
-]:
+def _open_source(
+    data: bytes | bytearray | memoryview | str | os.PathLike[str] | BinaryIO,
+) -> tuple[BinaryIO, str, bool]:
     if isinstance(data, (bytes, bytearray, memoryview)):
         return io.BytesIO(bytes(data)), "<upload>", True
     if isinstance(data, (str, os.PathLike)):
@@ -685,7 +686,7 @@ def _central_directory_shift(fh: BinaryIO) -> int | None:
     tail = fh.read()
     # no archive comment (torch writes none), as zipfile tries first
     at = len(tail) - _END_RECORD.size
-    if at < 0 or tail[at:at + 4] != _EMPTY_ZIP_MAGIC or tail[-2:] != b"\0\0":
+    if at < 0 or tail[at : at + 4] != _EMPTY_ZIP_MAGIC or tail[-2:] != b"\0\0":
         at = tail.rfind(_EMPTY_ZIP_MAGIC)
     if at < 0 or len(tail) - at < _END_RECORD.size:
         return None
@@ -984,9 +985,7 @@ def _load_json_member(zf: zipfile.ZipFile, info: zipfile.ZipInfo, shown: str) ->
         raise ModelError("bad_pt2", f"malformed JSON in .pt2 member {shown!r}: {exc}") from None
 
 
-def _payload_members(
-    config: Any, shown: str, directory: str
-) -> tuple[set[str], set[str]]:
+def _payload_members(config: Any, shown: str, directory: str) -> tuple[set[str], set[str]]:
     """(raw tensor members, members torch would unpickle) referenced by a weights/constants
     config."""
     entries = config.get("config") if isinstance(config, dict) else None
@@ -1123,7 +1122,7 @@ def _inspect_fileobj(
                     "torch would load the AOTInductor library from the archive. Upload the plain "
                     "torch.export.save output",
                 )
-            if rel.startswith(CONSTANTS_DIR) and rel[len(CONSTANTS_DIR):].startswith(
+            if rel.startswith(CONSTANTS_DIR) and rel[len(CONSTANTS_DIR) :].startswith(
                 (CUSTOM_OBJ_FILENAME_PREFIX, OPAQUE_OBJ_FILENAME_PREFIX)
             ):
                 raise _unsafe(
@@ -1419,13 +1418,16 @@ def load_exported_program(
     code from it (:func:`load_exported_programs`; an archive of several programs is refused with
     ``bad_pt2``)."""
     programs = load_exported_programs(
-        path, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
+        path,
+        max_uncompressed_bytes=max_uncompressed_bytes,
+        max_members=max_members,
         display_name=display_name,
     )
     if len(programs) != 1:
         display = display_name or os.path.basename(os.fspath(path))
         raise ModelError(
-            "bad_pt2", f".pt2 file {display!r} holds {len(programs)} programs "
+            "bad_pt2",
+            f".pt2 file {display!r} holds {len(programs)} programs "
             f"({', '.join(programs)}); one was expected",
         )
     return next(iter(programs.values()))
@@ -1435,8 +1437,11 @@ def _program_count(fh: BinaryIO) -> int:
     """How many programs (``<root>/models/<name>.json`` members) the checked archive holds."""
     fh.seek(0)
     with zipfile.ZipFile(fh) as archive:
-        return sum(1 for name in archive.namelist()
-                   if name.partition("/")[2].startswith(MODELS_DIR) and not name.endswith("/"))
+        return sum(
+            1
+            for name in archive.namelist()
+            if name.partition("/")[2].startswith(MODELS_DIR) and not name.endswith("/")
+        )
 
 
 def load_exported_programs(
@@ -1471,7 +1476,9 @@ def load_exported_programs(
         raise ModelError("bad_pt2", f"cannot read .pt2 file {display!r}: {exc.strerror}") from None
     with fh:
         inspect_pt2_archive(
-            fh, max_uncompressed_bytes=max_uncompressed_bytes, max_members=max_members,
+            fh,
+            max_uncompressed_bytes=max_uncompressed_bytes,
+            max_members=max_members,
             display_name=display,
         )
         several = _program_count(fh) > 1
@@ -1481,8 +1488,11 @@ def load_exported_programs(
 
         with _hardened_torch_loading() as capture:
             try:
-                programs = (dict(load_pt2(fh).exported_programs) if several
-                            else {"model": torch.export.load(fh)})
+                programs = (
+                    dict(load_pt2(fh).exported_programs)
+                    if several
+                    else {"model": torch.export.load(fh)}
+                )
             except ModelError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any torch failure is a bad_pt2 refusal

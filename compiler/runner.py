@@ -4,6 +4,7 @@
 ``time`` the median latency with TVM's ``time_evaluator``; a bucketed library dispatches on the
 inputs' shapes.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,7 +61,10 @@ class LoadedLibrary:
     """
 
     def __init__(
-        self, path: Path, device: str = "cpu", buckets: Sequence[Mapping[str, Any]] | None = None,
+        self,
+        path: Path,
+        device: str = "cpu",
+        buckets: Sequence[Mapping[str, Any]] | None = None,
         padding: PaddingRule | None = None,
     ) -> None:
         self.device = tvm.device(device, 0)
@@ -68,13 +72,17 @@ class LoadedLibrary:
         self.vm = relax.VirtualMachine(self.module, self.device)
         stored = _manifest_buckets(path)
         self.buckets = _dispatch_table(
-            buckets if buckets is not None else stored.get("functions", []))
-        self.padding = padding if padding is not None else PaddingRule.from_json(
-            stored.get("padding"))
+            buckets if buckets is not None else stored.get("functions", [])
+        )
+        self.padding = (
+            padding if padding is not None else PaddingRule.from_json(stored.get("padding"))
+        )
 
     @classmethod
     def from_executable(
-        cls, executable: Any, device: str = "cpu",
+        cls,
+        executable: Any,
+        device: str = "cpu",
         buckets: Sequence[Mapping[str, Any]] | None = None,
     ) -> LoadedLibrary:
         self = cls.__new__(cls)
@@ -90,8 +98,9 @@ class LoadedLibrary:
         the bucket they are padded to (``ModelError("no_bucket")`` when none fits)."""
         return self._dispatch(inputs)[0]
 
-    def _dispatch(self, inputs: Sequence[np.ndarray]
-                  ) -> tuple[str, tuple[tuple[int, ...], ...] | None]:
+    def _dispatch(
+        self, inputs: Sequence[np.ndarray]
+    ) -> tuple[str, tuple[tuple[int, ...], ...] | None]:
         """The function for ``inputs`` and, when they must be padded, the shapes to pad to."""
         if not self.buckets:
             return "main", None
@@ -99,8 +108,11 @@ class LoadedLibrary:
         function = self.buckets.get(shapes)
         if function is not None:
             return function, None
-        fit = fitting_bucket(shapes, self.buckets, self.padding) if (
-            self.padding is not None and self.padding.allowed) else None
+        fit = (
+            fitting_bucket(shapes, self.buckets, self.padding)
+            if (self.padding is not None and self.padding.allowed)
+            else None
+        )
         if fit is not None:
             return fit
         known = "; ".join(
@@ -109,11 +121,15 @@ class LoadedLibrary:
         )
         given = " ".join("x".join(map(str, s)) for s in shapes)
         if self.padding is not None and self.padding.allowed:
-            why = ("they are larger than every bucket on a symbolic axis, or differ from the "
-                   "buckets on another axis")
+            why = (
+                "they are larger than every bucket on a symbolic axis, or differ from the "
+                "buckets on another axis"
+            )
         elif self.padding is not None and self.padding.reason:
-            why = ("inputs are not padded to a larger bucket for this model: padding was "
-                   f"checked when it was compiled and refused ({self.padding.reason})")
+            why = (
+                "inputs are not padded to a larger bucket for this model: padding was "
+                f"checked when it was compiled and refused ({self.padding.reason})"
+            )
         else:
             why = "inputs are not padded to a larger bucket (not checked for this library)"
         raise ModelError(

@@ -8,6 +8,7 @@ any size (see :mod:`compiler.graph_limits`), so this module does the same for *s
 :data:`MAX_VALUE_ELEMENTS` elements; :func:`substitute_values` turns them into initializers so a
 second inference run can use them. Nothing is evaluated on a tensor larger than that bound.
 """
+
 from __future__ import annotations
 
 import math
@@ -117,8 +118,12 @@ _EVALUATORS: dict[str, _Eval] = {
 
 
 #: ``Constant`` attributes other than ``value`` and the dtype of the value each one means.
-_CONSTANT_LISTS = {"value_ints": np.int64, "value_int": np.int64,
-                   "value_floats": np.float32, "value_float": np.float32}
+_CONSTANT_LISTS = {
+    "value_ints": np.int64,
+    "value_int": np.int64,
+    "value_floats": np.float32,
+    "value_float": np.float32,
+}
 
 
 def _constant_attribute(node: onnx.NodeProto) -> np.ndarray | None:
@@ -158,7 +163,8 @@ def shape_values(
             if node.op_type == "Constant":
                 value = _attr(node, "value")
                 result = (
-                    numpy_helper.to_array(value) if value is not None and _small(value)
+                    numpy_helper.to_array(value)
+                    if value is not None and _small(value)
                     else _constant_attribute(node)
                 )
             elif node.op_type in ("Shape", "Size"):

@@ -14,6 +14,7 @@ CPU: the fingerprint also holds the target's :class:`~compiler.compile_options.C
 (``"compile"``: convolution layout, prepacked weights), so records tuned under other options
 live under another target key; tuning and the final build read them off the same spec.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -55,7 +56,6 @@ def _cpu_model_name() -> str:
     except OSError:
         pass
     return platform.processor() or "unknown"
-
 
 
 @dataclass(frozen=True)

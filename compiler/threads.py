@@ -15,6 +15,7 @@ it starts (MetaSchedule's builder and runner workers inherit the environment) ru
 many threads as the target was compiled for. A process that loads an artifact with nothing but
 the TVM runtime should set ``TVM_NUM_THREADS`` to the manifest's target cores itself.
 """
+
 from __future__ import annotations
 
 import os

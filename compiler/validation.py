@@ -6,6 +6,7 @@ data refused whatever it names (an upload's folder is the service's staging area
 a :class:`ValidatedModel` of plain values that crosses a process boundary by pickle: the model's
 description, its tuning tasks and each task's workload as ``tvm.ir.save_json`` text.
 """
+
 from __future__ import annotations
 
 from collections.abc import Mapping
@@ -54,8 +55,13 @@ def validate_upload(
     from compiler.prepare import prepare_model  # noqa: PLC0415 - as above
 
     prepared = prepare_model(
-        path, target, limits=limits, expected_format=expected_format,
-        allow_external_data=False, display_name=display_name, buckets=buckets,
+        path,
+        target,
+        limits=limits,
+        expected_format=expected_format,
+        allow_external_data=False,
+        display_name=display_name,
+        buckets=buckets,
     )
     spec = prepared.model.bucket_spec
     return ValidatedModel(

@@ -7,6 +7,7 @@ for a CUDA target (with TF32 off: cuDNN convolutions default to TF32, which is n
 :class:`VerificationResult` (it never raises for a mismatch: callers decide; ``require_passed``
 raises :class:`VerificationError`).
 """
+
 from __future__ import annotations
 
 import time
@@ -178,7 +179,10 @@ def compare(
     """Compare outputs elementwise with :func:`tolerance_for` their expected dtype."""
     if len(actual) != len(expected):
         return VerificationResult(
-            False, reference, float("inf"), (),
+            False,
+            reference,
+            float("inf"),
+            (),
             f"output count differs: TVM gave {len(actual)}, {reference} gave {len(expected)}",
         )
     checks = []
@@ -236,7 +240,8 @@ def _verify_buckets(model: LoadedModel, run: Any, seed: int, device: str) -> Ver
     what = "program" if model.programs else "bucket"
     message = (
         f"matches {reference} at every {what} ({len(results)}: "
-        + ", ".join(name for name, _ in results) + f"; max abs error {max_abs:.3g})"
+        + ", ".join(name for name, _ in results)
+        + f"; max abs error {max_abs:.3g})"
         if not failed
         else f"does not match {reference} at " + "; ".join(failed)
     )
@@ -244,8 +249,9 @@ def _verify_buckets(model: LoadedModel, run: Any, seed: int, device: str) -> Ver
     return VerificationResult(not failed, reference, max_abs, outputs, message, results)
 
 
-def bucket_padding(model: LoadedModel, library: Any, seed: int = 0,
-                   device: str = "cpu") -> PaddingRule:
+def bucket_padding(
+    model: LoadedModel, library: Any, seed: int = 0, device: str = "cpu"
+) -> PaddingRule:
     """Whether the bucketed ``model``'s ``library`` (a :class:`compiler.runner.LoadedLibrary`)
     may pad inputs between buckets: :func:`compiler.padding.check_padding` with this module's
     seeded inputs, reference framework and tolerances."""
@@ -255,9 +261,11 @@ def bucket_padding(model: LoadedModel, library: Any, seed: int = 0,
         return result.passed, result.max_abs_error
 
     return check_padding(
-        model, library.run_function,
+        model,
+        library.run_function,
         lambda probe, inputs: reference_outputs(probe, inputs, device),
-        close, lambda probe: random_inputs(probe.inputs, seed),
+        close,
+        lambda probe: random_inputs(probe.inputs, seed),
     )
 
 

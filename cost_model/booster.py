@@ -12,6 +12,7 @@ Two objectives, both comparing candidates only within a workload:
 Predictions are scores where higher means faster; only their order within a workload means
 anything (MetaSchedule's search uses them to rank candidates).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass

@@ -10,6 +10,7 @@ Labels compare candidates within one workload (:func:`throughput_labels`): a can
 normalized throughput ``best_cost / cost`` in ``(0, 1]``, and 0 for a failure, so workloads of
 very different sizes share one scale.
 """
+
 from __future__ import annotations
 
 import io
@@ -47,8 +48,11 @@ class TrainingSet:
     @classmethod
     def empty(cls) -> TrainingSet:
         return cls(
-            np.zeros((0, FEATURE_LENGTH), np.float32), np.zeros(0), np.zeros(0, np.int32),
-            np.zeros(0, np.int64), (),
+            np.zeros((0, FEATURE_LENGTH), np.float32),
+            np.zeros(0),
+            np.zeros(0, np.int32),
+            np.zeros(0, np.int64),
+            (),
         )
 
     def __len__(self) -> int:
@@ -61,7 +65,10 @@ class TrainingSet:
     def subset(self, mask: np.ndarray) -> TrainingSet:
         """The rows where ``mask`` is true (workload keys are kept as they are)."""
         return TrainingSet(
-            self.features[mask], self.costs[mask], self.groups[mask], self.record_ids[mask],
+            self.features[mask],
+            self.costs[mask],
+            self.groups[mask],
+            self.record_ids[mask],
             self.workload_keys,
         )
 
@@ -73,8 +80,12 @@ class TrainingSet:
     def to_bytes(self) -> bytes:
         buffer = io.BytesIO()
         np.savez_compressed(
-            buffer, features=self.features, costs=self.costs, groups=self.groups,
-            record_ids=self.record_ids, workload_keys=np.array(self.workload_keys, dtype="U16"),
+            buffer,
+            features=self.features,
+            costs=self.costs,
+            groups=self.groups,
+            record_ids=self.record_ids,
+            workload_keys=np.array(self.workload_keys, dtype="U16"),
         )
         return buffer.getvalue()
 
@@ -82,7 +93,10 @@ class TrainingSet:
     def from_bytes(cls, blob: bytes) -> TrainingSet:
         with np.load(io.BytesIO(blob), allow_pickle=False) as data:
             return cls(
-                data["features"], data["costs"], data["groups"], data["record_ids"],
+                data["features"],
+                data["costs"],
+                data["groups"],
+                data["record_ids"],
                 tuple(str(k) for k in data["workload_keys"]),
             )
 
@@ -152,17 +166,24 @@ def extend_training_set(
         if workload.key not in key_index:
             key_index[workload.key] = len(keys)
             keys.append(workload.key)
-        parts.append((
-            features,
-            np.array([r.mean_secs if r.is_valid and r.mean_secs else np.inf for r in kept_rows]),
-            np.full(len(kept_rows), key_index[workload.key], dtype=np.int32),
-            np.array([r.id for r in kept_rows], dtype=np.int64),
-        ))
+        parts.append(
+            (
+                features,
+                np.array(
+                    [r.mean_secs if r.is_valid and r.mean_secs else np.inf for r in kept_rows]
+                ),
+                np.full(len(kept_rows), key_index[workload.key], dtype=np.int32),
+                np.array([r.id for r in kept_rows], dtype=np.int64),
+            )
+        )
         if progress:
             progress(done)
     features, costs, groups, ids = (np.concatenate(p) for p in zip(*parts, strict=True))
     order = np.argsort(ids, kind="stable")
     return TrainingSet(
-        features[order].astype(np.float32), costs[order].astype(np.float64),
-        groups[order].astype(np.int32), ids[order].astype(np.int64), tuple(keys),
+        features[order].astype(np.float32),
+        costs[order].astype(np.float64),
+        groups[order].astype(np.int32),
+        ids[order].astype(np.int64),
+        tuple(keys),
     )

@@ -15,6 +15,7 @@ held-out workload's records, in measurement order, are split in half: the first 
 Metrics on the test candidates (:mod:`cost_model.metrics`): pairwise rank accuracy, top-1 and
 top-5 recall, averaged over held-out workloads (each workload weighs the same).
 """
+
 from __future__ import annotations
 
 import os
@@ -46,7 +47,8 @@ class EvalRow:
 def _runner_results(costs: np.ndarray) -> list:
     return [
         ms.runner.RunnerResult(run_secs=[float(c)], error_msg=None)
-        if np.isfinite(c) else ms.runner.RunnerResult(run_secs=None, error_msg="failed")
+        if np.isfinite(c)
+        else ms.runner.RunnerResult(run_secs=None, error_msg="failed")
         for c in costs
     ]
 
@@ -113,8 +115,10 @@ def evaluate(
         train_rows = ~np.isin(training_set.groups, list(held_out))
         boosters = {
             objective: train_booster(
-                training_set.features[train_rows], labels[train_rows],
-                training_set.groups[train_rows], replace(config, objective=objective),
+                training_set.features[train_rows],
+                labels[train_rows],
+                training_set.groups[train_rows],
+                replace(config, objective=objective),
             )
             for objective in OBJECTIVES
         }
@@ -147,8 +151,11 @@ def evaluate(
                     seen_labels = throughput_labels(costs[seen_rows], np.zeros(seen, np.int32))
                     if seen and seen_labels.any():
                         tuned = train_booster(
-                            features[seen_rows], seen_labels, np.zeros(seen, np.int32),
-                            replace(config, objective=objective), base=booster,
+                            features[seen_rows],
+                            seen_labels,
+                            np.zeros(seen, np.int32),
+                            replace(config, objective=objective),
+                            base=booster,
                             rounds=config.fine_tune_rounds,
                         )
                     scores = predict(tuned, features[test_known])
@@ -158,7 +165,9 @@ def evaluate(
     rows_out = []
     for (model, seen), values in sorted(results.items(), key=lambda kv: (kv[0][1], kv[0][0])):
         array = np.array(values, dtype=np.float64)
-        means = [float(np.nanmean(array[:, i])) if np.isfinite(array[:, i]).any() else float("nan")
-                 for i in range(3)]
+        means = [
+            float(np.nanmean(array[:, i])) if np.isfinite(array[:, i]).any() else float("nan")
+            for i in range(3)
+        ]
         rows_out.append(EvalRow(model, seen, len(values), *means))
     return rows_out

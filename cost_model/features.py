@@ -16,6 +16,7 @@ features for new records.
 ``FEATURE_VERSION`` names this layout; a persisted model whose feature version differs is never
 loaded.
 """
+
 from __future__ import annotations
 
 import json
@@ -102,8 +103,9 @@ class FeatureCache:
         self.hits += len(keys) - len(missing)
         self.misses += len(missing)
         if missing:
-            fresh = candidate_features(context, [candidates[i] for i in missing.values()],
-                                       self.extractor)
+            fresh = candidate_features(
+                context, [candidates[i] for i in missing.values()], self.extractor
+            )
             for key, row in zip(missing, fresh):
                 self._rows[key] = row
         out = np.stack([self._rows[key] for key in keys])

@@ -4,6 +4,7 @@ All functions take ``scores`` (higher predicts faster) and ``costs`` (measured s
 failures) of the candidates of *one* workload, or arrays plus ``groups`` for several; pairs and
 top-k sets never mix workloads.
 """
+
 from __future__ import annotations
 
 import numpy as np

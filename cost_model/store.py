@@ -6,6 +6,7 @@ for newer records), the objective, ``FEATURE_VERSION``, the TVM version and the 
 size. :func:`load_model` returns only a model whose feature version and TVM version match this
 process; anything else is ignored and tuning falls back to MetaSchedule's cold model.
 """
+
 from __future__ import annotations
 
 import io
@@ -74,9 +75,7 @@ class TrainedModel:
             )
 
 
-def train(
-    training_set: TrainingSet, config: BoosterConfig | None = None
-) -> TrainedModel:
+def train(training_set: TrainingSet, config: BoosterConfig | None = None) -> TrainedModel:
     """Train a booster on ``training_set`` (labels: throughput within each workload).
 
     Raises ``ValueError`` when the set has no valid measurement.
@@ -104,8 +103,11 @@ def save_model(storage, spec, model: TrainedModel) -> int:
     """Persist ``model`` for ``spec``'s target; returns the row id. The target must exist."""
     target = storage.ensure_target(spec)
     row = storage.save_cost_model(
-        target_id=target.id, blob=model.to_bytes(), feature_version=FEATURE_VERSION,
-        tvm_version=tvm.__version__, n_samples=model.n_samples,
+        target_id=target.id,
+        blob=model.to_bytes(),
+        feature_version=FEATURE_VERSION,
+        tvm_version=tvm.__version__,
+        n_samples=model.n_samples,
     )
     return row.id
 

@@ -23,6 +23,7 @@ on single batches of 11), predictions for the family come from the cold model (a
 when the transferred one recovers).
 :attr:`TransferCostModel.guard_log` keeps every decision for reports.
 """
+
 from __future__ import annotations
 
 import logging
@@ -110,8 +111,15 @@ class RankWindow:
         return math.sqrt(variance) / total if total else math.inf
 
 
-def prefers_cold(transfer: RankWindow, cold: RankWindow, uses_cold: bool, *, margin: float,
-                 z: float, min_pairs: int) -> bool:
+def prefers_cold(
+    transfer: RankWindow,
+    cold: RankWindow,
+    uses_cold: bool,
+    *,
+    margin: float,
+    z: float,
+    min_pairs: int,
+) -> bool:
     """The guard's decision for one family: whether its next predictions come from the cold model.
 
     Switches to cold when the cold window's accuracy beats the transferred one's by more than
@@ -205,8 +213,9 @@ class TransferCostModel(PyCostModel):
         key, family = self._key(context)
         features = self.features(context, candidates)
         costs = measured_costs(results)
-        cold_scores = np.asarray(self.cold.predict(context, candidates)) if _warmed_up(
-            self.cold) else None
+        cold_scores = (
+            np.asarray(self.cold.predict(context, candidates)) if _warmed_up(self.cold) else None
+        )
         self._observe(key, family, self._predict(features), cold_scores, costs)
         self.cold.update(context, candidates, results)
         self._features[key].append(features)
@@ -226,12 +235,20 @@ class TransferCostModel(PyCostModel):
         handle = context.mod.__hash__()
         keys = self._keys.get(handle)
         if keys is None:
-            keys = self._keys[handle] = (workload_key(context.mod),
-                                         workload_family(str(context.task_name or "main")))
+            keys = self._keys[handle] = (
+                workload_key(context.mod),
+                workload_family(str(context.task_name or "main")),
+            )
         return keys
 
-    def _observe(self, key: str, family: str, transfer: np.ndarray, cold: np.ndarray | None,
-                 costs: np.ndarray) -> None:
+    def _observe(
+        self,
+        key: str,
+        family: str,
+        transfer: np.ndarray,
+        cold: np.ndarray | None,
+        costs: np.ndarray,
+    ) -> None:
         """Score one measured batch of workload ``key`` and decide for its ``family``
         (``cold=None``: the cold model is still random; credit it with half the pairs)."""
         correct, total = pairwise_counts(transfer, costs)
@@ -241,16 +258,26 @@ class TransferCostModel(PyCostModel):
         else:
             self._cold_rank[family].add(*pairwise_counts(cold, costs), len(costs))
         t_window, c_window = self._transfer_rank[family], self._cold_rank[family]
-        uses_cold = prefers_cold(t_window, c_window, self._uses_cold.get(family, False),
-                                 margin=self.guard_margin, z=self.guard_z,
-                                 min_pairs=self.guard_min_pairs)
+        uses_cold = prefers_cold(
+            t_window,
+            c_window,
+            self._uses_cold.get(family, False),
+            margin=self.guard_margin,
+            z=self.guard_z,
+            min_pairs=self.guard_min_pairs,
+        )
         if uses_cold != self._uses_cold.get(family, False):
-            logger.info("cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)", family,
-                        "cold" if uses_cold else "transferred", t_window.accuracy,
-                        c_window.accuracy)
+            logger.info(
+                "cost model for %s: %s (rank accuracy transfer %.2f, cold %.2f)",
+                family,
+                "cold" if uses_cold else "transferred",
+                t_window.accuracy,
+                c_window.accuracy,
+            )
         self._uses_cold[family] = uses_cold
-        self.guard_log.append(GuardDecision(key, family, t_window.accuracy, c_window.accuracy,
-                                            uses_cold))
+        self.guard_log.append(
+            GuardDecision(key, family, t_window.accuracy, c_window.accuracy, uses_cold)
+        )
 
     def _fine_tune(self) -> None:
         keys = list(self._features)
@@ -263,6 +290,7 @@ class TransferCostModel(PyCostModel):
         if not labels.any():
             return
         rounds = self.config.fine_tune_rounds if self.base_booster is not None else None
-        self.booster = train_booster(features, labels, groups, self.config,
-                                     base=self.base_booster, rounds=rounds)
+        self.booster = train_booster(
+            features, labels, groups, self.config, base=self.base_booster, rounds=rounds
+        )
         self._last_fine_tune = self._samples

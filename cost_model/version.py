@@ -1,4 +1,5 @@
 """Version tags of persisted cost models; importable without TVM (the API process uses them)."""
+
 from __future__ import annotations
 
 #: The feature layout of :mod:`cost_model.features`; a stored model with another tag is ignored.

@@ -11,6 +11,7 @@ This is the only package that imports SQLAlchemy. Callers get frozen dataclasses
 
 ``import db`` stays light (no TVM): the MetaSchedule parts load on first use.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any

@@ -29,6 +29,7 @@ Errors
     ``ConflictError`` for a constraint violation (e.g. an unknown workload id in a record),
     ``StorageUnavailableError`` when the database cannot be reached or stays locked.
 """
+
 from __future__ import annotations
 
 import abc
@@ -46,8 +47,14 @@ from db.contracts import (
 
 
 class TuningStorage(
-    RecordStorage, RemeasurementStorage, LibraryRecordStorage, ModelStorage, JobStorage,
-    WorkerStorage, TokenStorage, CostModelStorage,
+    RecordStorage,
+    RemeasurementStorage,
+    LibraryRecordStorage,
+    ModelStorage,
+    JobStorage,
+    WorkerStorage,
+    TokenStorage,
+    CostModelStorage,
 ):
     """The tuning database (see the module docstring for the contract)."""
 

@@ -4,6 +4,7 @@ The URL comes from, in order: an explicit ``--db URL``, the environment variable
 ``TUNEHUB_DATABASE_URL``, then the embedded default ``sqlite:///<home>/tunehub.db`` where home is
 ``$TUNEHUB_HOME`` or ``~/.tunehub``. The service's settings class reads the same variable.
 """
+
 from __future__ import annotations
 
 import os

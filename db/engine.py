@@ -9,6 +9,7 @@ page cache. Transactions that write start with
 PostgreSQL (shared use): ``postgresql://`` URLs are given the psycopg 3 driver; connections are
 pinged before use.
 """
+
 from __future__ import annotations
 
 import contextlib

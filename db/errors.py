@@ -3,6 +3,7 @@
 Callers never see SQLAlchemy or driver exceptions: :func:`db.engine.map_errors` turns them into
 these, so the service and the workers can handle storage failures without importing SQLAlchemy.
 """
+
 from __future__ import annotations
 
 
@@ -56,7 +57,6 @@ class SchemaOutdatedError(StorageError):
         else:
             state = f"schema revision {current}" if current else "no TuneHub schema"
             message = (
-                f"database {url} has {state}, this TuneHub needs {expected}; "
-                f"run: {self.command}"
+                f"database {url} has {state}, this TuneHub needs {expected}; run: {self.command}"
             )
         super().__init__(message)

@@ -21,6 +21,7 @@ Failed candidates: MetaSchedule commits them with ``run_secs=[1e10]``; they are 
 MetaSchedule's C++ calls these methods from the tuning thread, and an exception there aborts the
 tuning run: misses return ``None``/``False``/``[]``; only real storage failures raise.
 """
+
 from __future__ import annotations
 
 import json
@@ -74,6 +75,7 @@ def describe_error(err: BaseException) -> str:
     """A one-line description of a TVM error (its type and last line)."""
     text = str(err).strip()
     return f"{type(err).__name__}: {text.splitlines()[-1] if text else ''}"
+
 
 Workload = ms.database.Workload
 TuningRecord = ms.database.TuningRecord
@@ -334,8 +336,10 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         if workload_id is None:
             return [False] * len(candidates)
         return [
-            self._storage.get_record(workload_id, self._target_row.id,
-                                     schedule_key(candidate.sch.trace, workload)) is not None
+            self._storage.get_record(
+                workload_id, self._target_row.id, schedule_key(candidate.sch.trace, workload)
+            )
+            is not None
             for candidate in candidates
         ]
 
@@ -363,9 +367,11 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
         if isinstance(trace, list | tuple):  # already JSON
             if args_info is None or (args_info and hasattr(args_info[0], "as_json")):
                 infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
-                args_info = record_as_json(TuningRecord(
-                    tvm.s_tir.Schedule(workload.mod).trace, workload, None, None, list(infos)
-                ))[3]
+                args_info = record_as_json(
+                    TuningRecord(
+                        tvm.s_tir.Schedule(workload.mod).trace, workload, None, None, list(infos)
+                    )
+                )[3]
             record_json = [trace, None, None, args_info]
         else:
             infos = args_info or ms.arg_info.ArgInfo.from_entry_func(workload.mod)
@@ -426,8 +432,11 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
                 try:
                     found[(row.id, row.mean_secs)] = self._to_tuning_record(row, workload)
                 except Exception as err:  # noqa: BLE001 - TVM raises many kinds
-                    logger.warning("record %s skipped: it does not apply to this workload (%s)",
-                                   row.id, describe_error(err)[:300])
+                    logger.warning(
+                        "record %s skipped: it does not apply to this workload (%s)",
+                        row.id,
+                        describe_error(err)[:300],
+                    )
         # A record improved between the two reads is skipped this time rather than mislabelled.
         return [found[key] for key in keys if found.get(key) is not None]
 
@@ -466,8 +475,12 @@ class MetaScheduleDatabase(ms.database.PyDatabase):
                     return self._to_tuning_record(row, workload)
                 except Exception as err:  # noqa: BLE001 - TVM raises many kinds
                     problem = f"{type(err).__name__}: {err}"
-            logger.warning("record %s of workload %s skipped: it does not replay (%s)",
-                           row.id, key, problem[:300])
+            logger.warning(
+                "record %s of workload %s skipped: it does not replay (%s)",
+                row.id,
+                key,
+                problem[:300],
+            )
         return None
 
 

@@ -4,6 +4,7 @@ The migrations in ``db/migrations/versions`` create exactly these tables; a chan
 migration. Nothing outside :mod:`db` imports this module: the storage converts rows into the frozen
 dataclasses of :mod:`db.types`.
 """
+
 from __future__ import annotations
 
 from datetime import datetime
@@ -80,15 +81,17 @@ class TuningRecordModel(Base):
         # Top-k is an index range scan in order; with ``id`` in the key it is index-only when only
         # ids are asked for (the adapter's warm path) and the ``ORDER BY mean_secs, id``
         # tie-break needs no sort.
-        Index(
-            "ix_tuning_records_top_k", "workload_id", "target_id", "is_valid", "mean_secs", "id"
-        ),
+        Index("ix_tuning_records_top_k", "workload_id", "target_id", "is_valid", "mean_secs", "id"),
         Index("ix_tuning_records_target", "target_id", "is_valid"),
         # A job's records in id order with what its history needs (the dashboard's curves):
         # an index-only range scan from any ``after`` id; also serves ``job_id`` counts.
         Index(
             "ix_tuning_records_job_history",
-            "job_id", "id", "workload_id", "mean_secs", "measured_at",
+            "job_id",
+            "id",
+            "workload_id",
+            "mean_secs",
+            "measured_at",
         ),
     )
 
@@ -121,8 +124,10 @@ class RemeasurementRow(Base):
     spread. Never changes the record's own measurement."""
 
     __tablename__ = "remeasurements"
-    __table_args__ = (Index("ix_remeasurements_record", "record_id"),
-                      Index("ix_remeasurements_job", "job_id"))
+    __table_args__ = (
+        Index("ix_remeasurements_record", "record_id"),
+        Index("ix_remeasurements_job", "job_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     record_id: Mapped[int] = mapped_column(
@@ -146,8 +151,10 @@ class LibraryRecordRow(Base):
     schedule; deleting the workload or target deletes it, deleting the job keeps it."""
 
     __tablename__ = "library_records"
-    __table_args__ = (Index("ix_library_records_task", "workload_id", "target_id"),
-                      Index("ix_library_records_job", "job_id"))
+    __table_args__ = (
+        Index("ix_library_records_task", "workload_id", "target_id"),
+        Index("ix_library_records_job", "job_id"),
+    )
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     workload_id: Mapped[int] = mapped_column(
@@ -281,8 +288,11 @@ class TaskLeaseRow(Base):
             name="status",
         ),
         Index(
-            "uq_task_leases_active_work", "work_key", unique=True,
-            postgresql_where=text("status = 'active'"), sqlite_where=text("status = 'active'"),
+            "uq_task_leases_active_work",
+            "work_key",
+            unique=True,
+            postgresql_where=text("status = 'active'"),
+            sqlite_where=text("status = 'active'"),
         ),
         Index("ix_task_leases_worker", "worker", "status"),
         Index("ix_task_leases_job", "job_id", "id"),
@@ -308,9 +318,7 @@ class TaskLeaseRow(Base):
 
 class WorkerRow(Base):
     __tablename__ = "workers"
-    __table_args__ = (
-        CheckConstraint("status IN ('idle', 'busy', 'offline')", name="status"),
-    )
+    __table_args__ = (CheckConstraint("status IN ('idle', 'busy', 'offline')", name="status"),)
 
     id: Mapped[int] = mapped_column(BigId, primary_key=True)
     name: Mapped[str] = mapped_column(String(128), nullable=False, unique=True)

@@ -11,6 +11,7 @@ measurement of each schedule. Records whose own target differs from the import t
 ``mcpu``, core count or GPU) are skipped unless ``any_target=True``: they are not evidence for
 this hardware. Export writes every record (valid and failed) of one target.
 """
+
 from __future__ import annotations
 
 import json

@@ -5,6 +5,7 @@ directory. :func:`db.open_storage` settles the schema through :func:`prepare_sch
 database (no tables at all) gets the schema at once, as MLflow and Optuna do; the service and the
 workers refuse to start on an old schema, and the message names the command.
 """
+
 from __future__ import annotations
 
 from pathlib import Path

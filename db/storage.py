@@ -4,6 +4,7 @@
 dataclasses of :mod:`db.types`. :func:`open_storage` opens a database by URL and settles its
 schema first.
 """
+
 from __future__ import annotations
 
 from db.base import TuningStorage

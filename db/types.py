@@ -2,6 +2,7 @@
 
 All timestamps are timezone-aware UTC ``datetime`` objects taken from the database clock.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -286,8 +287,9 @@ def canonical_call_json(call: object) -> str:
     if not all(isinstance(k, str) for k in call):
         raise ValueError("a library call's keys must be strings")
     try:
-        text = json.dumps(dict(call), sort_keys=True, separators=(",", ":"), ensure_ascii=False,
-                          allow_nan=False)
+        text = json.dumps(
+            dict(call), sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
     except (TypeError, ValueError, RecursionError) as err:
         raise ValueError(f"a library call must be plain JSON: {err}") from None
     size = len(text.encode("utf-8"))
@@ -300,8 +302,10 @@ def canonical_call_json(call: object) -> str:
 
 def _bounded_text(name: str, value: object, limit: int) -> str:
     if not isinstance(value, str) or not 1 <= len(value) <= limit:
-        raise ValueError(f"a library record's {name} must be a string of 1..{limit} characters, "
-                         f"not {value!r:.80}")
+        raise ValueError(
+            f"a library record's {name} must be a string of 1..{limit} characters, "
+            f"not {value!r:.80}"
+        )
     return value
 
 
@@ -340,8 +344,9 @@ class NewLibraryRecord:
         if self.job_id is not None and (
             isinstance(self.job_id, bool) or not isinstance(self.job_id, int)
         ):
-            raise ValueError(f"a library record's job_id must be an int or None, not "
-                             f"{self.job_id!r:.80}")
+            raise ValueError(
+                f"a library record's job_id must be an int or None, not {self.job_id!r:.80}"
+            )
         object.__setattr__(self, "call", json.loads(canonical_call_json(self.call)))
         raw = self.run_secs
         if isinstance(raw, str | bytes) or not isinstance(raw, Sequence):

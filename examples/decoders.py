@@ -189,8 +189,9 @@ def _onnx_from_program(
 ) -> onnx.ModelProto:
     # The dynamo exporter logs a warning per export about torchvision ops it cannot register.
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
-    return onnx_from_program(program, (example,), input_names=[INPUT_NAME],
-                             output_names=[OUTPUT_NAME], opset=opset)
+    return onnx_from_program(
+        program, (example,), input_names=[INPUT_NAME], output_names=[OUTPUT_NAME], opset=opset
+    )
 
 
 def to_onnx_proto(name: str, seq: int = DEFAULT_SEQ, opset: int = ONNX_OPSET) -> onnx.ModelProto:

@@ -95,8 +95,12 @@ def to_exported_program(name: str) -> torch.export.ExportedProgram:
 
 
 def onnx_from_program(
-    program: torch.export.ExportedProgram, args: tuple, *, input_names: list[str],
-    output_names: list[str], opset: int = ONNX_OPSET,
+    program: torch.export.ExportedProgram,
+    args: tuple,
+    *,
+    input_names: list[str],
+    output_names: list[str],
+    opset: int = ONNX_OPSET,
 ) -> onnx.ModelProto:
     """Translate ``program`` (exported on ``args``) with torch's dynamo exporter to a checked
     ONNX model (constants as initializers, no optimizer passes); ``program`` is not modified."""
@@ -122,9 +126,13 @@ def _onnx_from_program(
     program: torch.export.ExportedProgram, spec: ExampleSpec, opset: int
 ) -> onnx.ModelProto:
     """``program`` (an export of ``spec``) as a checked ONNX model."""
-    return onnx_from_program(program, spec.make_inputs(seed=0),
-                             input_names=[i.name for i in spec.inputs],
-                             output_names=[ONNX_OUTPUT_NAME], opset=opset)
+    return onnx_from_program(
+        program,
+        spec.make_inputs(seed=0),
+        input_names=[i.name for i in spec.inputs],
+        output_names=[ONNX_OUTPUT_NAME],
+        opset=opset,
+    )
 
 
 def to_onnx_proto(name: str, opset: int = ONNX_OPSET) -> onnx.ModelProto:

@@ -100,8 +100,10 @@ def _cache(model: nn.Module) -> object:
 
 def _stacked(cache: object) -> tuple[torch.Tensor, torch.Tensor]:
     layers = cache.layers  # type: ignore[attr-defined]
-    return (torch.stack([layer.keys for layer in layers]),
-            torch.stack([layer.values for layer in layers]))
+    return (
+        torch.stack([layer.keys for layer in layers]),
+        torch.stack([layer.values for layer in layers]),
+    )
 
 
 class Prefill(nn.Module):
@@ -151,7 +153,10 @@ class Step(nn.Module):
         self.model = model
 
     def forward(
-        self, input_ids: torch.Tensor, position: torch.Tensor, keys: torch.Tensor,
+        self,
+        input_ids: torch.Tensor,
+        position: torch.Tensor,
+        keys: torch.Tensor,
         values: torch.Tensor,
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         from transformers import StaticCache  # noqa: PLC0415 - a development dependency
@@ -161,8 +166,13 @@ class Step(nn.Module):
             layer.lazy_initialization(keys[index], values[index])
             layer.keys, layer.values = keys[index].clone(), values[index].clone()
             layer.cumulative_length = position.reshape(()).clone()
-        out = self.model(input_ids=input_ids, cache=cache, use_cache=True,
-                         position_ids=position.reshape(1, 1), cache_position=position.reshape(1))
+        out = self.model(
+            input_ids=input_ids,
+            cache=cache,
+            use_cache=True,
+            position_ids=position.reshape(1, 1),
+            cache_position=position.reshape(1),
+        )
         return (out.logits, *_stacked(cache))
 
 
@@ -181,9 +191,7 @@ def _check_length(spec: DecoderSpec, length: int, what: str) -> None:
         raise ValueError(f"{what} {length} is outside the cache bound 1..{limit} of {spec.name}")
 
 
-def example_inputs(
-    name: str, program: str, length: int, seed: int = 0
-) -> tuple[torch.Tensor, ...]:
+def example_inputs(name: str, program: str, length: int, seed: int = 0) -> tuple[torch.Tensor, ...]:
     """Inputs of ``program`` (``"prefill"``: ``length`` = S; ``"decode"``: ``length`` = P;
     ``"step"``: ``length`` = the capacity C, position C // 2): token ids over the whole
     vocabulary and a standard-normal cache (private generator)."""
@@ -215,8 +223,11 @@ def program_module(name: str, program: str) -> nn.Module:
 
 
 def _wrappers(model: nn.Module) -> dict[str, nn.Module]:
-    return {"prefill": Prefill(model).eval(), "decode": Decode(model).eval(),
-            "step": Step(model).eval()}
+    return {
+        "prefill": Prefill(model).eval(),
+        "decode": Decode(model).eval(),
+        "step": Step(model).eval(),
+    }
 
 
 def to_exported_program(
@@ -230,7 +241,11 @@ def to_exported_program(
 
 
 def export_program(
-    name: str, program: str, fmt: str, path: str | os.PathLike[str], length: int,
+    name: str,
+    program: str,
+    fmt: str,
+    path: str | os.PathLike[str],
+    length: int,
     opset: int = ONNX_OPSET,
 ) -> Path:
     """Write ``program`` (``"prefill"`` at S = ``length`` / ``"decode"`` at P = ``length`` /
@@ -256,8 +271,9 @@ def export_both(
     proto = to_onnx_proto(name, program, length, exported=exported)
     return {
         "pt2": _atomic_write(stem.with_suffix(".pt2"), lambda f: torch.export.save(exported, f)),
-        "onnx": _atomic_write(stem.with_suffix(".onnx"),
-                              lambda f: f.write(proto.SerializeToString())),
+        "onnx": _atomic_write(
+            stem.with_suffix(".onnx"), lambda f: f.write(proto.SerializeToString())
+        ),
     }
 
 
@@ -266,9 +282,10 @@ def export_programs(
 ) -> Path:
     """Write programs of decoder ``name`` as one ``.pt2`` archive, atomically: ``programs`` maps
     each archive name to ``(program, length)`` (``"prefill"`` at S = length, ``"decode"`` at
-    P = length, ``"step"`` at capacity C = length), all of one model's weights. What a user uploads to tune and build them as one
-    job (``compiler.loader``: one function per program; the library tells them apart by their
-    inputs' shapes, so no two may have the same program and length)."""
+    P = length, ``"step"`` at capacity C = length), all of one model's weights. What a user
+    uploads to tune and build them as one job (``compiler.loader``: one function per program;
+    the library tells them apart by their inputs' shapes, so no two may have the same program
+    and length)."""
     model = build_causal_lm(get_kv_decoder(name))
     wrappers = _wrappers(model)
     unknown = sorted({program for program, _ in programs.values()} - set(wrappers))
@@ -292,20 +309,45 @@ def export_generation(
 
 
 def to_onnx_proto(
-    name: str, program: str, length: int, opset: int = ONNX_OPSET,
+    name: str,
+    program: str,
+    length: int,
+    opset: int = ONNX_OPSET,
     exported: torch.export.ExportedProgram | None = None,
 ) -> onnx.ModelProto:
     """The checked ONNX model of ``program`` of ``name`` at ``length`` (weights inline)."""
     exported = exported if exported is not None else to_exported_program(name, program, length)
     logging.getLogger("torch.onnx._internal.exporter._registration").setLevel(logging.ERROR)
     inputs = INPUTS[program]
-    return onnx_from_program(exported, example_inputs(name, program, length),
-                             input_names=list(inputs), output_names=list(OUTPUTS), opset=opset)
+    return onnx_from_program(
+        exported,
+        example_inputs(name, program, length),
+        input_names=list(inputs),
+        output_names=list(OUTPUTS),
+        opset=opset,
+    )
 
 
 __all__ = [
-    "BENCH_DECODER", "DECODE_INPUTS", "INPUTS", "KV_DECODERS", "OUTPUTS", "PREFILL_INPUTS",
-    "PROGRAMS", "STEP_INPUTS", "Decode", "Prefill", "Step", "cache_shape", "example_inputs",
-    "export_both", "export_generation", "export_program", "export_programs", "get_kv_decoder",
-    "program_module", "to_exported_program", "to_onnx_proto",
+    "BENCH_DECODER",
+    "DECODE_INPUTS",
+    "INPUTS",
+    "KV_DECODERS",
+    "OUTPUTS",
+    "PREFILL_INPUTS",
+    "PROGRAMS",
+    "STEP_INPUTS",
+    "Decode",
+    "Prefill",
+    "Step",
+    "cache_shape",
+    "example_inputs",
+    "export_both",
+    "export_generation",
+    "export_program",
+    "export_programs",
+    "get_kv_decoder",
+    "program_module",
+    "to_exported_program",
+    "to_onnx_proto",
 ]

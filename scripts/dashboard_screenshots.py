@@ -8,6 +8,7 @@ that job has succeeded, a second job (the MLP example) starts; once it has measu
 batches, takes 1200-pixel-wide PNGs of the jobs, job (the finished one), models, workers and
 database pages into ``docs/screenshots/``, then cancels the second job. Takes several minutes.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,24 +46,28 @@ def main() -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="tunehub-screenshots-") as tmp:
         model_path = export_onnx(args.example, Path(tmp) / f"{args.example}.onnx")
-        server = start_server(Path(tmp) / "home", workers=1,
-                              env={"TUNEHUB_MAX_UPLOAD_BYTES": str(1 << 30)})
+        server = start_server(
+            Path(tmp) / "home", workers=1, env={"TUNEHUB_MAX_UPLOAD_BYTES": str(1 << 30)}
+        )
         try:
             token = server.local_token()
             with server.client(token) as client:
                 model = upload(client, model_path).json()
-                job = client.post("/jobs", json={"model_id": model["id"],
-                                                 "trial_budget": args.trials}).json()
+                job = client.post(
+                    "/jobs", json={"model_id": model["id"], "trial_budget": args.trials}
+                ).json()
                 started = time.monotonic()
-                job = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"},
-                                   timeout=3600)
+                job = wait_for_job(
+                    client, job["id"], {"succeeded", "failed", "cancelled"}, timeout=3600
+                )
                 print(f"job {job['id']} {job['status']} in {time.monotonic() - started:.0f} s")
                 if job["status"] != "succeeded":
                     print(job, file=sys.stderr)
                     return 1
                 second = upload(client, export_onnx("mlp", Path(tmp) / "mlp.onnx")).json()
-                running = client.post("/jobs", json={"model_id": second["id"],
-                                                     "trial_budget": 1000}).json()
+                running = client.post(
+                    "/jobs", json={"model_id": second["id"], "trial_budget": 1000}
+                ).json()
                 while client.get(f"/jobs/{running['id']}").json()["trials_done"] < 48:
                     time.sleep(2)
             with sync_playwright() as playwright:

@@ -4,6 +4,7 @@ The app only reads and writes the database and the file store; tuning never runs
 request (workers claim queued jobs, see :mod:`service.worker`). Model validation, the one heavy
 step of a request, runs in a worker thread so the event loop keeps serving.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -115,7 +116,10 @@ def create_app(
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     app.state.tunehub = ServiceState(
-        settings=settings, storage=storage, files=files, owns_storage=owns,
+        settings=settings,
+        storage=storage,
+        files=files,
+        owns_storage=owns,
         history=HistoryCache(settings.history_cache_jobs),
     )
     app.state.metrics = metrics
@@ -130,9 +134,9 @@ def create_app(
                 title=app.title, version=app.version, summary=app.summary, routes=app.routes
             )
             # Validation errors use the one error body too (see service.api.errors).
-            schema.setdefault("components", {}).setdefault("schemas", {})[
-                "HTTPValidationError"
-            ] = VALIDATION_ERROR_SCHEMA
+            schema.setdefault("components", {}).setdefault("schemas", {})["HTTPValidationError"] = (
+                VALIDATION_ERROR_SCHEMA
+            )
             app.openapi_schema = schema
         return app.openapi_schema
 
@@ -145,7 +149,8 @@ def create_app(
             state: ServiceState = app.state.tunehub
             if scheme.lower() != "bearer" or state.principal(token.strip()) is None:
                 return JSONResponse(
-                    {"detail": "metrics need an API token", "code": "unauthorized"}, 401,
+                    {"detail": "metrics need an API token", "code": "unauthorized"},
+                    401,
                     headers={"WWW-Authenticate": "Bearer"},
                 )
         return Response(metrics.render(), media_type="text/plain; version=0.0.4")
@@ -154,7 +159,10 @@ def create_app(
     async def root() -> JSONResponse:
         return JSONResponse(
             {
-                "name": "TuneHub", "api": API_PREFIX, "docs": "/docs", "openapi": "/openapi.json",
+                "name": "TuneHub",
+                "api": API_PREFIX,
+                "docs": "/docs",
+                "openapi": "/openapi.json",
                 "dashboard": "/dashboard/",
             }
         )

@@ -10,6 +10,7 @@ user API (models, jobs, the tuning database) and own what they create, by the to
 writes it to ``$TUNEHUB_HOME/token`` (mode 0600), so the machine's own user and ``make demo`` can
 call the API at once; every other token comes from ``tunehub token create``.
 """
+
 from __future__ import annotations
 
 import hashlib

@@ -9,6 +9,7 @@ Layout under the storage directory (``$TUNEHUB_HOME/storage`` by default, shared
 A file enters ``models/`` only by an atomic rename from ``tmp/`` after validation, so a crash
 leaves at most a stray file in ``tmp/``, never a half-written model.
 """
+
 from __future__ import annotations
 
 import os

@@ -10,6 +10,7 @@ counts, and points that are exactly the job-wide improvements.
 Like the incremental polls themselves, a cached prefix does not see a record improved in place
 after it was read (the same schedule measured faster again keeps its id).
 """
+
 from __future__ import annotations
 
 import dataclasses

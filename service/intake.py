@@ -6,6 +6,7 @@ file first (nothing stored yet); then, under a process lock,
 move the file into ``models/<sha256>``, add the model row and its task list; if any of that fails,
 the row is deleted and the file removed unless another row still uses the content.
 """
+
 from __future__ import annotations
 
 import json
@@ -61,8 +62,13 @@ def validate_and_store(
     try:
         spec = target_for(storage, target).spec()
         validated = validate_in_child(
-            upload.path, spec, limits=limits, expected_format=expected_format,  # type: ignore[arg-type]
-            display_name=upload.filename, process_limits=process_limits, buckets=buckets,
+            upload.path,
+            spec,
+            limits=limits,
+            expected_format=expected_format,  # type: ignore[arg-type]
+            display_name=upload.filename,
+            process_limits=process_limits,
+            buckets=buckets,
         )
     except BaseException:
         upload.path.unlink(missing_ok=True)
@@ -78,9 +84,9 @@ def validate_and_store(
                 filename=upload.filename,
                 size=validated.size_bytes,
                 owner=owner,
-                buckets_json=None if validated.buckets is None else json.dumps(
-                    validated.buckets, sort_keys=True
-                ),
+                buckets_json=None
+                if validated.buckets is None
+                else json.dumps(validated.buckets, sort_keys=True),
             )
             register_workloads(storage, validated.tasks, validated.workload_json, model.id)
         except BaseException:

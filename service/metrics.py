@@ -4,6 +4,7 @@ The database-backed values are read at scrape time (a few COUNT queries), so sev
 replicas report the same numbers. ``tunehub_trials_per_second`` is the rate of stored
 measurements over the last minute; Prometheus can also ``rate()`` ``tunehub_trials_total``.
 """
+
 from __future__ import annotations
 
 import time
@@ -67,11 +68,15 @@ class Metrics:
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(StorageCollector(storage, stale_after_secs))
         self.requests = Counter(
-            "tunehub_http_requests", "HTTP requests", ["method", "route", "status"],
+            "tunehub_http_requests",
+            "HTTP requests",
+            ["method", "route", "status"],
             registry=self.registry,
         )
         self.latency = Histogram(
-            "tunehub_http_request_duration_seconds", "HTTP request latency", ["method", "route"],
+            "tunehub_http_request_duration_seconds",
+            "HTTP request latency",
+            ["method", "route"],
             buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 10, 60),
             registry=self.registry,
         )

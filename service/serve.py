@@ -9,6 +9,7 @@ served first while they tune); one that dies is restarted and its job requeued; 
 shutdown each gets SIGTERM (it requeues a running job itself), then SIGKILL after a grace period,
 and whatever it still held is requeued.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -80,8 +81,16 @@ class EmbeddedWorkers:
         proc.log.parent.mkdir(parents=True, exist_ok=True)
         with open(proc.log, "ab") as log:
             proc.popen = subprocess.Popen(
-                [sys.executable, "-m", "service.cli", "worker", "--name", proc.name,
-                 "--nice", str(self.settings.worker_nice)],
+                [
+                    sys.executable,
+                    "-m",
+                    "service.cli",
+                    "worker",
+                    "--name",
+                    proc.name,
+                    "--nice",
+                    str(self.settings.worker_nice),
+                ],
                 env=self._env(),
                 stdin=subprocess.DEVNULL,
                 stdout=log,
@@ -116,8 +125,9 @@ class EmbeddedWorkers:
                 if proc.popen is None or proc.popen.poll() is None:
                     continue
                 code = proc.popen.returncode
-                logger.warning("worker %s exited with %s; restarting (log: %s)", proc.name, code,
-                               proc.log)
+                logger.warning(
+                    "worker %s exited with %s; restarting (log: %s)", proc.name, code, proc.log
+                )
                 self._requeue(proc.name)
                 if self._stopping.wait(RESTART_DELAY_SECS):
                     return
@@ -140,8 +150,9 @@ class EmbeddedWorkers:
             try:
                 proc.popen.wait(timeout=max(0.1, deadline - time.monotonic()))
             except subprocess.TimeoutExpired:
-                logger.warning("worker %s did not stop in %.0f s: killing it", proc.name,
-                               STOP_GRACE_SECS)
+                logger.warning(
+                    "worker %s did not stop in %.0f s: killing it", proc.name, STOP_GRACE_SECS
+                )
         for proc in self.procs:
             if proc.popen is None:
                 continue
@@ -181,8 +192,13 @@ class Service:
             )
         self.app = create_app(settings, storage=self.storage)
         config = uvicorn.Config(
-            self.app, host=settings.host, port=settings.port, log_level=log_level,
-            access_log=False, lifespan="on", timeout_graceful_shutdown=5,
+            self.app,
+            host=settings.host,
+            port=settings.port,
+            log_level=log_level,
+            access_log=False,
+            lifespan="on",
+            timeout_graceful_shutdown=5,
         )
         self.server = uvicorn.Server(config)
         self.workers = EmbeddedWorkers(settings, workers, self.database_url)

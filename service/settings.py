@@ -2,6 +2,7 @@
 
 One class for the CLI, the service and the workers, so a limit set once applies everywhere.
 """
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -80,8 +81,10 @@ class Settings(BaseSettings):
     search_seed: int | None = Field(None, description="search seed (reproducible runs)")
     worker_poll_secs: float = Field(1.0, gt=0, description="idle worker's claim interval")
     cost_model_retrain_secs: float = Field(
-        600.0, gt=0, description="an idle embedded worker checks this often whether enough new "
-        "records arrived to retrain the transferred cost model"
+        600.0,
+        gt=0,
+        description="an idle embedded worker checks this often whether enough new "
+        "records arrived to retrain the transferred cost model",
     )
     heartbeat_secs: float = Field(5.0, gt=0, description="worker heartbeat interval")
     worker_nice: int = Field(
@@ -95,7 +98,8 @@ class Settings(BaseSettings):
     )
 
     lease_secs: float = Field(
-        60.0, gt=0,
+        60.0,
+        gt=0,
         description="a worker's lease expires this long after its last heartbeat or upload",
     )
     lease_batches: int = Field(4, ge=1, le=1000, description="measured batches per task lease")

@@ -6,6 +6,7 @@ file in the storage directory while its sha256 is computed, and the upload is re
 soon as it passes the limit (the temp file is removed at once). Small text fields are collected up
 to 1 KiB each. Nothing is left on disk when this raises.
 """
+
 from __future__ import annotations
 
 import hashlib

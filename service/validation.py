@@ -28,6 +28,7 @@ Every way a child ends is a :class:`ModelError` with a message for the user, exc
 TuneHub (an unexpected exception in the child), which is a :class:`ValidationCrashed`. Temp files
 the child writes go to a folder of its own that the parent removes whatever happened.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -106,8 +107,12 @@ def _child(conn: Connection, memory_bytes: int, tmp: str, job: tuple) -> None:
         from compiler.validation import validate_upload  # noqa: PLC0415 - under the memory limit
 
         result = validate_upload(
-            path, target, limits=limits, expected_format=expected_format,
-            display_name=display_name, buckets=buckets,
+            path,
+            target,
+            limits=limits,
+            expected_format=expected_format,
+            display_name=display_name,
+            buckets=buckets,
         )
         message: tuple = ("ok", result)
     except ModelError as err:
@@ -152,7 +157,12 @@ def validate_in_child(
     tmp = tempfile.mkdtemp(prefix="tunehub-validate-")
     try:
         return _Run(process_limits).run(
-            path, target, limits, expected_format, display_name, tmp,
+            path,
+            target,
+            limits,
+            expected_format,
+            display_name,
+            tmp,
             dict(buckets or {}),
         )
     finally:
@@ -178,8 +188,10 @@ class _Run:
         receiver, sender = context.Pipe(duplex=False)
         job = (path, target, limits, expected_format, display_name, buckets)
         process = context.Process(
-            target=_child, args=(sender, self.limits.memory_bytes, tmp, job),
-            name="tunehub-validate", daemon=True,
+            target=_child,
+            args=(sender, self.limits.memory_bytes, tmp, job),
+            name="tunehub-validate",
+            daemon=True,
         )
         try:
             # start() returns once the fork server has forked the child; a fork server still

@@ -27,6 +27,7 @@ Shutdown: SIGTERM/SIGINT while idle ends the loop; while busy, the worker return
 once (the batches already uploaded stay counted; the next lease resumes from their records),
 marks itself offline and exits. A server that cannot be reached is retried with backoff.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -125,8 +126,13 @@ class Worker:
         open); return the number of leases worked on."""
         self.client.register(self.name, self.target_info, self.target.fingerprint_json)
         via_rpc = f", measuring through RPC key {self.rpc.key}" if self.rpc else ""
-        logger.info("worker %s registered for %s (target %s)%s", self.name,
-                    self.target.describe(), self.target.key, via_rpc)
+        logger.info(
+            "worker %s registered for %s (target %s)%s",
+            self.name,
+            self.target.describe(),
+            self.target.key,
+            via_rpc,
+        )
         beat = threading.Thread(target=self._heartbeat_loop, name="heartbeat", daemon=True)
         beat.start()
         try:
@@ -184,8 +190,10 @@ class Worker:
             lease_gone = current is not None and current.offer.lease_id not in active
             if lease_gone and current is self.current:
                 if not current.lost:
-                    logger.warning("lease %s is no longer ours (expired or its job ended)",
-                                   current.offer.lease_id)
+                    logger.warning(
+                        "lease %s is no longer ours (expired or its job ended)",
+                        current.offer.lease_id,
+                    )
                 current.lost = True
 
     # -- one lease -----------------------------------------------------------------------------
@@ -207,8 +215,9 @@ class Worker:
             logger.warning("lease %s ended by the coordinator: %s", offer.lease_id, err.detail)
             return "lost"
         except ServerUnavailable as err:
-            logger.warning("lease %s abandoned, the coordinator is unreachable: %s",
-                           offer.lease_id, err)
+            logger.warning(
+                "lease %s abandoned, the coordinator is unreachable: %s", offer.lease_id, err
+            )
             return "lost"
         except Exception as err:  # noqa: BLE001 - a bug or a broken lease must not stop the worker
             logger.exception("lease %s failed", offer.lease_id)
@@ -218,13 +227,13 @@ class Worker:
         finally:
             self.current = None
 
-    def _end(self, offer: WorkOffer, outcome: str, error: str | None = None,
-             search=None) -> str:
+    def _end(self, offer: WorkOffer, outcome: str, error: str | None = None, search=None) -> str:
         try:
             end = self.client.finish(offer.lease_id, outcome, error, search)
         except WorkerApiError as err:  # expired meanwhile: its work is already requeued
-            logger.warning("lease %s could not be ended %s: %s",
-                           offer.lease_id, outcome, err.detail)
+            logger.warning(
+                "lease %s could not be ended %s: %s", offer.lease_id, outcome, err.detail
+            )
             return "lost"
         if end.job_status == "cancelled":
             logger.info("job %s cancelled", offer.job_id)
@@ -246,14 +255,19 @@ class Worker:
             try:
                 ack = self.client.upload(offer.lease_id, batch_no, list(batch.records))
             except (ServerUnavailable, WorkerApiError) as err:
-                logger.warning("lease %s: upload of batch %d failed: %s",
-                               offer.lease_id, batch_no, err)
+                logger.warning(
+                    "lease %s: upload of batch %d failed: %s", offer.lease_id, batch_no, err
+                )
                 verdict["reason"] = "lost"
                 return False
             batch_no += 1
-            logger.info("lease %s: batch %d uploaded (%d trials, best %s)", offer.lease_id,
-                        batch_no, len(batch.records),
-                        "-" if batch.best_secs is None else f"{batch.best_secs * 1e3:.4f} ms")
+            logger.info(
+                "lease %s: batch %d uploaded (%d trials, best %s)",
+                offer.lease_id,
+                batch_no,
+                len(batch.records),
+                "-" if batch.best_secs is None else f"{batch.best_secs * 1e3:.4f} ms",
+            )
             if ack.job_status == "cancelled":
                 verdict["reason"] = "cancelled"
             elif not ack.keep_going or current.lost:
@@ -264,10 +278,17 @@ class Worker:
 
         try:
             tuned = tune_workload(
-                tvm_module(offer.mod_json), self.target, task_name=offer.workload_name or "task",
-                trials=offer.trials, batch_size=offer.batch_size, on_batch=on_batch,
-                context=context, search=search_config(self.settings), rpc=self.rpc,
-                seed=self.settings.search_seed, cost_model=cost_model,
+                tvm_module(offer.mod_json),
+                self.target,
+                task_name=offer.workload_name or "task",
+                trials=offer.trials,
+                batch_size=offer.batch_size,
+                on_batch=on_batch,
+                context=context,
+                search=search_config(self.settings),
+                rpc=self.rpc,
+                seed=self.settings.search_seed,
+                cost_model=cost_model,
             )
         except Exception as err:  # noqa: BLE001 - the lease fails with the reason; the loop goes on
             logger.exception("lease %s failed", offer.lease_id)
@@ -279,9 +300,13 @@ class Worker:
             return "lost"
         if reason == "returned":
             return self._end(offer, "returned", search=tuned.report)
-        logger.info("lease %s: %d of %d trials measured%s", offer.lease_id, tuned.trials,
-                    offer.trials,
-                    "" if tuned.trials >= offer.trials else " (the search ran out of candidates)")
+        logger.info(
+            "lease %s: %d of %d trials measured%s",
+            offer.lease_id,
+            tuned.trials,
+            offer.trials,
+            "" if tuned.trials >= offer.trials else " (the search ran out of candidates)",
+        )
         return self._end(offer, "done", search=tuned.report)
 
     def _retrain_when_idle(self) -> None:
@@ -318,8 +343,9 @@ class Worker:
         if self._cost_model is None or self._cost_model[0] != found[0]:
             self._cost_model = (found[0], TrainedModel.from_bytes(found[1], model_id=found[0]))
             self._task_models.clear()
-            logger.info("transferred cost model %d (%d records)", found[0],
-                        self._cost_model[1].n_samples)
+            logger.info(
+                "transferred cost model %d (%d records)", found[0], self._cost_model[1].n_samples
+            )
         key = (offer.job_id, offer.task_id)
         model = self._task_models.pop(key, None) or transfer_choice(self._cost_model[1]).model
         self._task_models[key] = model  # most recently used last
@@ -339,7 +365,9 @@ class Worker:
             return err.detail
         try:
             return prepare_model(
-                path, self.target, limits=self.settings.model_limits(),
+                path,
+                self.target,
+                limits=self.settings.model_limits(),
                 expected_format=offer.model_format,  # type: ignore[arg-type]
                 buckets=bucket_values(offer.model_buckets),
             )
@@ -369,8 +397,7 @@ class Worker:
             end = self.client.publish(offer.lease_id, out_dir)
         finally:
             _rmtree(staged)
-        logger.info("job %s %s: %s artifact published", offer.job_id, end.job_status,
-                    offer.kind)
+        logger.info("job %s %s: %s artifact published", offer.job_id, end.job_status, offer.kind)
         return "done"
 
     def _finalize(self, current: _Current) -> str:
@@ -401,9 +428,14 @@ class Worker:
                 winners = choose_winners(prepared, best, remeasure, rpc=self.rpc)
                 outcomes = winners.outcomes(finalize_outcomes(prepared, offer.tasks, best))
                 publish_tuned(
-                    prepared, winners.database, out_dir, job_id=offer.job_id,
-                    trials_measured=offer.job_trials_done, outcomes=outcomes,
-                    remeasured=winners.to_json(), peers=winners.peers,
+                    prepared,
+                    winners.database,
+                    out_dir,
+                    job_id=offer.job_id,
+                    trials_measured=offer.job_trials_done,
+                    outcomes=outcomes,
+                    remeasured=winners.to_json(),
+                    peers=winners.peers,
                 )
 
             return self._build_and_publish(current, build)
@@ -419,8 +451,8 @@ class Worker:
             if isinstance(prepared, str):
                 return self._end(offer, "failed", prepared)
             return self._build_and_publish(
-                current, lambda out_dir: publish_zero_trial(prepared, out_dir,
-                                                            job_id=offer.job_id))
+                current, lambda out_dir: publish_zero_trial(prepared, out_dir, job_id=offer.job_id)
+            )
 
     # -- shutdown ------------------------------------------------------------------------------
     def shutdown(self, signum: int) -> None:
@@ -431,8 +463,9 @@ class Worker:
         if current is None:
             return
         with contextlib.suppress(Exception):
-            self.client.finish(current.offer.lease_id, "returned",
-                               f"worker stopped by signal {signum}")
+            self.client.finish(
+                current.offer.lease_id, "returned", f"worker stopped by signal {signum}"
+            )
             logger.warning("signal %s: lease %s returned", signum, current.offer.lease_id)
         with contextlib.suppress(Exception):
             self._beat("offline")
@@ -536,8 +569,9 @@ def run_worker(
         files = FileStore(settings.resolved_storage_dir()).ensure()
         client = DirectClient(storage, settings, files, retry_secs=settings.worker_retry_secs)
     try:
-        worker = Worker(settings, client, name=name, target=target, rpc=rpc, once=once,
-                        max_leases=max_leases)
+        worker = Worker(
+            settings, client, name=name, target=target, rpc=rpc, once=once, max_leases=max_leases
+        )
         return run_in_thread(worker)
     finally:
         client.close()

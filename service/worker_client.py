@@ -8,6 +8,7 @@ both modes; :class:`DirectClient` calls the functions the REST routes call
 :class:`WorkerApiError` for an answer that retrying cannot change (4xx: an unknown or lost lease,
 a refused artifact).
 """
+
 from __future__ import annotations
 
 import json
@@ -80,8 +81,13 @@ class WorkClient(Protocol):
 
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck: ...
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None,
-               search: SearchReport | None = None) -> LeaseEnd: ...
+    def finish(
+        self,
+        lease_id: int,
+        outcome: str,
+        error: str | None = None,
+        search: SearchReport | None = None,
+    ) -> LeaseEnd: ...
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
         """A local path of the finalize (or preview) lease's model file (downloaded into
@@ -141,7 +147,8 @@ class HttpClient:
                     except ValueError:
                         body = {}
                     raise WorkerApiError(
-                        response.status_code, str(body.get("code", "error")),
+                        response.status_code,
+                        str(body.get("code", "error")),
                         str(body.get("detail", response.text[:500])),
                     )
                 else:
@@ -155,31 +162,44 @@ class HttpClient:
             delay = min(delay * 2, 30.0)
 
     def register(self, name: str, target: TargetInfo, fingerprint_json: str) -> None:
-        reply = self._call("POST", "/workers/register", json={
-            "name": name,
-            "fingerprint": json.loads(fingerprint_json),
-            "target": {
-                "kind": target.kind, "target_json": target.target_json,
-                "fingerprint_json": target.fingerprint_json, "tvm_version": target.tvm_version,
+        reply = self._call(
+            "POST",
+            "/workers/register",
+            json={
+                "name": name,
+                "fingerprint": json.loads(fingerprint_json),
+                "target": {
+                    "kind": target.kind,
+                    "target_json": target.target_json,
+                    "fingerprint_json": target.fingerprint_json,
+                    "tvm_version": target.tvm_version,
+                },
             },
-        })
+        )
         self.instance = reply.json().get("instance")
 
     def heartbeat(self, name: str, status: str) -> set[int]:
-        reply = self._call("POST", f"/workers/{name}/heartbeat",
-                           json={"status": status, "instance": self.instance},
-                           retry_secs=min(self.retry_secs, 10.0)).json()
+        reply = self._call(
+            "POST",
+            f"/workers/{name}/heartbeat",
+            json={"status": status, "instance": self.instance},
+            retry_secs=min(self.retry_secs, 10.0),
+        ).json()
         return set(reply.get("leases", []))
 
     def lease(self, name: str) -> tuple[WorkOffer | None, int]:
         params = {} if self.instance is None else {"instance": self.instance}
         reply = LeaseOffer.model_validate(
-            self._call("POST", f"/workers/{name}/lease", params=params).json())
+            self._call("POST", f"/workers/{name}/lease", params=params).json()
+        )
         return reply.lease, reply.pending_jobs
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]:
-        reply = self._call("GET", "/workers/records",
-                           params={"workload": workload_key, "target": target_key, "k": k}).json()
+        reply = self._call(
+            "GET",
+            "/workers/records",
+            params={"workload": workload_key, "target": target_key, "k": k},
+        ).json()
         return reply["data"]
 
     def context(self, lease_id: int, k: int) -> LeaseContext:
@@ -188,8 +208,11 @@ class HttpClient:
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         try:
-            response = self._call("GET", "/workers/cost-model",
-                                  params={"target": target_key, "tvm_version": tvm_version})
+            response = self._call(
+                "GET",
+                "/workers/cost-model",
+                params={"target": target_key, "tvm_version": tvm_version},
+            )
         except WorkerApiError as err:
             if err.status == 404:
                 return None
@@ -201,15 +224,22 @@ class HttpClient:
 
     def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
         body = BatchUpload(batch=batch, records=tuple(records))
-        reply = self._call("POST", f"/workers/leases/{lease_id}/records",
-                           json=body.model_dump(mode="json"))
+        reply = self._call(
+            "POST", f"/workers/leases/{lease_id}/records", json=body.model_dump(mode="json")
+        )
         return BatchAck.model_validate(reply.json())
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None,
-               search: SearchReport | None = None) -> LeaseEnd:
+    def finish(
+        self,
+        lease_id: int,
+        outcome: str,
+        error: str | None = None,
+        search: SearchReport | None = None,
+    ) -> LeaseEnd:
         body = LeaseFinish(outcome=outcome, error=error, search=search)  # type: ignore[arg-type]
-        reply = self._call("POST", f"/workers/leases/{lease_id}/finish",
-                           json=body.model_dump(mode="json"))
+        reply = self._call(
+            "POST", f"/workers/leases/{lease_id}/finish", json=body.model_dump(mode="json")
+        )
         return LeaseEnd.model_validate(reply.json())
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
@@ -277,13 +307,17 @@ class DirectClient:
         self.instance = row.instance
 
     def heartbeat(self, name: str, status: str) -> set[int]:
-        _, leases = self._call(lambda: coordinator.heartbeat(
-            self.storage, name, self.policy, status=status, instance=self.instance))
+        _, leases = self._call(
+            lambda: coordinator.heartbeat(
+                self.storage, name, self.policy, status=status, instance=self.instance
+            )
+        )
         return {lease.id for lease in leases}
 
     def lease(self, name: str) -> tuple[WorkOffer | None, int]:
-        return self._call(lambda: coordinator.lease_work(
-            self.storage, name, self.policy, instance=self.instance))
+        return self._call(
+            lambda: coordinator.lease_work(self.storage, name, self.policy, instance=self.instance)
+        )
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]:
         target = self.storage.get_target(target_key)
@@ -307,10 +341,18 @@ class DirectClient:
             lambda: coordinator.accept_batch(self.storage, lease_id, batch, records, self.policy)
         )
 
-    def finish(self, lease_id: int, outcome: str, error: str | None = None,
-               search: SearchReport | None = None) -> LeaseEnd:
-        return self._call(lambda: coordinator.end_lease(
-            self.storage, lease_id, outcome, self.policy, error=error, search=search))
+    def finish(
+        self,
+        lease_id: int,
+        outcome: str,
+        error: str | None = None,
+        search: SearchReport | None = None,
+    ) -> LeaseEnd:
+        return self._call(
+            lambda: coordinator.end_lease(
+                self.storage, lease_id, outcome, self.policy, error=error, search=search
+            )
+        )
 
     def model_file(self, offer: WorkOffer, folder: Path) -> Path:
         if offer.model_sha256 is None:
@@ -330,11 +372,14 @@ class DirectClient:
         if lease is None:
             raise WorkerApiError(404, "not_found", f"task lease {lease_id} does not exist")
         try:
-            self._call(lambda: coordinator.accept_artifact(
-                self.storage, lease_id, staged, self.files.artifact_dir(lease.job_id)
-            ))
+            self._call(
+                lambda: coordinator.accept_artifact(
+                    self.storage, lease_id, staged, self.files.artifact_dir(lease.job_id)
+                )
+            )
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         job = self.storage.get_job(lease.job_id)
-        return LeaseEnd(lease_status=db.LeaseStatus.DONE,
-                        job_status=job.status if job else db.JobStatus.FAILED)
+        return LeaseEnd(
+            lease_status=db.LeaseStatus.DONE, job_status=job.status if job else db.JobStatus.FAILED
+        )

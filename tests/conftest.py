@@ -9,6 +9,7 @@ tests; ``postgres`` is added here to every test that gets a PostgreSQL database 
 test fails: CI runs ``scripts/run-tests.sh``, which starts PostgreSQL, so a skip there means those
 tests did not run.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -102,9 +103,13 @@ class TunedDatabase:
 
 
 def _tune_once(
-    folder: Path, model: Path, *, start_from: Path | None = None,
+    folder: Path,
+    model: Path,
+    *,
+    start_from: Path | None = None,
     listeners: Callable[[Any], list[Any]] = lambda storage: [],
-    before: Callable[[Any, dict[str, Any]], None] | None = None, **kwargs: Any,
+    before: Callable[[Any, dict[str, Any]], None] | None = None,
+    **kwargs: Any,
 ) -> TunedDatabase:
     """Tune ``model`` into ``folder/tuned.db`` (a copy of ``start_from`` if given);
     ``listeners(storage)``: progress listeners of the run; ``before(storage, observed)`` runs
@@ -123,8 +128,13 @@ def _tune_once(
         if before is not None:
             before(storage, observed)
         prepared = prepare_model(model, cpu_target())
-        summary = tune_model(storage, prepared, output_dir=folder / "artifact",
-                             listeners=listeners(storage), **kwargs)
+        summary = tune_model(
+            storage,
+            prepared,
+            output_dir=folder / "artifact",
+            listeners=listeners(storage),
+            **kwargs,
+        )
     finally:
         storage.close()
     return TunedDatabase(path, model, folder / "artifact", summary, observed)
@@ -157,8 +167,11 @@ def tuned_small_cnn(tmp_path_factory, example_model) -> TunedDatabase:
     from tuner.search import FAST_SEARCH
 
     return _tune_once(
-        tmp_path_factory.mktemp("tuned-small-cnn"), example_model("small_cnn", "onnx"),
-        trials=24, seed=0, cost_model="cold",
+        tmp_path_factory.mktemp("tuned-small-cnn"),
+        example_model("small_cnn", "onnx"),
+        trials=24,
+        seed=0,
+        cost_model="cold",
         search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False),
     )
 
@@ -190,12 +203,18 @@ def tuned_mlp(tmp_path_factory, example_model) -> TunedDatabase:
     make_runner = tuner.search.make_runner
     counting = _counting_runner(sent)
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(tuner.search, "make_runner",
-                      lambda measure, rpc=None: counting(make_runner(measure, rpc)))
+        patch.setattr(
+            tuner.search,
+            "make_runner",
+            lambda measure, rpc=None: counting(make_runner(measure, rpc)),
+        )
         tuned = _tune_once(
-            tmp_path_factory.mktemp("tuned-mlp"), example_model("mlp", "onnx"),
+            tmp_path_factory.mktemp("tuned-mlp"),
+            example_model("mlp", "onnx"),
             listeners=lambda storage: [Watch(storage)],
-            trials=16, search=FAST_SEARCH, seed=3,
+            trials=16,
+            search=FAST_SEARCH,
+            seed=3,
         )
     tuned.observed.update(sent=sent, seen=seen)
     return tuned
@@ -211,8 +230,13 @@ def continued_mlp(tmp_path_factory, tuned_mlp) -> TunedDatabase:
     from tuner.search import FAST_SEARCH
 
     return _tune_once(
-        tmp_path_factory.mktemp("continued-mlp"), tuned_mlp.model, start_from=tuned_mlp.path,
-        trials=12, seed=3, cost_model="cold", continue_tuning=True,
+        tmp_path_factory.mktemp("continued-mlp"),
+        tuned_mlp.model,
+        start_from=tuned_mlp.path,
+        trials=12,
+        seed=3,
+        cost_model="cold",
+        continue_tuning=True,
         search=dataclasses.replace(FAST_SEARCH, sibling_seeds=False, sibling_population=False),
     )
 
@@ -248,23 +272,49 @@ def mlp_on_small_cnn(tmp_path_factory, tuned_small_cnn, example_model) -> TunedD
         from compiler.target import cpu_target
 
         target = cpu_target()
-        model = train(extend_training_set(storage, storage.get_target(target.key)),
-                      BoosterConfig(rounds=20))
+        model = train(
+            extend_training_set(storage, storage.get_target(target.key)), BoosterConfig(rounds=20)
+        )
         observed["model_id"] = save_model(storage, target, model)
 
     off = folder / "off"
     off_db = tuned_small_cnn.copy(off / "seeds.db")
     with open(off / "out", "wb") as out, open(off / "err", "wb") as err:
         cli = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", "8",
-             "--population", "16", "--continue", "--no-sibling-seeds", "--cost-model", "cold",
-             "--db", off_db, "-o", str(off / "mlp"), "--json"],
-            cwd=Path(__file__).resolve().parents[1], stdout=out, stderr=err,
-            start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "tune",
+                str(mlp),
+                "--trials",
+                "8",
+                "--population",
+                "16",
+                "--continue",
+                "--no-sibling-seeds",
+                "--cost-model",
+                "cold",
+                "--db",
+                off_db,
+                "-o",
+                str(off / "mlp"),
+                "--json",
+            ],
+            cwd=Path(__file__).resolve().parents[1],
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         tuned = _tune_once(
-            folder, mlp, start_from=tuned_small_cnn.path, before=train_and_save,
-            trials=16, seed=0, cost_model="transfer",
+            folder,
+            mlp,
+            start_from=tuned_small_cnn.path,
+            before=train_and_save,
+            trials=16,
+            seed=0,
+            cost_model="transfer",
             search=dataclasses.replace(FAST_SEARCH, sibling_population=True),
         )
         cli.wait(timeout=600)
@@ -273,6 +323,8 @@ def mlp_on_small_cnn(tmp_path_factory, tuned_small_cnn, example_model) -> TunedD
             os.killpg(cli.pid, signal.SIGKILL)
             cli.wait()
     tuned.observed["no_seeds_cli"] = (
-        cli.returncode, (off / "out").read_text(), (off / "err").read_text()
+        cli.returncode,
+        (off / "out").read_text(),
+        (off / "err").read_text(),
     )
     return tuned

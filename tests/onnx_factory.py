@@ -1,4 +1,5 @@
 """Tiny hand-built ONNX graphs for tests of validation and import (no torch needed)."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -3,6 +3,7 @@
 ``tests/compiler/test_pt2_safety.py`` (the scanner and the hardened loader) and
 ``tests/service/test_upload_limits.py`` (the same archives uploaded over REST) both use these.
 """
+
 from __future__ import annotations
 
 import struct
@@ -50,11 +51,11 @@ def understated_member(genuine: Genuine, dst: Path, *, deflated: bool) -> Path:
     name = f"{genuine.root}/extra/payload".encode()
     crc = zlib.crc32(payload[:declared])
     local = data.index(name) - 30
-    assert data[local:local + 4] == b"PK\x03\x04"
+    assert data[local : local + 4] == b"PK\x03\x04"
     struct.pack_into("<I", data, local + 14, crc)
     struct.pack_into("<I", data, local + 22, declared)
     central = data.rindex(b"PK\x01\x02")
-    assert data[central + 46:central + 46 + len(name)] == name
+    assert data[central + 46 : central + 46 + len(name)] == name
     struct.pack_into("<I", data, central + 16, crc)
     struct.pack_into("<I", data, central + 24, declared)
     dst.write_bytes(bytes(data))

@@ -32,6 +32,7 @@ Leases live while their worker heartbeats (:func:`heartbeat`); every request for
 expires silent workers' leases (:meth:`db.TuningStorage.reap_expired_leases`), so their work goes
 back to the queue with the batches already uploaded kept.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -75,7 +76,6 @@ from tuner.work import (
 logger = logging.getLogger("tunehub.coordinator")
 
 
-
 #: Preview leases a job gets at most, whatever became of them (failed, expired, returned).
 PREVIEW_ATTEMPTS = 2
 
@@ -106,8 +106,12 @@ class Forbidden(Exception):
 
 
 def register(
-    storage: TuningStorage, name: str, target: TargetInfo | None, fingerprint_json: str,
-    *, token_id: int | None = None,
+    storage: TuningStorage,
+    name: str,
+    target: TargetInfo | None,
+    fingerprint_json: str,
+    *,
+    token_id: int | None = None,
 ) -> Worker:
     """Register ``name`` for ``target`` (created if new) and expire what an earlier process of the
     same name still held: it is gone, and its work goes back to the queue.
@@ -126,8 +130,9 @@ def register(
     target_id = None
     if target is not None:
         target_id = storage.ensure_target(target.spec()).id
-    row = storage.register_worker(name, fingerprint_json=fingerprint_json, target_id=target_id,
-                                  token_id=token_id)
+    row = storage.register_worker(
+        name, fingerprint_json=fingerprint_json, target_id=target_id, token_id=token_id
+    )
     released = storage.release_worker_leases(name)
     if released:
         logger.info("leases %s of an earlier run of worker %s were released", released, name)
@@ -138,8 +143,10 @@ def check_instance(worker: Worker, instance: str | None) -> None:
     """Refuse (:class:`db.ConflictError`) a call of a process whose registration was replaced:
     another process registered the same name since. ``None``: the caller does not say."""
     if instance is not None and worker.instance != instance:
-        raise ConflictError(f"worker {worker.name} was registered again by another process: "
-                            "this one no longer holds the name")
+        raise ConflictError(
+            f"worker {worker.name} was registered again by another process: "
+            "this one no longer holds the name"
+        )
 
 
 def owned_worker(storage: TuningStorage, name: str, token_id: int | None) -> Worker:
@@ -178,12 +185,15 @@ def finalizing_job(storage: TuningStorage, job_id: int, token_id: int | None) ->
                 return owned_lease(storage, lease.id, token_id)
             except Forbidden:
                 continue
-    raise Forbidden(f"no active finalize or preview lease of job {job_id} is held by this "
-                    "worker")
+    raise Forbidden(f"no active finalize or preview lease of job {job_id} is held by this worker")
 
 
 def heartbeat(
-    storage: TuningStorage, name: str, policy: LeasePolicy, *, status: str | None = None,
+    storage: TuningStorage,
+    name: str,
+    policy: LeasePolicy,
+    *,
+    status: str | None = None,
     instance: str | None = None,
 ) -> tuple[Worker, list[TaskLease]]:
     """Stamp the worker's heartbeat and renew its active leases; return them (a lease missing
@@ -233,12 +243,14 @@ def lease_work(
 def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy):
     lease = storage.claim_finalize_lease(name, target_id=target_id, lease_secs=policy.lease_secs)
     if lease is None:
-        lease = storage.claim_preview_lease(name, target_id=target_id,
-                                            lease_secs=policy.lease_secs,
-                                            max_attempts=PREVIEW_ATTEMPTS)
+        lease = storage.claim_preview_lease(
+            name, target_id=target_id, lease_secs=policy.lease_secs, max_attempts=PREVIEW_ATTEMPTS
+        )
     if lease is None:
         lease = storage.claim_task_lease(
-            name, target_id=target_id, lease_secs=policy.lease_secs,
+            name,
+            target_id=target_id,
+            lease_secs=policy.lease_secs,
             max_trials=lambda budget: lease_trials(budget, policy)[1],
         )
     return lease
@@ -266,9 +278,13 @@ def offer_for(
     job = storage.get_job(lease.job_id)
     assert job is not None  # foreign key
     common = dict(
-        lease_id=lease.id, kind=lease.kind, job_id=job.id, target=target_info(target),
+        lease_id=lease.id,
+        kind=lease.kind,
+        job_id=job.id,
+        target=target_info(target),
         expires_at=None if lease.expires_at is None else lease.expires_at.isoformat(),
-        job_trial_budget=job.trial_budget, job_trials_done=job.trials_done,
+        job_trial_budget=job.trial_budget,
+        job_trials_done=job.trials_done,
     )
     if lease.kind == "tune":
         task = next(t for t in storage.list_job_tasks(job.id) if t.id == lease.task_id)
@@ -276,8 +292,13 @@ def offer_for(
         assert workload is not None
         batch, _ = lease_trials(task.trial_budget, policy)
         return WorkOffer(
-            **common, trials=lease.trials, batch_size=min(batch, lease.trials), task_id=task.id,
-            workload_id=workload.id, workload_key=workload.key, workload_name=task.name,
+            **common,
+            trials=lease.trials,
+            batch_size=min(batch, lease.trials),
+            task_id=task.id,
+            workload_id=workload.id,
+            workload_key=workload.key,
+            workload_name=task.name,
             mod_json=workload.mod_json,
         )
     model = storage.get_model(job.model_id) if job.model_id is not None else None
@@ -286,13 +307,20 @@ def offer_for(
         for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])
     }
     tasks = tuple(
-        JobTaskInfo(workload_key=keys.get(t.workload_id, ""), name=t.name, weight=t.weight,
-                    flops=t.flops, status=t.status, trials_done=t.trials_done,
-                    best_mean_secs=t.best_mean_secs)
+        JobTaskInfo(
+            workload_key=keys.get(t.workload_id, ""),
+            name=t.name,
+            weight=t.weight,
+            flops=t.flops,
+            status=t.status,
+            trials_done=t.trials_done,
+            best_mean_secs=t.best_mean_secs,
+        )
         for t in storage.list_job_tasks(job.id)
     )
     return WorkOffer(
-        **common, model_id=None if model is None else model.id,
+        **common,
+        model_id=None if model is None else model.id,
         model_sha256=None if model is None else model.content_hash,
         model_format=None if model is None else model.format,
         model_filename=None if model is None else model.filename,
@@ -350,12 +378,16 @@ def lease_context(
     assert target is not None  # foreign key
     members = family_members(storage)[workload_family(task.name)]
     siblings = faster_siblings(
-        storage, target.id, workload_id=workload.id, members=members,
+        storage,
+        target.id,
+        workload_id=workload.id,
+        members=members,
         above_rate=own_rate(storage, target.id, workload.id, workload.flops),
         limit=LEASE_SIBLINGS,
     )
     return LeaseContext(
-        workload_id=workload.id, flops=workload.flops,
+        workload_id=workload.id,
+        flops=workload.flops,
         seeds=tuple(seed_records(storage, workload.key, target, k)),
         stored_keys=tuple(_schedule_keys(storage, workload.id, target.id)[-LEASE_STORED_KEYS:]),
         siblings=tuple(siblings),
@@ -380,8 +412,13 @@ class RecordRefused(ValueError):
 
 
 def check_records(
-    storage: TuningStorage, workload, target: TargetRecord, records: list[RecordUpload],
-    *, worker: str | None, job_id: int | None,
+    storage: TuningStorage,
+    workload,
+    target: TargetRecord,
+    records: list[RecordUpload],
+    *,
+    worker: str | None,
+    job_id: int | None,
 ) -> list[NewTuningRecord]:
     """Check a whole batch before any of it counts; return the records to store.
 
@@ -412,17 +449,24 @@ def check_records(
             if not run_secs:
                 raise RecordRefused(f"{where}: run_secs is empty (null marks a failure)")
             if any(not math.isfinite(x) or x <= 0 for x in run_secs):
-                raise RecordRefused(f"{where}: run times must be finite and positive, got "
-                                    f"{run_secs[:4]}")
+                raise RecordRefused(
+                    f"{where}: run times must be finite and positive, got {run_secs[:4]}"
+                )
         if expected is not None and len(r.args_info) != len(expected):
-            raise RecordRefused(f"{where}: {len(r.args_info)} arguments in args_info, the "
-                                f"workload has {len(expected)}")
+            raise RecordRefused(
+                f"{where}: {len(r.args_info)} arguments in args_info, the "
+                f"workload has {len(expected)}"
+            )
         if not (len(r.trace) == 2 and all(isinstance(x, list) for x in r.trace)):
             raise RecordRefused(f"{where}: a trace is [instructions, decisions]")
         try:
             new = NewTuningRecord.from_metaschedule_json(
-                workload.id, target.id, [r.trace, run_secs, None, r.args_info],
-                error_text=r.error_text, worker=worker, job_id=job_id,
+                workload.id,
+                target.id,
+                [r.trace, run_secs, None, r.args_info],
+                error_text=r.error_text,
+                worker=worker,
+                job_id=job_id,
             )
         except (TypeError, ValueError) as err:
             raise RecordRefused(f"{where}: {err}") from None
@@ -430,25 +474,34 @@ def check_records(
             try:
                 scheduled = replay(mod, r.trace)
             except Exception as err:  # noqa: BLE001 - TVM raises many kinds for a bad trace
-                raise RecordRefused(f"{where}: the trace does not replay on the workload: "
-                                    f"{describe_error(err)[:300]}") from None
+                raise RecordRefused(
+                    f"{where}: the trace does not replay on the workload: "
+                    f"{describe_error(err)[:300]}"
+                ) from None
             # The arguments of the scheduled function: a prepacked weight has the tiled layout
             # its schedule's RewriteLayout gave it, not the workload's.
             own = expected_args_info(scheduled.mod)
             if own is not None and not _args_match(r.args_info, own):
-                raise RecordRefused(f"{where}: args_info {str(r.args_info)[:200]} is not its "
-                                    f"schedule's {str(own)[:200]}")
+                raise RecordRefused(
+                    f"{where}: args_info {str(r.args_info)[:200]} is not its "
+                    f"schedule's {str(own)[:200]}"
+                )
             mean = new.mean_secs
             held = None
             if workload.flops and workload.flops / mean > peak:
-                held = (f"{workload.flops / mean:.3g} FLOP/s is above the {target.kind} limit "
-                        f"{peak:.3g}")
+                held = (
+                    f"{workload.flops / mean:.3g} FLOP/s is above the {target.kind} limit "
+                    f"{peak:.3g}"
+                )
             elif best_other is not None and mean * IMPLAUSIBLE_SPEEDUP < best_other:
-                held = (f"{best_other / mean:.0f}x faster than the best record of other workers "
-                        f"({best_other:.3g} s)")
+                held = (
+                    f"{best_other / mean:.0f}x faster than the best record of other workers "
+                    f"({best_other:.3g} s)"
+                )
             if held is not None:
-                logger.warning("record of worker %s on workload %s held: %s", worker,
-                               workload.id, held)
+                logger.warning(
+                    "record of worker %s on workload %s held: %s", worker, workload.id, held
+                )
                 new = dataclasses.replace(new, quarantined=True, error_text=f"held: {held}")
         out.append(new)
     return out
@@ -480,8 +533,12 @@ def _args_match(args_info: list, expected: list) -> bool:
     if not isinstance(given, list) or len(given) != len(expected):
         return False
     for arg, want in zip(given, expected):
-        if not (isinstance(arg, list) and len(arg) == 3 and arg[:2] == want[:2]
-                and isinstance(arg[2], list)):
+        if not (
+            isinstance(arg, list)
+            and len(arg) == 3
+            and arg[:2] == want[:2]
+            and isinstance(arg[2], list)
+        ):
             return False
         shape = arg[2]
         if not all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape):
@@ -519,27 +576,39 @@ def accept_batch(
     task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
     if job is None or task is None:  # pragma: no cover - foreign keys
         raise NotFoundError(f"the job of lease {lease_id} is gone")
-    if (lease.status == LeaseStatus.ACTIVE and job.status == JobStatus.RUNNING
-            and batch > lease.batches_done):  # refused before anything is stored
-        raise ConflictError(f"batch {batch} of lease {lease_id} arrived before batch "
-                            f"{lease.batches_done}: upload batches in order")
+    if (
+        lease.status == LeaseStatus.ACTIVE
+        and job.status == JobStatus.RUNNING
+        and batch > lease.batches_done
+    ):  # refused before anything is stored
+        raise ConflictError(
+            f"batch {batch} of lease {lease_id} arrived before batch "
+            f"{lease.batches_done}: upload batches in order"
+        )
     workload = storage.get_workload_by_id(task.workload_id)
     target = storage.get_target_by_id(job.target_id)
     assert workload is not None and target is not None  # foreign keys
-    new = check_records(storage, workload, target, records, worker=lease.worker,
-                        job_id=lease.job_id)
+    new = check_records(
+        storage, workload, target, records, worker=lease.worker, job_id=lease.job_id
+    )
     storage.commit_records(new)
     valid = [r.mean_secs for r in new if r.mean_secs is not None and not r.quarantined]
     result = storage.record_lease_batch(
-        lease_id, batch=batch, trials=len(new), best_mean_secs=min(valid) if valid else None,
+        lease_id,
+        batch=batch,
+        trials=len(new),
+        best_mean_secs=min(valid) if valid else None,
         lease_secs=policy.lease_secs,
     )
     keep_going = (
         result.lease.status == LeaseStatus.ACTIVE and result.job_status == JobStatus.RUNNING
     )
     return BatchAck(
-        accepted=len(new), counted=result.counted, keep_going=keep_going,
-        lease_status=result.lease.status, job_status=result.job_status,
+        accepted=len(new),
+        counted=result.counted,
+        keep_going=keep_going,
+        lease_status=result.lease.status,
+        job_status=result.job_status,
         trials_done=result.lease.trials_done,
     )
 
@@ -562,8 +631,9 @@ def end_lease(
     if search is not None:
         record_search(storage, lease.job_id, search)
     job = storage.get_job(lease.job_id)
-    return LeaseEnd(lease_status=lease.status,
-                    job_status=job.status if job is not None else JobStatus.FAILED)
+    return LeaseEnd(
+        lease_status=lease.status, job_status=job.status if job is not None else JobStatus.FAILED
+    )
 
 
 def _store_remeasurements(storage: TuningStorage, lease: TaskLease, entries: Any) -> None:
@@ -577,13 +647,24 @@ def _store_remeasurements(storage: TuningStorage, lease: TaskLease, entries: Any
         workload = storage.get_workload_by_id(task.workload_id)
         if workload is not None:
             workload_ids[workload.key] = workload.id
-    store_remeasurements(storage, entries, target_id=job.target_id, job_id=job.id,
-                         workload_ids=workload_ids, worker=lease.worker)
+    store_remeasurements(
+        storage,
+        entries,
+        target_id=job.target_id,
+        job_id=job.id,
+        workload_ids=workload_ids,
+        worker=lease.worker,
+    )
 
 
 def accept_artifact(
-    storage: TuningStorage, lease_id: int, staged: Path, destination: Path,
-    *, token_id: int | None = None, check=None,
+    storage: TuningStorage,
+    lease_id: int,
+    staged: Path,
+    destination: Path,
+    *,
+    token_id: int | None = None,
+    check=None,
 ) -> Path:
     """Publish a finalize lease's verified artifact and complete its job, or a preview lease's
     as the job's preview (the job goes on).
@@ -621,8 +702,10 @@ def accept_artifact(
         # on a server without a GPU): published, but not marked verified.
         job = storage.get_job(lease.job_id)
         verified = bool(check(library, job))
-        manifest["server_verification"] = {"passed": verified,
-                                           "kind": "reference" if verified else "load_only"}
+        manifest["server_verification"] = {
+            "passed": verified,
+            "kind": "reference" if verified else "load_only",
+        }
         (staged / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     digest = hashlib.sha256(library.read_bytes()).hexdigest()
     size = library.stat().st_size
@@ -635,15 +718,20 @@ def accept_artifact(
     staged.rename(destination)
     try:
         (storage.complete_preview if preview else storage.complete_finalize)(
-            lease_id, path=str(destination), sha256=digest, size=size,
-            manifest_json=json.dumps(manifest), verified=verified,
+            lease_id,
+            path=str(destination),
+            sha256=digest,
+            size=size,
+            manifest_json=json.dumps(manifest),
+            verified=verified,
         )
     except BaseException:
         shutil.rmtree(destination, ignore_errors=True)
         raise
     if preview:
-        logger.info("job %s: preview artifact %s from worker %s", lease.job_id, destination,
-                    lease.worker)
+        logger.info(
+            "job %s: preview artifact %s from worker %s", lease.job_id, destination, lease.worker
+        )
         return destination
     try:  # the artifact is published: its re-measurements are a record of how, never a gate
         _store_remeasurements(storage, lease, manifest.get("remeasured"))

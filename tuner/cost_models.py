@@ -11,6 +11,7 @@ Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tune
     MetaSchedule's cold ``XGBModel`` (what plain ``tune_relax`` uses; a random model where
     xgboost is not installed, see :func:`tuner.search.default_cost_model`).
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,8 +37,11 @@ class CostModelChoice:
 
     def summary(self) -> dict[str, Any]:
         """JSON for the run summary: kind, persisted model id and size, guard fallbacks."""
-        out: dict[str, Any] = {"kind": self.kind, "model_id": self.model_id,
-                               "trained_on_records": self.trained_on}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "model_id": self.model_id,
+            "trained_on_records": self.trained_on,
+        }
         log = getattr(self.model, "guard_log", None) if self.kind == "transfer" else None
         if log:
             families = {d.workload: d.family for d in log}
@@ -55,10 +59,15 @@ def guard_switches(log) -> list[dict[str, Any]]:
     switches, current = [], {}
     for index, decision in enumerate(log):
         if decision.uses_cold != current.get(decision.family, False):
-            switches.append({"batch": index, "family": decision.family,
-                             "to": "cold" if decision.uses_cold else "transferred",
-                             "transfer_accuracy": round(decision.transfer_accuracy, 3),
-                             "cold_accuracy": round(decision.cold_accuracy, 3)})
+            switches.append(
+                {
+                    "batch": index,
+                    "family": decision.family,
+                    "to": "cold" if decision.uses_cold else "transferred",
+                    "transfer_accuracy": round(decision.transfer_accuracy, 3),
+                    "cold_accuracy": round(decision.cold_accuracy, 3),
+                }
+            )
         current[decision.family] = decision.uses_cold
     return switches
 

@@ -10,6 +10,7 @@ task fetched from the server). It promises what ``publish_artifact`` promises: t
 verified against the reference framework from disk before anything is published; otherwise
 :class:`compiler.errors.VerificationError` and nothing is written.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -65,8 +66,11 @@ def database_from_records(
                 except Exception as err:  # noqa: BLE001 - TVM raises many kinds
                     problem = f"{type(err).__name__}: {err}"
             if problem is not None:
-                logger.warning("task %s: a record was skipped (it does not replay: %s)",
-                               task.name, problem[:300])
+                logger.warning(
+                    "task %s: a record was skipped (it does not replay: %s)",
+                    task.name,
+                    problem[:300],
+                )
                 continue
             database.commit_tuning_record(record)
     return database
@@ -148,9 +152,7 @@ def estimated_secs(outcomes: Sequence[TaskOutcome]) -> float | None:
     return sum(o.weight * o.best_secs for o in outcomes)  # type: ignore[operator]
 
 
-def top_records(
-    prepared: PreparedModel, database: Any, k: int
-) -> dict[str, list[list[Any]]]:
+def top_records(prepared: PreparedModel, database: Any, k: int) -> dict[str, list[list[Any]]]:
     """Per task key, the ``k`` best valid records ``database`` (any MetaSchedule database, e.g.
     the SQL adapter) holds for the task, best first, as ``TuningRecord.as_json()`` lists."""
     out: dict[str, list[list[Any]]] = {}
@@ -188,7 +190,8 @@ class Winners:
                 outcome = dataclasses.replace(outcome, best_secs=winner.median_secs)
             if winner is not None and winner.peer is not None:
                 outcome = dataclasses.replace(
-                    outcome, implementation=f"{winner.peer['library']} {winner.peer['kind']}")
+                    outcome, implementation=f"{winner.peer['library']} {winner.peer['kind']}"
+                )
             elif winner is not None and winner.default is not None:
                 outcome = dataclasses.replace(outcome, implementation="default")
             out.append(outcome)
@@ -208,8 +211,9 @@ def choose_winners(
     """Re-measure each task's top ``records`` side by side (:mod:`tuner.remeasure`) and return
     the database the final build uses. With ``config`` off, the database holds ``records``."""
     remeasured = remeasure_tasks(prepared, records, config, measure, rpc)
-    return Winners(database_from_records(prepared, records_for_build(records, remeasured)),
-                   remeasured)
+    return Winners(
+        database_from_records(prepared, records_for_build(records, remeasured)), remeasured
+    )
 
 
 def publish_tuned(
@@ -249,8 +253,13 @@ def publish_tuned(
 
     executable = build(prepared.mod, prepared.target, database, peers=peers)
     manifest = publish_artifact(
-        executable, prepared.model, prepared.target, out_dir,
-        tasks=[t.to_json() for t in prepared.partition.tasks], extra=timed_extra, force=force,
+        executable,
+        prepared.model,
+        prepared.target,
+        out_dir,
+        tasks=[t.to_json() for t in prepared.partition.tasks],
+        extra=timed_extra,
+        force=force,
         link_peers=bool(peers),
     )
     return manifest, timing["t"]
@@ -265,11 +274,16 @@ def publish_zero_trial(
     written when the verification fails, :class:`compiler.errors.VerificationError`). The
     manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
     and, for a job's preview, its ``job_id``. Returns the manifest."""
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
-    extra: dict[str, Any] = {"tuned": False, "zero_trial": True,
-                             **peers_extra(peers, prepared.target)}
+    extra: dict[str, Any] = {
+        "tuned": False,
+        "zero_trial": True,
+        **peers_extra(peers, prepared.target),
+    }
     if job_id is not None:
         extra["job_id"] = job_id
 
@@ -278,8 +292,13 @@ def publish_zero_trial(
         return {**extra, "measured": timing.to_json(), "reference": reference_timing(prepared)}
 
     return publish_artifact(
-        executable, prepared.model, prepared.target, out_dir,
-        tasks=[t.to_json() for t in prepared.partition.tasks], extra=timed_extra, force=force,
+        executable,
+        prepared.model,
+        prepared.target,
+        out_dir,
+        tasks=[t.to_json() for t in prepared.partition.tasks],
+        extra=timed_extra,
+        force=force,
         link_peers=bool(peers),
     )
 
@@ -301,13 +320,18 @@ def finalize_outcomes(
     for task in prepared.partition.tasks:
         known = by_key.get(task.key)
         records = best.get(task.key) or ()
-        outcomes.append(TaskOutcome(
-            key=task.key, name=task.name, weight=task.weight, flops=task.flops,
-            action="tune" if known and known.trials_done else "reuse" if known else "skip",
-            reason="" if known else (task.skip_reason or "not tunable"),
-            trials=known.trials_done if known else 0,
-            best_secs=measurement(records[0][1])[1] if records else None,
-        ))
+        outcomes.append(
+            TaskOutcome(
+                key=task.key,
+                name=task.name,
+                weight=task.weight,
+                flops=task.flops,
+                action="tune" if known and known.trials_done else "reuse" if known else "skip",
+                reason="" if known else (task.skip_reason or "not tunable"),
+                trials=known.trials_done if known else 0,
+                best_secs=measurement(records[0][1])[1] if records else None,
+            )
+        )
     return outcomes
 
 
@@ -317,9 +341,14 @@ ARTIFACT_CHECK_SECS = 300.0
 ARTIFACT_CHECK_MEMORY = 8 << 30
 
 
-def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *,
-                            timeout: float = ARTIFACT_CHECK_SECS,
-                            buckets_json: str | None = None) -> bool:
+def check_artifact_in_child(
+    model_path: Path,
+    library: Path,
+    target_json: str,
+    *,
+    timeout: float = ARTIFACT_CHECK_SECS,
+    buckets_json: str | None = None,
+) -> bool:
     """Check an uploaded library on the server, in a fresh process under a time and memory
     limit (the API process never loads a worker's library): it must load, and its outputs must
     match the reference framework's on the job's seeded inputs (:func:`compiler.verify.verify`).
@@ -335,9 +364,19 @@ def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *
     code = "from tuner.finalize import _check_artifact_main; _check_artifact_main()"
     try:
         done = subprocess.run(
-            [sys.executable, "-c", code, str(model_path), str(library), target_json,
-             buckets_json or ""],
-            capture_output=True, text=True, timeout=timeout, preexec_fn=_limit_memory,
+            [
+                sys.executable,
+                "-c",
+                code,
+                str(model_path),
+                str(library),
+                target_json,
+                buckets_json or "",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            preexec_fn=_limit_memory,
             cwd=str(Path(__file__).resolve().parents[1]),
         )
     except subprocess.TimeoutExpired:
@@ -346,8 +385,10 @@ def check_artifact_in_child(model_path: Path, library: Path, target_json: str, *
     if done.returncode == 0 and last in ("verified", "load_only"):
         return last == "verified"
     detail = (done.stdout + done.stderr).strip().splitlines()
-    raise ConflictError("the artifact failed the server's check: "
-                        + (detail[-1][:500] if detail else f"exit {done.returncode}"))
+    raise ConflictError(
+        "the artifact failed the server's check: "
+        + (detail[-1][:500] if detail else f"exit {done.returncode}")
+    )
 
 
 def _limit_memory() -> None:  # pragma: no cover - runs in the child
@@ -382,7 +423,9 @@ def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
     if loaded.padding is not None and loaded.padding.allowed:  # the worker's word is not enough
         rule = bucket_padding(model, loaded, device=device)
         if not rule.allowed:
-            print(f"the manifest allows padding between buckets, which the server's check "
-                  f"refuses: {rule.reason}")
+            print(
+                f"the manifest allows padding between buckets, which the server's check "
+                f"refuses: {rule.reason}"
+            )
             sys.exit(1)
     print("verified")

@@ -8,6 +8,7 @@ the package as a namespace without running its ``__init__`` and imports just the
 target kind needs; later ``import tvm.s_tir.tensor_intrin`` statements find it already loaded.
 Submodules stay importable on demand (``import tvm.s_tir.tensor_intrin.cuda``).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -20,6 +20,7 @@ A model with symbolic dimensions is one job over the union of its shape buckets'
 into one library with a function per bucket, verified at every bucket; the summary's
 ``buckets`` says which (and which symbols got the default buckets).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -121,9 +122,9 @@ def _sibling_seeds(database, to_tune, workload_ids, search) -> SiblingSeeds | No
     config = search or SearchConfig()
     if not (config.sibling_seeds or config.sibling_population):
         return None
-    return SiblingSeeds(database, [
-        SeedTask(workload_ids[t.key], workload_family(t.name), t.flops) for t in to_tune
-    ])
+    return SiblingSeeds(
+        database, [SeedTask(workload_ids[t.key], workload_family(t.name), t.flops) for t in to_tune]
+    )
 
 
 def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: str, owner: str):
@@ -166,9 +167,11 @@ def _start(storage: TuningStorage, job: Job, continue_tuning: bool) -> Job:
     started = plan_job(storage, job, continue_tuning=continue_tuning)
     if started is None:
         current = storage.get_job(job.id)
-        raise RuntimeError(f"job {job.id} could not be started here: it is "
-                           f"{current.status if current else 'gone'}"
-                           + (f" ({current.error})" if current and current.error else ""))
+        raise RuntimeError(
+            f"job {job.id} could not be started here: it is "
+            f"{current.status if current else 'gone'}"
+            + (f" ({current.error})" if current and current.error else "")
+        )
     return started
 
 
@@ -249,13 +252,27 @@ def tune_model(
     model_row = _register_model(storage, prepared, filename, owner)
     workload_ids = register_prepared(storage, prepared, model_row.id)  # the planner reads them
     job, resumed = _find_or_create_job(
-        storage, model_id=model_row.id, target_id=target_row.id, trials=trials, owner=owner,
+        storage,
+        model_id=model_row.id,
+        target_id=target_row.id,
+        trials=trials,
+        owner=owner,
         continue_tuning=continue_tuning,
     )
     return run_job(
-        storage, prepared, job, resumed=resumed, output_dir=output_dir,
-        continue_tuning=continue_tuning, measure=measure, search=search, listeners=listeners,
-        force=force, seed=seed, cost_model=cost_model, workload_ids=workload_ids,
+        storage,
+        prepared,
+        job,
+        resumed=resumed,
+        output_dir=output_dir,
+        continue_tuning=continue_tuning,
+        measure=measure,
+        search=search,
+        listeners=listeners,
+        force=force,
+        seed=seed,
+        cost_model=cost_model,
+        workload_ids=workload_ids,
     )
 
 
@@ -290,11 +307,19 @@ def run_job(
         if workload_ids is None:  # registered by the caller otherwise
             workload_ids = register_prepared(storage, prepared, job.model_id)
         return _run_job(
-            storage, prepared, job, resumed, target_row, workload_ids,
-            output_dir=output_dir, continue_tuning=continue_tuning,
-            measure=measure or MeasureConfig.for_target(prepared.target.kind), search=search,
+            storage,
+            prepared,
+            job,
+            resumed,
+            target_row,
+            workload_ids,
+            output_dir=output_dir,
+            continue_tuning=continue_tuning,
+            measure=measure or MeasureConfig.for_target(prepared.target.kind),
+            search=search,
             listeners=listeners,
-            force=force, seed=seed,
+            force=force,
+            seed=seed,
             cost_model=resolve_cost_model(storage, prepared.target, cost_model),
         )
     except KeyboardInterrupt:
@@ -306,8 +331,21 @@ def run_job(
 
 
 def _run_job(
-    storage, prepared, job, resumed, target_row, workload_ids, *, output_dir, continue_tuning,
-    measure, search, listeners, force, seed, cost_model: CostModelChoice,
+    storage,
+    prepared,
+    job,
+    resumed,
+    target_row,
+    workload_ids,
+    *,
+    output_dir,
+    continue_tuning,
+    measure,
+    search,
+    listeners,
+    force,
+    seed,
+    cost_model: CostModelChoice,
 ) -> TuneSummary:
     tasks = prepared.partition.tasks
     remeasure = RemeasureConfig.from_env()  # a bad setting fails now, not after the search
@@ -384,12 +422,23 @@ def _run_job(
     measured_total = storage.count_records(job_id=job.id)
     out_dir = output_dir or default_artifact_dir(job.id)
     manifest, timing = publish_tuned(
-        prepared, winners.database, out_dir, job_id=job.id, trials_measured=measured_total,
-        outcomes=outcomes, force=force, remeasured=winners.to_json(), peers=winners.peers,
+        prepared,
+        winners.database,
+        out_dir,
+        job_id=job.id,
+        trials_measured=measured_total,
+        outcomes=outcomes,
+        force=force,
+        remeasured=winners.to_json(),
+        peers=winners.peers,
     )
     store_remeasurements(
-        storage, manifest["remeasured"], target_id=target_row.id, job_id=job.id,
-        workload_ids=workload_ids, worker=job.owner,
+        storage,
+        manifest["remeasured"],
+        target_id=target_row.id,
+        job_id=job.id,
+        workload_ids=workload_ids,
+        worker=job.owner,
     )
     library = out_dir / LIBRARY_NAME
     storage.add_artifact(
@@ -412,8 +461,10 @@ def _run_job(
         measured=timing,
         verification=manifest["verification"],
         artifact_dir=str(out_dir),
-        extra={**({"buckets": buckets_json(prepared.model)} if prepared.model.buckets else {}),
-               "cost_model": cost_model.summary(),
-               "sibling_seeds": seeds.summary() if seeds is not None else None,
-               "search": report.to_json()},
+        extra={
+            **({"buckets": buckets_json(prepared.model)} if prepared.model.buckets else {}),
+            "cost_model": cost_model.summary(),
+            "sibling_seeds": seeds.summary() if seeds is not None else None,
+            "search": report.to_json(),
+        },
     )

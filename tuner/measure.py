@@ -22,6 +22,7 @@ than thirty (with ``number=10`` such candidates ran into the runner timeout on a
 timeout covers an NVRTC compile of a large unrolled kernel (up to ~100 s seen for candidates that
 spill registers) on a host building 16 candidates at once.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -111,8 +112,10 @@ class PooledBuilder(local_builder.LocalBuilder._cls):  # noqa: SLF001 - derived_
     def _workers(self) -> PopenPoolExecutor:
         if self._pool is None:
             self._pool = PopenPoolExecutor(
-                max_workers=self.max_workers, timeout=self.timeout_sec,
-                initializer=self.initializer, maximum_process_uses=BUILDS_PER_WORKER,
+                max_workers=self.max_workers,
+                timeout=self.timeout_sec,
+                initializer=self.initializer,
+                maximum_process_uses=BUILDS_PER_WORKER,
             )
         return self._pool
 
@@ -120,20 +123,32 @@ class PooledBuilder(local_builder.LocalBuilder._cls):  # noqa: SLF001 - derived_
         self._workers().submit(_check_build_functions, self.f_build, self.f_export).result()
 
     def build(self, build_inputs: list[Any]) -> list[Any]:
-        jobs = [(self.f_build, self.f_export, item.mod, item.target,
-                 local_builder._serialize_params(item.params))  # noqa: SLF001 - as LocalBuilder
-                for item in build_inputs]
+        jobs = [
+            (
+                self.f_build,
+                self.f_export,
+                item.mod,
+                item.target,
+                local_builder._serialize_params(item.params),  # noqa: SLF001 - as LocalBuilder
+            )
+            for item in build_inputs
+        ]
         results = []
-        for outcome in self._workers().map_with_error_catching(
-                _build_in_worker, jobs):
+        for outcome in self._workers().map_with_error_catching(_build_in_worker, jobs):
             if outcome.status == StatusKind.COMPLETE:
                 results.append(ms.builder.BuilderResult(outcome.value, None))
             elif outcome.status == StatusKind.TIMEOUT:
-                results.append(ms.builder.BuilderResult(
-                    None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"))
+                results.append(
+                    ms.builder.BuilderResult(
+                        None, f"LocalBuilder: Timeout, killed after {self.timeout_sec} seconds"
+                    )
+                )
             else:
-                results.append(ms.builder.BuilderResult(
-                    None, "LocalBuilder: An exception occurred\n" + str(outcome.value)))
+                results.append(
+                    ms.builder.BuilderResult(
+                        None, "LocalBuilder: An exception occurred\n" + str(outcome.value)
+                    )
+                )
         return results
 
     def close(self) -> None:
@@ -218,6 +233,7 @@ def make_runner(config: MeasureConfig, rpc: RpcConfig | None = None) -> ms.runne
             max_workers=rpc.max_sessions,
         )
     return ms.runner.LocalRunner(
-        timeout_sec=config.run_timeout_sec, evaluator_config=config.evaluator(),
+        timeout_sec=config.run_timeout_sec,
+        evaluator_config=config.evaluator(),
         initializer=load_peers,  # library peers' calls resolve in the worker (compiler.peers)
     )

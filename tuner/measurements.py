@@ -6,6 +6,7 @@ The rule itself (which run times are a measurement and which mark a failure: Met
 MetaSchedule's builder and runner results, so the search, the scheduler, progress, uploads and
 the database agree on every candidate.
 """
+
 from __future__ import annotations
 
 from typing import Any

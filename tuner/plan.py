@@ -11,6 +11,7 @@ A :class:`TuningPlan` promises, for a model's tasks, a budget and what the datab
 When the budget cannot give every task even a minimal batch, only the heaviest tasks that fit are
 tuned and the others are reported as *deferred* (they compile with default schedules).
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Sequence

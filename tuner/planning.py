@@ -6,6 +6,7 @@ plan alike, so their job rows are the same; each run of a job adds its
 :class:`tuner.reports.SearchReport` to the job's (:func:`record_search`). Nothing here needs the
 web stack (the GPU machine runs ``tunehub tune`` without it).
 """
+
 from __future__ import annotations
 
 import json
@@ -68,7 +69,11 @@ def plan_job(storage: TuningStorage, job: Job, *, continue_tuning: bool = False)
             best = storage.best_record(ids[task.key], job.target_id)
             new.append(
                 NewJobTask(
-                    ids[task.key], task.name, task.weight, task.flops, 0,
+                    ids[task.key],
+                    task.name,
+                    task.weight,
+                    task.flops,
+                    0,
                     status=JobStatus.SUCCEEDED,
                     best_mean_secs=None if best is None else best.mean_secs,
                 )
@@ -76,8 +81,11 @@ def plan_job(storage: TuningStorage, job: Job, *, continue_tuning: bool = False)
     started = storage.start_job(job.id, new)
     if started is not None:
         logger.info(
-            "job %s started: %d tasks to tune (%s trials), %d reused", job.id,
-            len(plan.to_tune), remaining, len(plan.by_action("reuse")),
+            "job %s started: %d tasks to tune (%s trials), %d reused",
+            job.id,
+            len(plan.to_tune),
+            remaining,
+            len(plan.by_action("reuse")),
         )
     return started
 

@@ -6,6 +6,7 @@ and hands it to each listener: the job-row writer (so the service and dashboard 
 the CLI's rich progress bar. An exception in a MetaSchedule hook aborts tuning, so the callback
 logs listener failures and never raises.
 """
+
 from __future__ import annotations
 
 import logging
@@ -23,6 +24,7 @@ from compiler.partition import TaskInfo
 from tuner.measurements import mean_run_secs
 
 logger = logging.getLogger(__name__)
+
 
 @dataclass(frozen=True)
 class BatchUpdate:

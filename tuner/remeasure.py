@@ -37,6 +37,7 @@ Settings: ``TUNEHUB_REMEASURE_TOP`` (``0`` or ``1``: records are not re-measured
 other; a task's best record is still timed against its peer), ``TUNEHUB_REMEASURE_ROUNDS`` and
 ``TUNEHUB_PEERS`` (``0``: no peers).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -223,10 +224,12 @@ def time_side_by_side(
     for round_index in range(rounds if runnable else 0):
         shift = round_index % len(runnable)
         order = runnable[shift:] + runnable[:shift]
-        futures = runner.run([
-            ms.runner.RunnerInput(built[i].artifact_path, target.device, inputs[i][1])
-            for i in order
-        ])
+        futures = runner.run(
+            [
+                ms.runner.RunnerInput(built[i].artifact_path, target.device, inputs[i][1])
+                for i in order
+            ]
+        )
         for i, future in zip(order, futures):
             secs = mean_run_secs(future.result())
             if secs is not None:
@@ -237,8 +240,9 @@ def time_side_by_side(
     return [tuple(t) for t in times]
 
 
-def _peer_candidates(extracted: Any, target: Any, rpc: RpcConfig | None
-                     ) -> list[tuple[Any, Any, Any]]:
+def _peer_candidates(
+    extracted: Any, target: Any, rpc: RpcConfig | None
+) -> list[tuple[Any, Any, Any]]:
     """``(peer module, peer description, PeerCall)`` of each of a task's peer variants
     (:func:`compiler.peers.peer_variants`); none without a peer, a library, or through RPC."""
     library = library_for(target) if rpc is None else None
@@ -250,8 +254,12 @@ def _peer_candidates(extracted: Any, target: Any, rpc: RpcConfig | None
         try:
             module = peer_task_module(task_mod, device, call=call)
         except Exception as err:  # noqa: BLE001 - a peer that cannot be made is left out
-            logger.warning("task %s: its library peer %s could not be made (%s)",
-                           extracted.task_name, call.algorithm or call.kind, err)
+            logger.warning(
+                "task %s: its library peer %s could not be made (%s)",
+                extracted.task_name,
+                call.algorithm or call.kind,
+                err,
+            )
             continue
         out.append((module, {**call.to_json(), **library.describe_for(call)}, call))
     return out
@@ -265,16 +273,22 @@ def _default_candidate(extracted: Any, target: Any) -> tuple[Any, Any] | None:
     try:
         made = default_task_module(extracted.dispatched[0], target.tvm_target())
     except Exception as err:  # noqa: BLE001 - a default that cannot be made is left out
-        logger.warning("task %s: its default schedule could not be made (%s)",
-                       extracted.task_name, err)
+        logger.warning(
+            "task %s: its default schedule could not be made (%s)", extracted.task_name, err
+        )
         return None
     return None if made is None else (made, DEFAULT_DESCRIPTION)
 
 
 #: How a default-schedule candidate describes itself (manifest, library records).
 DEFAULT_DESCRIPTION: Mapping[str, Any] = {
-    "library": "tvm", "kind": "default", "function": "compiler.default_schedules",
-    "config": {}, "shim": "", "package": "apache-tvm", "version": tvm.__version__,
+    "library": "tvm",
+    "kind": "default",
+    "function": "compiler.default_schedules",
+    "config": {},
+    "shim": "",
+    "package": "apache-tvm",
+    "version": tvm.__version__,
 }
 
 
@@ -304,26 +318,41 @@ def remeasure_tasks(
         mod = extracted.dispatched[0]
         entries = [e for e in (records.get(task.key) or ()) if measurement(e[1])[0]][:top]
         peers = _peer_candidates(extracted, prepared.target, rpc) if task.tunable else []
-        default = (_default_candidate(extracted, prepared.target)
-                   if task.tunable and (entries or peers) else None)
+        default = (
+            _default_candidate(extracted, prepared.target)
+            if task.tunable and (entries or peers)
+            else None
+        )
         if not peers and len(entries) + (default is not None) < 2:
             continue
         for entry in entries:
-            candidate = Candidate(trace_hash=_hash_of(entry), record=tuple(entry),
-                                  recorded_secs=measurement(entry[1])[1] or 0.0, rounds_secs=())
+            candidate = Candidate(
+                trace_hash=_hash_of(entry),
+                record=tuple(entry),
+                recorded_secs=measurement(entry[1])[1] or 0.0,
+                rounds_secs=(),
+            )
             jobs.append((task, candidate, mod, entry[0]))
         for module, description, call in peers:
-            candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
-                                  peer=description, peer_call=call)
+            candidate = Candidate(
+                trace_hash="",
+                record=(),
+                recorded_secs=0.0,
+                rounds_secs=(),
+                peer=description,
+                peer_call=call,
+            )
             jobs.append((task, candidate, module, None))
         if default is not None:
-            candidate = Candidate(trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(),
-                                  default=default[1])
+            candidate = Candidate(
+                trace_hash="", record=(), recorded_secs=0.0, rounds_secs=(), default=default[1]
+            )
             jobs.append((task, candidate, default[0], None))
     if not jobs:
         return {}
-    rounds = time_side_by_side([(mod, trace) for _, _, mod, trace in jobs], prepared.target,
-                               config.rounds, measure, rpc)
+    rounds = time_side_by_side(
+        [(mod, trace) for _, _, mod, trace in jobs], prepared.target, config.rounds, measure, rpc
+    )
     out: dict[str, list[Candidate]] = {}
     names: dict[str, str] = {}
     for (task, candidate, _, _), secs in zip(jobs, rounds):
@@ -333,17 +362,27 @@ def remeasure_tasks(
     changed = sum(t.changed for t in result.values())
     peers = sum(t.peer_won for t in result.values())
     defaults = sum(t.default_won for t in result.values())
-    logger.info("re-measured %d candidates of %d tasks in %d rounds: %d winners changed, "
-                "%d library peers and %d default schedules chosen", len(jobs), len(result),
-                config.rounds, changed, peers, defaults)
+    logger.info(
+        "re-measured %d candidates of %d tasks in %d rounds: %d winners changed, "
+        "%d library peers and %d default schedules chosen",
+        len(jobs),
+        len(result),
+        config.rounds,
+        changed,
+        peers,
+        defaults,
+    )
     return result
 
 
 def peer_keys(remeasured: Mapping[str, TaskRemeasure]) -> dict[str, Any]:
     """The build's ``peers``: by task key, the :class:`compiler.peers.PeerCall` of each task
     whose re-measured winner is one of its library peers (the variant that won)."""
-    return {key: task.winner.peer_call for key, task in remeasured.items()  # type: ignore[union-attr]
-            if task.peer_won}
+    return {
+        key: task.winner.peer_call
+        for key, task in remeasured.items()  # type: ignore[union-attr]
+        if task.peer_won
+    }
 
 
 def records_for_build(

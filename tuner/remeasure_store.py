@@ -10,6 +10,7 @@ that is a library peer (``"peer"``, :mod:`compiler.peers`) is stored as a librar
 task (:class:`db.NewLibraryRecord`), checked the same way; so is TVM's default schedule
 (``"default"``: library ``tvm``, kind ``default``). TVM-free: the API process runs it.
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,8 +41,13 @@ def _rounds_secs(candidate: dict[str, Any]) -> tuple[float, ...] | None:
 
 
 def parse_remeasurements(
-    storage: TuningStorage, entries: Any, *, target_id: int, job_id: int,
-    workload_ids: Mapping[str, int], worker: str | None,
+    storage: TuningStorage,
+    entries: Any,
+    *,
+    target_id: int,
+    job_id: int,
+    workload_ids: Mapping[str, int],
+    worker: str | None,
 ) -> tuple[list[NewRemeasurement], int]:
     """The re-measurements of manifest ``entries`` that name a valid stored record on
     ``target_id`` of one of the job's tasks (``workload_ids``: task key to workload id), and how
@@ -53,8 +59,11 @@ def parse_remeasurements(
     for entry in entries:
         workload_id = workload_ids.get(entry.get("key")) if isinstance(entry, dict) else None
         candidates = entry.get("candidates") if isinstance(entry, dict) else None
-        if workload_id is None or not isinstance(candidates, list) or \
-                len(candidates) > MAX_CANDIDATES:
+        if (
+            workload_id is None
+            or not isinstance(candidates, list)
+            or len(candidates) > MAX_CANDIDATES
+        ):
             dropped += 1
             continue
         for candidate in candidates:
@@ -65,15 +74,23 @@ def parse_remeasurements(
             if secs is None:  # not timed (no rounds) or malformed: nothing to store
                 dropped += isinstance(candidate, dict) and bool(candidate.get("rounds_ms"))
                 continue
-            record = (storage.get_record(workload_id, target_id, digest)
-                      if isinstance(digest, str) else None)
+            record = (
+                storage.get_record(workload_id, target_id, digest)
+                if isinstance(digest, str)
+                else None
+            )
             if record is None or not record.is_valid:
                 dropped += 1
                 continue
-            out.append(NewRemeasurement(
-                record_id=record.id, rounds_secs=secs, chosen=candidate.get("chosen") is True,
-                job_id=job_id, worker=worker,
-            ))
+            out.append(
+                NewRemeasurement(
+                    record_id=record.id,
+                    rounds_secs=secs,
+                    chosen=candidate.get("chosen") is True,
+                    job_id=job_id,
+                    worker=worker,
+                )
+            )
     return out, dropped
 
 
@@ -93,18 +110,29 @@ def _library_record(
         return None
     try:
         return NewLibraryRecord(
-            workload_key=key, target_key=target_key, library=str(peer["library"]),
+            workload_key=key,
+            target_key=target_key,
+            library=str(peer["library"]),
             version=f"{peer['package']} {peer['version']}",
-            call={name: peer[name] for name in ("kind", "function", "config", "shim",
-                                                "algorithm", "epilogue") if name in peer},
-            run_secs=secs, job_id=job_id, worker=worker,
+            call={
+                name: peer[name]
+                for name in ("kind", "function", "config", "shim", "algorithm", "epilogue")
+                if name in peer
+            },
+            run_secs=secs,
+            job_id=job_id,
+            worker=worker,
         )
     except (KeyError, TypeError, ValueError):
         return None
 
 
 def parse_library_records(
-    entries: Any, *, target_key: str, job_id: int, workload_ids: Mapping[str, int],
+    entries: Any,
+    *,
+    target_key: str,
+    job_id: int,
+    workload_ids: Mapping[str, int],
     worker: str | None,
 ) -> tuple[list[NewLibraryRecord], int]:
     """The library-peer candidates of manifest ``entries`` (of the job's tasks, keyed in
@@ -119,9 +147,13 @@ def parse_library_records(
         for candidate in candidates:
             if _implementation(candidate) is None:
                 continue
-            item = (_library_record(entry.get("key"), candidate, target_key=target_key,
-                                    job_id=job_id, worker=worker)
-                    if entry.get("key") in workload_ids else None)
+            item = (
+                _library_record(
+                    entry.get("key"), candidate, target_key=target_key, job_id=job_id, worker=worker
+                )
+                if entry.get("key") in workload_ids
+                else None
+            )
             if item is None:
                 dropped += bool(candidate.get("rounds_ms"))
             else:
@@ -130,25 +162,41 @@ def parse_library_records(
 
 
 def store_remeasurements(
-    storage: TuningStorage, entries: Any, *, target_id: int, job_id: int,
-    workload_ids: Mapping[str, int], worker: str | None,
+    storage: TuningStorage,
+    entries: Any,
+    *,
+    target_id: int,
+    job_id: int,
+    workload_ids: Mapping[str, int],
+    worker: str | None,
 ) -> int:
     """Parse (:func:`parse_remeasurements`, :func:`parse_library_records`) and store
     ``entries``; return how many re-measurements and library records were stored. A storage
     error is logged, not raised: the artifact they describe is published anyway."""
     items, dropped = parse_remeasurements(
-        storage, entries, target_id=target_id, job_id=job_id, workload_ids=workload_ids,
+        storage,
+        entries,
+        target_id=target_id,
+        job_id=job_id,
+        workload_ids=workload_ids,
         worker=worker,
     )
     target = storage.get_target_by_id(target_id)
     peers, peers_dropped = parse_library_records(
-        entries, target_key=target.key if target else "", job_id=job_id,
-        workload_ids=workload_ids, worker=worker,
+        entries,
+        target_key=target.key if target else "",
+        job_id=job_id,
+        workload_ids=workload_ids,
+        worker=worker,
     )
     dropped += peers_dropped
     if dropped:
-        logger.warning("job %s: %d re-measurement entries dropped (not a stored valid record "
-                       "of the job's tasks, or malformed)", job_id, dropped)
+        logger.warning(
+            "job %s: %d re-measurement entries dropped (not a stored valid record "
+            "of the job's tasks, or malformed)",
+            job_id,
+            dropped,
+        )
     try:
         storage.add_remeasurements(items)
     except Exception:  # noqa: BLE001 - never fails the publish it follows

@@ -5,6 +5,7 @@ including the GPU machine, which has TVM but not the service's web stack; the pr
 of :mod:`tuner.work` (pydantic) embed them as they are (pydantic validates stdlib dataclasses
 by their type hints, and ``__post_init__`` checks the rest).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -58,8 +59,11 @@ class SearchReport:
     def __post_init__(self) -> None:
         for name in self.counts():
             value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or not (
-                    0 <= value <= _COUNT_LIMIT):
+            if (
+                not isinstance(value, int)
+                or isinstance(value, bool)
+                or not (0 <= value <= _COUNT_LIMIT)
+            ):
                 raise ValueError(f"{name} must be an integer in 0..{_COUNT_LIMIT}, got {value!r}")
         if self.cost_model not in ("transfer", "cold"):
             raise ValueError(f"cost_model must be 'transfer' or 'cold', got {self.cost_model!r}")

@@ -8,6 +8,7 @@ search-strategy wrapper (:mod:`tuner.search_strategy`), the task scheduler and i
 and :mod:`db`). Every way a job runs calls it: ``tunehub tune`` and the service's in-process runs
 (:mod:`tuner.job`) on the SQL database, lease workers (:mod:`tuner.task_tuning`) on a lease's.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -179,8 +180,11 @@ def run_search(
     strategy = config.strategy()
     skip = None
     if hasattr(database, "holds"):
-        primed = (SiblingPrimedDatabase(database, seeds)
-                  if seeds is not None and config.sibling_population else None)
+        primed = (
+            SiblingPrimedDatabase(database, seeds)
+            if seeds is not None and config.sibling_population
+            else None
+        )
         strategy = skip = SkipStoredSchedules(strategy, database, primed)
     contexts, weights = ms.relax_integration.extracted_tasks_to_tune_contexts(
         tasks,
@@ -192,8 +196,9 @@ def run_search(
     )
     defaults = list(ms.measure_callback.MeasureCallback.create("default"))
     if rpc is not None:  # STACK.md: it removes whole directories; remote runs keep theirs
-        defaults = [c for c in defaults
-                    if not isinstance(c, ms.measure_callback.RemoveBuildArtifact)]
+        defaults = [
+            c for c in defaults if not isinstance(c, ms.measure_callback.RemoveBuildArtifact)
+        ]
     seeders: list[Any] = []
     defaults_seeder = DefaultScheduleSeeds(database) if target_kind == "cuda" else None
     if defaults_seeder is not None:
@@ -220,7 +225,8 @@ def run_search(
                 seed=seed,
                 max_trials=trials,
                 seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
-                if seeders else None,
+                if seeders
+                else None,
             ),
         )
     finally:
@@ -228,12 +234,16 @@ def run_search(
     return search_report(seeds, skip, defaults_seeder)
 
 
-def search_report(seeds: SiblingSeeds | None, skip: SkipStoredSchedules | None,
-                  defaults: DefaultScheduleSeeds | None) -> SearchReport:
+def search_report(
+    seeds: SiblingSeeds | None,
+    skip: SkipStoredSchedules | None,
+    defaults: DefaultScheduleSeeds | None,
+) -> SearchReport:
     """The :class:`tuner.reports.SearchReport` of a run's seeders and strategy wrapper."""
     counts = seeds.summary() if seeds is not None else {}
     return SearchReport(
-        seeds_measured=counts.get("measured", 0), seeds_valid=counts.get("valid", 0),
+        seeds_measured=counts.get("measured", 0),
+        seeds_valid=counts.get("valid", 0),
         seeds_did_not_replay=counts.get("did_not_replay", 0),
         seeds_already_stored=counts.get("already_stored", 0),
         skipped_stored=skip.skipped if skip is not None else 0,

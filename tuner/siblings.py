@@ -7,6 +7,7 @@ uses: the in-process search (:class:`tuner.task_scheduler.sibling_seeds.SiblingS
 database) and the server's answer to a tune lease (:func:`tuner.coordinator.lease_context`), so a
 task gets the same sibling schedules whichever way its job runs. Nothing here imports TVM.
 """
+
 from __future__ import annotations
 
 import json
@@ -70,9 +71,15 @@ def faster_siblings(
             continue
         if record.id in excluded or row.flops / record.mean_secs <= above_rate:
             continue
-        found.append(SiblingSchedule(
-            record_id=record.id, workload_id=sibling, mod_json=row.mod_json, flops=row.flops,
-            mean_secs=record.mean_secs, trace=json.loads(record.trace_json),
-        ))
+        found.append(
+            SiblingSchedule(
+                record_id=record.id,
+                workload_id=sibling,
+                mod_json=row.mod_json,
+                flops=row.flops,
+                mean_secs=record.mean_secs,
+                trace=json.loads(record.trace_json),
+            )
+        )
     found.sort(key=lambda s: -s.rate)
     return found if limit is None else found[:limit]

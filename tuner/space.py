@@ -24,6 +24,7 @@ intrinsic groups, operands staged in ``shared.dyn`` and the accumulator tile in 
 postprocessors and mutators. ``VerifyGPUCode`` still bounds shared memory by the target's
 ``max_shared_memory_per_block``.
 """
+
 from __future__ import annotations
 
 from typing import Any

@@ -9,6 +9,7 @@ search skips them), sibling seeds from the server's siblings of the task
 :class:`tuner.measure_callback.upload_batches.UploadBatches` handing every measured batch to
 ``on_batch`` (the worker uploads it); when ``on_batch`` answers ``False`` tuning stops at once.
 """
+
 from __future__ import annotations
 
 import logging
@@ -81,25 +82,35 @@ def tune_workload(
         task = SeedTask(context.workload_id, workload_family(task_name), context.flops)
         seeds = SiblingSeeds(database, [task], source=LeaseSiblings(context))
     callback = UploadBatches(on_batch)
-    task = ms.ExtractedTask(task_name=task_name, mod=mod, target=tvm_target, dispatched=[mod],
-                            weight=1)
+    task = ms.ExtractedTask(
+        task_name=task_name, mod=mod, target=tvm_target, dispatched=[mod], weight=1
+    )
     work_dir = tempfile.mkdtemp(prefix="tunehub-lease-")
     report = SearchReport()
     try:
         try:
             report = run_search(
-                [task], database=database, target_kind=target.kind, trials=trials,
-                batch_size=batch_size, work_dir=work_dir, measure=measure, search=config,
-                callbacks=[callback], cost_model=cost_model, num_threads=num_threads, seed=seed,
-                seeds=seeds, rpc=rpc,
+                [task],
+                database=database,
+                target_kind=target.kind,
+                trials=trials,
+                batch_size=batch_size,
+                work_dir=work_dir,
+                measure=measure,
+                search=config,
+                callbacks=[callback],
+                cost_model=cost_model,
+                num_threads=num_threads,
+                seed=seed,
+                seeds=seeds,
+                rpc=rpc,
             )
         except BaseException:
             if not callback.stopped:
                 raise
             report = search_report(seeds, None, None)  # what a stopped run counted of its seeds
         kind = "transfer" if cost_model is not None else "cold"
-        return LeaseTuning(callback.trials, callback.stopped,
-                           report.with_cost_model(kind))
+        return LeaseTuning(callback.trials, callback.stopped, report.with_cost_model(kind))
     finally:
         shutil.rmtree(work_dir, ignore_errors=True)
         for artifact in callback.artifacts:  # what RemoveBuildArtifact would have removed

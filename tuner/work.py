@@ -11,6 +11,7 @@ already holds, the task's siblings' best schedules). Measurements go back as
 :class:`LeaseFinish` and its :class:`SearchReport`. All are frozen pydantic models; nothing here
 imports TVM or the database.
 """
+
 from __future__ import annotations
 
 from typing import Any, Literal
@@ -44,8 +45,13 @@ class TargetInfo(_Message):
     @classmethod
     def of(cls, target: Any) -> TargetInfo:
         """The info of anything with a target's five fields (a ``TargetSpec``, a target row)."""
-        return cls(key=target.key, kind=target.kind, target_json=target.target_json,
-                   fingerprint_json=target.fingerprint_json, tvm_version=target.tvm_version)
+        return cls(
+            key=target.key,
+            kind=target.kind,
+            target_json=target.target_json,
+            fingerprint_json=target.fingerprint_json,
+            tvm_version=target.tvm_version,
+        )
 
     def spec(self):
         from compiler.target import TargetSpec  # noqa: PLC0415 - keeps this module free of TVM
@@ -140,8 +146,9 @@ class RecordUpload(_Request):
     ``run_secs`` is ``[1e10]`` (or ``None``) for a failure, with ``error_text``."""
 
     trace: list[Any] = Field(max_length=100_000, description="TuningRecord.as_json()[0]")
-    run_secs: tuple[float, ...] | None = Field(max_length=1000,
-                                               description="null or [1e10]: failed")
+    run_secs: tuple[float, ...] | None = Field(
+        max_length=1000, description="null or [1e10]: failed"
+    )
     args_info: list[Any] = Field(max_length=1000)
     error_text: str | None = Field(None, max_length=20_000)
 
@@ -163,8 +170,10 @@ class BatchAck(_Message):
     """
 
     accepted: int = Field(description="records stored (duplicates keep the better measurement)")
-    counted: bool = Field(description="the batch's trials were counted (false for a repeat or a "
-                          "lease no longer active)")
+    counted: bool = Field(
+        description="the batch's trials were counted (false for a repeat or a "
+        "lease no longer active)"
+    )
     keep_going: bool = Field(description="false: stop tuning (lease lost or job no longer running)")
     lease_status: str
     job_status: str

@@ -5,6 +5,7 @@ structural-hash key, shared by every model that has the task; the model's task l
 weight, why a task is not tunable) is what the planner (:func:`tuner.coordinator.plan_job`)
 reads to start a job of that model.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -30,15 +31,24 @@ def register_workloads(
     workload_ids: dict[str, int] = {}
     for task, mod_json in zip(tasks, workload_json, strict=True):
         shapes = " ".join("x".join(map(str, s)) for _, s, _ in task.shapes)
-        row = storage.ensure_workload(task.key, mod_json, flops=task.flops,
-                                      summary=f"{task.name} {shapes}")
+        row = storage.ensure_workload(
+            task.key, mod_json, flops=task.flops, summary=f"{task.name} {shapes}"
+        )
         workload_ids[task.key] = row.id
     if model_id is not None:
-        storage.set_model_workloads(model_id, [
-            ModelWorkload(model_id, workload_ids[t.key], t.name, t.weight,
-                          skip_reason=None if t.tunable else (t.skip_reason or "not tunable"))
-            for t in tasks
-        ])
+        storage.set_model_workloads(
+            model_id,
+            [
+                ModelWorkload(
+                    model_id,
+                    workload_ids[t.key],
+                    t.name,
+                    t.weight,
+                    skip_reason=None if t.tunable else (t.skip_reason or "not tunable"),
+                )
+                for t in tasks
+            ],
+        )
     return workload_ids
 
 

@@ -10,6 +10,7 @@ the task's best schedules and the build takes it only for the tasks where it won
 cuBLAS and convolutions by cuDNN: :mod:`compiler.peers.cuda_library`); legacy NCHW CPU targets
 keep their path.
 """
+
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
@@ -81,8 +82,9 @@ def load_peers() -> None:
         except OSError as err:
             import logging  # noqa: PLC0415
 
-            logging.getLogger("tunehub.peers").warning("the CUDA peer library did not load: %s",
-                                                       err)
+            logging.getLogger("tunehub.peers").warning(
+                "the CUDA peer library did not load: %s", err
+            )
 
 
 def _has_cuda() -> bool:
@@ -96,8 +98,9 @@ def _as_task(func: tirx.PrimFunc) -> tvm.IRModule:
     return tvm.IRModule({"main": func.with_attr("global_symbol", "main")})
 
 
-def peer_task_module(task_mod: tvm.IRModule, device: str = "cpu", *, call: PeerCall | None = None
-                     ) -> tvm.IRModule | None:
+def peer_task_module(
+    task_mod: tvm.IRModule, device: str = "cpu", *, call: PeerCall | None = None
+) -> tvm.IRModule | None:
     """The peer of a task module (``extracted.dispatched[0]``) on ``device`` as a module that
     builds and runs with the task's arguments, or ``None`` when the task has no peer.
     ``call``: one of :func:`peer_variants` (default: :func:`find_peer`'s)."""

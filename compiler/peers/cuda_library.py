@@ -19,6 +19,7 @@ machine into the cache (``TUNEHUB_CACHE_DIR``) with the system C++ compiler and 
 :func:`cuda_peer_library` returns ``None`` (and :func:`cuda_unavailable_reason` says why) on a
 machine without cuBLAS, cuDNN, the CUDA driver or a compiler, or with ``TUNEHUB_PEERS=0``.
 """
+
 from __future__ import annotations
 
 import functools
@@ -73,11 +74,14 @@ class CudaPeerLibrary:
     def describe(self) -> dict[str, Any]:
         """What an artifact's manifest says it needs at run time."""
         cudnn = self.links[0]
-        return {"library": LIBRARY, "package": self.cublas.package,
-                "version": self.cublas.version, "path": str(self.cublas.path),
-                "cudnn": {"package": cudnn.package, "version": cudnn.version,
-                          "path": str(cudnn.path)},
-                "shim": self.shim_hash}
+        return {
+            "library": LIBRARY,
+            "package": self.cublas.package,
+            "version": self.cublas.version,
+            "path": str(self.cublas.path),
+            "cudnn": {"package": cudnn.package, "version": cudnn.version, "path": str(cudnn.path)},
+            "shim": self.shim_hash,
+        }
 
     def describe_for(self, call: Any) -> dict[str, Any]:
         """What a measurement of ``call`` ran (every CUDA peer: :meth:`describe`)."""
@@ -101,8 +105,9 @@ def _find_nvidia(package: str, stem: str) -> SharedLibrary:
             continue
         for file in dist.files or ():
             if re.fullmatch(rf"{stem}\.so\.\d+", Path(str(file)).name):
-                return SharedLibrary(Path(str(dist.locate_file(file))).resolve(), name,
-                                     dist.version)
+                return SharedLibrary(
+                    Path(str(dist.locate_file(file))).resolve(), name, dist.version
+                )
     for folder in (Path(os.environ.get("CUDA_HOME", "/usr/local/cuda")) / "lib64",):
         path = _versioned(folder, stem)
         if path is not None:
@@ -130,8 +135,11 @@ def find_cuda_driver() -> SharedLibrary:
     for line in listing.splitlines():
         if line.strip().startswith("libcuda.so.1 ") and "x86-64" in line:
             return SharedLibrary(Path(line.rsplit("=>", 1)[-1].strip()), "cuda-driver", "")
-    for folder in (Path("/usr/lib/x86_64-linux-gnu"), Path("/usr/lib64"),
-                   Path("/usr/local/cuda/compat")):
+    for folder in (
+        Path("/usr/lib/x86_64-linux-gnu"),
+        Path("/usr/lib64"),
+        Path("/usr/local/cuda/compat"),
+    ):
         if (folder / "libcuda.so.1").exists():
             return SharedLibrary(folder / "libcuda.so.1", "cuda-driver", "")
     raise RuntimeError("no CUDA driver (libcuda.so.1) on this machine")
@@ -148,7 +156,8 @@ def _build() -> CudaPeerLibrary:
     compiler = cxx()
     cublas, links = find_cublas(), (find_cudnn(), find_cuda_driver(), _tvm_ffi())
     source_hash = hashlib.sha256(
-        SHIM_SOURCE.read_bytes() + str((cublas, links)).encode()).hexdigest()[:16]
+        SHIM_SOURCE.read_bytes() + str((cublas, links)).encode()
+    ).hexdigest()[:16]
     folder = _cache_dir() / "peers" / f"cuda-{source_hash}"
     common = [compiler, "-O2", "-std=c++17", "-fPIC"]
     obj, shared = folder / "tunehub_cuda_peers.o", folder / "libtunehub_cuda_peers.so"

@@ -35,6 +35,7 @@ single-threaded by the library, so the library uses exactly TVM's threads.
 :func:`peer_library` returns ``None`` (and :func:`unavailable_reason` says why) on a machine
 without the wheel or a compiler: peers are then skipped and builds use tuned schedules only.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -81,8 +82,13 @@ class PeerLibrary:
 
     def describe(self) -> dict[str, Any]:
         """What an artifact's manifest says it needs at run time."""
-        out = {"library": LIBRARY, "package": self.blas.package, "version": self.blas.version,
-               "path": str(self.blas.path), "shim": self.shim_hash}
+        out = {
+            "library": LIBRARY,
+            "package": self.blas.package,
+            "version": self.blas.version,
+            "path": str(self.blas.path),
+            "shim": self.shim_hash,
+        }
         if self.onednn is not None:
             out["onednn"] = self.onednn.describe()
         return out
@@ -129,8 +135,11 @@ class OneDnn:
         return [f"-L{self.lib_dir}", "-l:libdnnl.so.3", f"-Wl,-rpath,{self.lib_dir}", "-lgomp"]
 
     def describe(self) -> dict[str, str]:
-        return {"package": ONEDNN_PACKAGES[0], "version": self.version,
-                "path": str(self.lib_dir / "libdnnl.so.3")}
+        return {
+            "package": ONEDNN_PACKAGES[0],
+            "version": self.version,
+            "path": str(self.lib_dir / "libdnnl.so.3"),
+        }
 
 
 def find_onednn() -> OneDnn:
@@ -228,21 +237,37 @@ def _build_with(onednn: OneDnn | None) -> PeerLibrary:
     blas = find_blas()
     runtime_dir = Path(tvm.__file__).parent / "lib"
     sources = SHIM_SOURCE.read_bytes() + ONEDNN_SOURCE.read_bytes()
-    source_hash = hashlib.sha256(sources + str(blas).encode() + str(onednn).encode()
-                                 ).hexdigest()[:16]
+    source_hash = hashlib.sha256(sources + str(blas).encode() + str(onednn).encode()).hexdigest()[
+        :16
+    ]
     folder = _cache_dir() / "peers" / source_hash
-    common = [compiler, "-O3", "-std=c++17", "-fPIC", *blas.defines(),
-              *(onednn.compile_flags() if onednn is not None else [])]
+    common = [
+        compiler,
+        "-O3",
+        "-std=c++17",
+        "-fPIC",
+        *blas.defines(),
+        *(onednn.compile_flags() if onednn is not None else []),
+    ]
     obj = folder / "tunehub_peers.o"
     shared = folder / "libtunehub_peers.so"
     if not obj.exists():
         _compile(SHIM_SOURCE, obj, [*common, "-c"])
     if not shared.exists():
-        _compile(SHIM_SOURCE, shared, [*common, "-shared", "-Wl,--no-as-needed",
-                                       *blas.link_flags(),
-                                       *(onednn.link_flags() if onednn is not None else []),
-                                       f"-L{runtime_dir}", "-ltvm_runtime",
-                                       f"-Wl,-rpath,{runtime_dir}"])
+        _compile(
+            SHIM_SOURCE,
+            shared,
+            [
+                *common,
+                "-shared",
+                "-Wl,--no-as-needed",
+                *blas.link_flags(),
+                *(onednn.link_flags() if onednn is not None else []),
+                f"-L{runtime_dir}",
+                "-ltvm_runtime",
+                f"-Wl,-rpath,{runtime_dir}",
+            ],
+        )
     return PeerLibrary(shared, obj, blas, source_hash, onednn)
 
 

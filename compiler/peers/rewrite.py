@@ -45,6 +45,7 @@ with the task's arguments, in a measurement and in the model. It is marked sched
 (MetaSchedule and the build leave it as it is) and loses ``layout_free_buffers`` (the library
 reads weights in their own layout).
 """
+
 from __future__ import annotations
 
 import math
@@ -62,8 +63,11 @@ from compiler.peers.library import onednn_available
 _Load = ir.TensorLoad
 
 #: The C entry points of the shim (``compiler/peers/shim.cc``), by peer kind.
-FUNCTIONS = {"gemm": "tunehub_peer_gemm", "conv2d_nhwc": "tunehub_peer_conv2d_nhwc",
-             "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc"}
+FUNCTIONS = {
+    "gemm": "tunehub_peer_gemm",
+    "conv2d_nhwc": "tunehub_peer_conv2d_nhwc",
+    "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc",
+}
 #: The C entry points of the CUDA shim (``compiler/peers/shim_cuda.cc``), by peer kind.
 CUDA_FUNCTIONS = {"gemm": "tunehub_cuda_gemm", "conv2d_nchw": "tunehub_cuda_conv2d_nchw"}
 VECTOR_LANES = 8
@@ -71,8 +75,10 @@ VECTOR_LANES = 8
 WINOGRAD_FUNCTION = "tunehub_peer_conv2d_nhwc_winograd"
 #: The shim's entry points with packed weights (``algorithm`` ``packed``): the same arguments as
 #: :data:`FUNCTIONS`'; the weight is packed into the micro-kernel's panels once and cached.
-PACKED_FUNCTIONS = {"gemm": "tunehub_peer_gemm_packed",
-                    "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_packed"}
+PACKED_FUNCTIONS = {
+    "gemm": "tunehub_peer_gemm_packed",
+    "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_packed",
+}
 #: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
 #: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
 #: argument (0: not Winograd).
@@ -86,8 +92,10 @@ ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
 #: The shim's oneDNN entry points (``algorithm`` ``onednn``; ``shim_onednn.inc``), by peer kind:
 #: the same arguments as :data:`FUNCTIONS`'. Offered only where the peer library was built
 #: against oneDNN (:func:`compiler.peers.library.onednn_available`).
-ONEDNN_FUNCTIONS = {"conv2d_nhwc": "tunehub_peer_conv2d_nhwc_onednn",
-                    "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc_onednn"}
+ONEDNN_FUNCTIONS = {
+    "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_onednn",
+    "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc_onednn",
+}
 #: ``gemm`` algorithms: the shim's packed-weight GEMM, OpenBLAS (``""``, the older records'
 #: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``).
 GEMM_ALGORITHMS = ("packed", "")
@@ -139,8 +147,11 @@ class PeerCall:
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"kind": self.kind, "function": self.function,
-                               "config": dict(self.config)}
+        out: dict[str, Any] = {
+            "kind": self.kind,
+            "function": self.function,
+            "config": dict(self.config),
+        }
         if self.algorithm:
             out["algorithm"] = self.algorithm
         if self.epilogue:
@@ -151,8 +162,7 @@ class PeerCall:
     def epilogue(self) -> tuple[str, ...]:
         """What the call does after its product, in words (``bias``, ``residual``,
         ``max 0``, ``min 6``); empty when it does nothing more."""
-        done = [name for name, given in (("bias", self.bias), ("residual", self.residual))
-                if given]
+        done = [name for name, given in (("bias", self.bias), ("residual", self.residual)) if given]
         if self.clamp is not None:
             lo, hi = self.clamp
             done += [f"max {lo:g}"] if lo != -math.inf else []
@@ -212,8 +222,12 @@ def _reduction_parts(block: Any) -> tuple[Any, Any, Any, list[Any], list[Any]] |
     if block.init is None or not isinstance(store, tirx.BufferStore):
         return None
     value = store.value
-    if not (isinstance(value, ir.prim.expr.Add) and isinstance(value.a, _Load)
-            and value.a.source.same_as(store.buffer) and isinstance(value.b, ir.prim.expr.Mul)):
+    if not (
+        isinstance(value, ir.prim.expr.Add)
+        and isinstance(value.a, _Load)
+        and value.a.source.same_as(store.buffer)
+        and isinstance(value.b, ir.prim.expr.Mul)
+    ):
         return None
     a, b = _uncast(value.b.a), _uncast(value.b.b)
     if not (isinstance(a, _Load) and isinstance(b, _Load)):
@@ -271,8 +285,9 @@ def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     for d in store.buffer.shape[:-1]:
         rows *= int(d)
     algorithm = "packed" if len(b.source.shape) == 2 and rows > 1 else ""
-    return PeerCall("gemm", (a.source.name, b.source.name), store.buffer.name, config, device,
-                    algorithm)
+    return PeerCall(
+        "gemm", (a.source.name, b.source.name), store.buffer.name, config, device, algorithm
+    )
 
 
 def _coefficients(expr: Any, variables: list[Any]) -> list[int] | None:
@@ -324,13 +339,19 @@ class _ConvMatch:
     cols: list[int]
 
     def config(self) -> tuple[tuple[str, int], ...]:
-        return (("stride_h", self.rows[0]), ("stride_w", self.cols[0]),
-                ("pad_top", self.top), ("pad_left", self.left),
-                ("dilation_h", self.rows[1]), ("dilation_w", self.cols[1]))
+        return (
+            ("stride_h", self.rows[0]),
+            ("stride_w", self.cols[0]),
+            ("pad_top", self.top),
+            ("pad_left", self.left),
+            ("dilation_h", self.rows[1]),
+            ("dilation_w", self.cols[1]),
+        )
 
 
-def _match_conv(stages: list[_Stage], params: set[str], layout: str,
-                depthwise: bool = False) -> _ConvMatch | None:
+def _match_conv(
+    stages: list[_Stage], params: set[str], layout: str, depthwise: bool = False
+) -> _ConvMatch | None:
     """The groups-1 float32 convolution anchor of ``stages`` in ``layout`` (``NHWC``: block
     ``conv2d_nhwc``, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, c] * W[ry, rx, c, f]``;
     ``NCHW``: block ``conv2d_nchw``, ``Y[n, f, y, x] += P[n, c, ...] * W[f, c, ry, rx]``), whose
@@ -347,8 +368,11 @@ def _match_conv(stages: list[_Stage], params: set[str], layout: str,
     if parts is None:
         return None
     store, data, weight, spatial, reduce = parts
-    if len(spatial) != 4 or len(reduce) != 3 or not _float32(store.buffer, data.source,
-                                                              weight.source):
+    if (
+        len(spatial) != 4
+        or len(reduce) != 3
+        or not _float32(store.buffer, data.source, weight.source)
+    ):
         return None
     if layout == "NHWC":
         (n, y, x, f), (ry, rx, rc) = spatial, reduce
@@ -363,10 +387,12 @@ def _match_conv(stages: list[_Stage], params: set[str], layout: str,
     if rows is None or cols is None or rows[2] or cols[2]:
         return None
     if depthwise:
-        if (not _is_vars(data.indices[:1], [n])
-                or _coefficients(data.indices[3], [f, rc]) != [1, 1, 0]
-                or int(weight.source.shape[2]) != 1
-                or int(store.buffer.shape[3]) != int(data.source.shape[3])):
+        if (
+            not _is_vars(data.indices[:1], [n])
+            or _coefficients(data.indices[3], [f, rc]) != [1, 1, 0]
+            or int(weight.source.shape[2]) != 1
+            or int(store.buffer.shape[3]) != int(data.source.shape[3])
+        ):
             return None
     elif not _is_vars([data.indices[i] for i in batch_and_channel], [n, rc]):
         return None
@@ -389,8 +415,13 @@ def _conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | No
     match = _match_conv(stages, params, "NHWC")
     if match is None:
         return None
-    call = PeerCall("conv2d_nhwc", (str(match.source.name), match.weight.source.name),
-                    match.store.buffer.name, match.config(), algorithm="im2col")
+    call = PeerCall(
+        "conv2d_nhwc",
+        (str(match.source.name), match.weight.source.name),
+        match.store.buffer.name,
+        match.config(),
+        algorithm="im2col",
+    )
     shape = _ConvShape.of(call, match.weight.source, match.store.buffer)
     return replace(call, algorithm=default_conv_algorithm(shape)), match.index
 
@@ -400,8 +431,12 @@ def _depthwise_conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall,
     match = _match_conv(stages, params, "NHWC", depthwise=True)
     if match is None:
         return None
-    call = PeerCall("depthwise_conv2d_nhwc", (str(match.source.name), match.weight.source.name),
-                    match.store.buffer.name, match.config())
+    call = PeerCall(
+        "depthwise_conv2d_nhwc",
+        (str(match.source.name), match.weight.source.name),
+        match.store.buffer.name,
+        match.config(),
+    )
     shape = _ConvShape.of(call, match.weight.source, match.store.buffer)
     return replace(call, algorithm=default_depthwise_algorithm(shape)), match.index
 
@@ -416,11 +451,17 @@ def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int]
     kh, kw = (int(d) for d in match.weight.source.shape[2:])
     oh, ow = (int(d) for d in match.store.buffer.shape[2:])
     rows, cols = match.rows, match.cols
-    if ((h + 2 * match.top - rows[1] * (kh - 1) - 1) // rows[0] + 1 != oh
-            or (w + 2 * match.left - cols[1] * (kw - 1) - 1) // cols[0] + 1 != ow):
+    if (h + 2 * match.top - rows[1] * (kh - 1) - 1) // rows[0] + 1 != oh or (
+        w + 2 * match.left - cols[1] * (kw - 1) - 1
+    ) // cols[0] + 1 != ow:
         return None  # padded more on one side than the other: not cuDNN's convolution
-    return PeerCall("conv2d_nchw", (str(match.source.name), match.weight.source.name),
-                    match.store.buffer.name, match.config(), "cuda"), match.index
+    return PeerCall(
+        "conv2d_nchw",
+        (str(match.source.name), match.weight.source.name),
+        match.store.buffer.name,
+        match.config(),
+        "cuda",
+    ), match.index
 
 
 @dataclass(frozen=True)
@@ -439,9 +480,14 @@ class _ConvShape:
     def of(call: PeerCall, weight: Any, output: Any) -> _ConvShape:
         config = dict(call.config)
         kh, kw, c, k = (int(d) for d in weight.shape)
-        return _ConvShape((kh, kw), (config["stride_h"], config["stride_w"]),
-                          (config["dilation_h"], config["dilation_w"]), c, k,
-                          int(output.shape[1]) * int(output.shape[2]))
+        return _ConvShape(
+            (kh, kw),
+            (config["stride_h"], config["stride_w"]),
+            (config["dilation_h"], config["dilation_w"]),
+            c,
+            k,
+            int(output.shape[1]) * int(output.shape[2]),
+        )
 
 
 def conv_algorithms(shape: _ConvShape) -> list[str]:
@@ -450,8 +496,12 @@ def conv_algorithms(shape: _ConvShape) -> list[str]:
     :data:`WINOGRAD_MIN_CHANNELS` channels in and out; ``onednn`` where the peer library has
     oneDNN."""
     out = ["packed", "im2col"]
-    if (shape.kernel == (3, 3) and shape.strides == (1, 1) and shape.dilations == (1, 1)
-            and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS):
+    if (
+        shape.kernel == (3, 3)
+        and shape.strides == (1, 1)
+        and shape.dilations == (1, 1)
+        and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS
+    ):
         out += ["winograd_f2", "winograd_f4"]
     return out + (["onednn"] if onednn_available() else [])
 
@@ -484,8 +534,7 @@ def default_conv_algorithm(shape: _ConvShape) -> str:
         if "winograd_f2" in options and shape.pixels >= 12 * 12:
             return "winograd_f2"
     pointwise = shape.kernel == (1, 1)
-    if "onednn" in options and not (pointwise
-                                    and shape.channels > ONEDNN_POINTWISE_MAX_CHANNELS):
+    if "onednn" in options and not (pointwise and shape.channels > ONEDNN_POINTWISE_MAX_CHANNELS):
         return "onednn"
     return "packed"
 
@@ -515,7 +564,7 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
         found = _conv2d_nchw(stages, params)
     if found is None:
         return None
-    epilogue = stages[found[1] + 1:]
+    epilogue = stages[found[1] + 1 :]
     if any(iv.iter_type != tirx.IterVar.DataPar for s in epilogue for iv in s.block.iter_vars):
         return None  # a reduction after the anchor (e.g. a mean): the task stays TIR
     if device == "cpu" and FUSE_EPILOGUE:
@@ -523,16 +572,21 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
     return found
 
 
-def _epilogue_step(value: Any, current: str, variables: list[Any], shape: list[int],
-                   params: dict[str, Any]) -> tuple[str, Any] | None:
+def _epilogue_step(
+    value: Any, current: str, variables: list[Any], shape: list[int], params: dict[str, Any]
+) -> tuple[str, Any] | None:
     """What one epilogue block's value does to ``current`` (the buffer so far, read at the
     block's own indices), if the shim's epilogue can do it: ``("bias", name)`` (a float32
     parameter indexed by the last axis, its other axes of extent 1), ``("residual", name)`` (a
     float32 parameter of the output's shape, read at the same indices), ``("max", c)`` or
     ``("min", c)`` with a float32 constant; else ``None``."""
+
     def is_current(expr: Any) -> bool:
-        return (isinstance(expr, _Load) and str(expr.source.name) == current
-                and _is_vars(expr.indices, variables))
+        return (
+            isinstance(expr, _Load)
+            and str(expr.source.name) == current
+            and _is_vars(expr.indices, variables)
+        )
 
     if isinstance(value, (ir.prim.expr.Max, ir.prim.expr.Min)):
         const = value.b if is_current(value.a) else value.a if is_current(value.b) else None
@@ -551,14 +605,21 @@ def _epilogue_step(value: Any, current: str, variables: list[Any], shape: list[i
     if dims == shape and _is_vars(other.indices, variables):
         return "residual", str(buffer.name)
     indices = list(other.indices)  # its axes but the last have extent 1: their indices are 0
-    if (indices and dims and dims[-1] == shape[-1] and all(d == 1 for d in dims[:-1])
-            and isinstance(indices[-1], ir.Var) and indices[-1].same_as(variables[-1])):
+    if (
+        indices
+        and dims
+        and dims[-1] == shape[-1]
+        and all(d == 1 for d in dims[:-1])
+        and isinstance(indices[-1], ir.Var)
+        and indices[-1].same_as(variables[-1])
+    ):
         return "bias", str(buffer.name)
     return None
 
 
-def _fuse_epilogue(call: PeerCall, anchor: int, stages: list[_Stage], func: tirx.PrimFunc
-                   ) -> tuple[PeerCall, int]:
+def _fuse_epilogue(
+    call: PeerCall, anchor: int, stages: list[_Stage], func: tirx.PrimFunc
+) -> tuple[PeerCall, int]:
     """``call`` extended by the longest run of epilogue blocks right after ``anchor`` that the
     shim's epilogue does (at most one bias add and one residual add, then clamps; see
     :func:`_epilogue_step`), and the index of the last stage the call then computes. A run is
@@ -574,9 +635,12 @@ def _fuse_epilogue(call: PeerCall, anchor: int, stages: list[_Stage], func: tirx
         block = stages[index].block
         store = block.body
         variables = [iv.var for iv in block.iter_vars]
-        if not (isinstance(store, tirx.BufferStore) and _is_vars(store.indices, variables)
-                and [int(d) for d in store.buffer.shape] == shape
-                and str(store.buffer.dtype) == "float32"):
+        if not (
+            isinstance(store, tirx.BufferStore)
+            and _is_vars(store.indices, variables)
+            and [int(d) for d in store.buffer.shape] == shape
+            and str(store.buffer.dtype) == "float32"
+        ):
             break
         step = _epilogue_step(store.value, current, variables, shape, params)
         clamped = (lo, hi) != (-math.inf, math.inf)
@@ -598,17 +662,17 @@ def _fuse_epilogue(call: PeerCall, anchor: int, stages: list[_Stage], func: tirx
     while runs:  # the buffers before the run's last must not be read after it
         index, current, bias, residual, lo, hi = runs[-1]
         skipped = {call.output} | {r[1] for r in runs[:-1]}
-        later = {str(region.source.name) for s in stages[index + 1:] for region in s.block.reads}
+        later = {str(region.source.name) for s in stages[index + 1 :] for region in s.block.reads}
         if not skipped & later:
             clamp = None if (lo, hi) == (-math.inf, math.inf) else (lo, hi)
-            return replace(call, output=current, bias=bias, residual=residual,
-                           clamp=clamp), index
+            return replace(call, output=current, bias=bias, residual=residual, clamp=clamp), index
         runs.pop()
     return call, anchor
 
 
-def _fold_output_cast(call: PeerCall, stages: list[_Stage], params: set[str]
-                      ) -> tuple[PeerCall, int]:
+def _fold_output_cast(
+    call: PeerCall, stages: list[_Stage], params: set[str]
+) -> tuple[PeerCall, int]:
     """A CUDA GEMM accumulated in float32 whose whole epilogue is its cast to a float16 output
     parameter writes that output itself (cuBLAS casts as it stores: one kernel less); returns
     the call and the index of the last stage it computes."""
@@ -617,13 +681,19 @@ def _fold_output_cast(call: PeerCall, stages: list[_Stage], params: set[str]
     store = stages[1].block.body
     value = store.value if isinstance(store, tirx.BufferStore) else None
     spatial = [iv.var for iv in stages[1].block.iter_vars]
-    if not (isinstance(value, ir.prim.expr.Cast) and str(value.ty) == "float16"
-            and isinstance(value.value, _Load) and str(value.value.source.name) == call.output
-            and str(store.buffer.name) in params and _is_vars(store.indices, spatial)
-            and _is_vars(value.value.indices, spatial)):
+    if not (
+        isinstance(value, ir.prim.expr.Cast)
+        and str(value.ty) == "float16"
+        and isinstance(value.value, _Load)
+        and str(value.value.source.name) == call.output
+        and str(store.buffer.name) in params
+        and _is_vars(store.indices, spatial)
+        and _is_vars(value.value.indices, spatial)
+    ):
         return call, 0
-    config = tuple((k, CUDA_DTYPES[("float16", "float16")] if k == "dtype" else v)
-                   for k, v in call.config)
+    config = tuple(
+        (k, CUDA_DTYPES[("float16", "float16")] if k == "dtype" else v) for k, v in call.config
+    )
     return PeerCall(call.kind, call.inputs, str(store.buffer.name), config, call.device), 1
 
 
@@ -648,8 +718,11 @@ def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     default = find_peer(mod, device)
     if default is None or device != "cpu":
         return [default] if default is not None else []
-    return [default] + [replace(default, algorithm=a) for a in _cpu_algorithms(mod, default)
-                        if a != default.algorithm]
+    return [default] + [
+        replace(default, algorithm=a)
+        for a in _cpu_algorithms(mod, default)
+        if a != default.algorithm
+    ]
 
 
 def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
@@ -680,8 +753,9 @@ def _region(buffer: Any) -> Any:
     return buffer[tuple(slice(0, d) for d in buffer.shape)]
 
 
-def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | None = None
-                  ) -> tirx.PrimFunc:
+def peer_function(
+    func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | None = None
+) -> tirx.PrimFunc:
     """``func`` with its anchor replaced by ``device``'s library call (module docstring; on
     ``cuda`` the epilogue is one kernel of :data:`CUDA_THREADS`-thread blocks, launched after
     the call on TVM's stream).
@@ -705,17 +779,24 @@ def peer_function(func: tirx.PrimFunc, device: str = "cpu", *, call: PeerCall | 
     if device == "cpu" and FUSE_EPILOGUE:
         args += _epilogue_args(call, buffers, output)
     extern = s_tir.SBlock(
-        [], [_region(b) for b in (*inputs, *epilogue)], [_region(output)], "tunehub_peer",
+        [],
+        [_region(b) for b in (*inputs, *epilogue)],
+        [_region(output)],
+        "tunehub_peer",
         _checked(tirx.call_extern("int32", call.function, *args), call.function, device),
     )
-    dropped = {str(stages[i].block.writes[0].source.name)
-               for i in range(last + 1)} - {call.output}
-    body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[last + 1:]]
+    dropped = {str(stages[i].block.writes[0].source.name) for i in range(last + 1)} - {call.output}
+    body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[last + 1 :]]
     new_root = s_tir.SBlock(
-        root.iter_vars, root.reads, root.writes, root.name_hint,
-        tirx.SeqStmt(body) if len(body) > 1 else body[0], root.init,
+        root.iter_vars,
+        root.reads,
+        root.writes,
+        root.name_hint,
+        tirx.SeqStmt(body) if len(body) > 1 else body[0],
+        root.init,
         [b for b in root.alloc_buffers if str(b.name) not in dropped],
-        root.match_buffers, root.annotations,
+        root.match_buffers,
+        root.annotations,
     )
     rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
     rewritten = rewritten.without_attr("layout_free_buffers")
@@ -733,7 +814,8 @@ def _checked(status: Any, function: str, device: str) -> Any:
     # takes (condition, kind): call the constructor itself.
     message = [ir.StringImm(f"the library peer {function} failed")]
     return tirx._ffi_api.AssertStmt(  # noqa: SLF001 - see above
-        status == 0, ir.StringImm("RuntimeError"), message, None)
+        status == 0, ir.StringImm("RuntimeError"), message, None
+    )
 
 
 def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list[Any]:
@@ -742,8 +824,12 @@ def _epilogue_args(call: PeerCall, buffers: dict[str, Any], output: Any) -> list
     lo, hi = call.clamp if call.clamp is not None else (-math.inf, math.inf)
     flags = (1 if call.bias else 0) | (2 if call.residual else 0)
     pointers = [(buffers[name] if name else output).data for name in (call.bias, call.residual)]
-    return [tirx.IntImm("int32", flags), *pointers,
-            tirx.FloatImm("float32", lo), tirx.FloatImm("float32", hi)]
+    return [
+        tirx.IntImm("int32", flags),
+        *pointers,
+        tirx.FloatImm("float32", lo),
+        tirx.FloatImm("float32", hi),
+    ]
 
 
 def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
@@ -756,27 +842,48 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
         for d in shape[:-2]:
             batch *= d
         b_batched = int(len(inputs[1].shape) > 2)
-        i64 = [tirx.IntImm("int64", v) for v in (batch, shape[-2] if len(shape) > 1 else 1,
-                                                 shape[-1], a_shape[-1])]
+        i64 = [
+            tirx.IntImm("int64", v)
+            for v in (batch, shape[-2] if len(shape) > 1 else 1, shape[-1], a_shape[-1])
+        ]
         extra = [tirx.IntImm("int32", config["dtype"])] if "dtype" in config else []
-        return [*i64, tirx.IntImm("int32", config["trans_b"]), tirx.IntImm("int32", b_batched),
-                *extra]
+        return [
+            *i64,
+            tirx.IntImm("int32", config["trans_b"]),
+            tirx.IntImm("int32", b_batched),
+            *extra,
+        ]
     x_shape = [int(d) for d in inputs[0].shape]
     if call.kind == "conv2d_nchw":  # tunehub_cuda_conv2d_nchw: all int64
         k, _, kh, kw = (int(d) for d in inputs[1].shape)
-        sizes = (*x_shape, k, kh, kw, shape[2], shape[3], config["stride_h"],
-                 config["stride_w"], config["pad_top"], config["pad_left"], config["dilation_h"],
-                 config["dilation_w"])
+        sizes = (
+            *x_shape,
+            k,
+            kh,
+            kw,
+            shape[2],
+            shape[3],
+            config["stride_h"],
+            config["stride_w"],
+            config["pad_top"],
+            config["pad_left"],
+            config["dilation_h"],
+            config["dilation_w"],
+        )
         return [tirx.IntImm("int64", v) for v in sizes]
     tile = CONV_ALGORITHMS.get(call.algorithm, 0)
     if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
         sizes = (*x_shape, int(inputs[1].shape[3]), shape[1], shape[2])
-        return [*(tirx.IntImm("int64", v) for v in sizes),
-                *(tirx.IntImm("int32", v) for v in (config["pad_top"], config["pad_left"], tile))]
+        return [
+            *(tirx.IntImm("int64", v) for v in sizes),
+            *(tirx.IntImm("int32", v) for v in (config["pad_top"], config["pad_left"], tile)),
+        ]
     w_shape = [int(d) for d in inputs[1].shape]
     sizes = (*x_shape, w_shape[0], w_shape[1], w_shape[3], shape[1], shape[2])
-    return [*(tirx.IntImm("int64", v) for v in sizes),
-            *(tirx.IntImm("int32", v) for _, v in call.config)]
+    return [
+        *(tirx.IntImm("int64", v) for v in sizes),
+        *(tirx.IntImm("int32", v) for _, v in call.config),
+    ]
 
 
 def _schedule_epilogue(func: tirx.PrimFunc, epilogue_blocks: int, device: str) -> tirx.PrimFunc:

@@ -4,6 +4,7 @@ Each module's docstring states the rules of its resource (records: keep-the-bett
 failed candidates; jobs: ownership, task leases, cancellation, state transitions); each abstract
 method documents its arguments, results and errors.
 """
+
 from __future__ import annotations
 
 from db.contracts.cost_models import CostModelStorage

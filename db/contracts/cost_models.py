@@ -1,4 +1,5 @@
 """The contract of trained cost models, stored per target and feature version."""
+
 from __future__ import annotations
 
 import abc

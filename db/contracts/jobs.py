@@ -31,6 +31,7 @@ Allowed state transitions (jobs and job tasks; see :class:`db.types.JobStatus`)
     ``queued -> running | cancelled``; ``running -> succeeded | failed | cancelled | queued``;
     ``succeeded``, ``failed`` and ``cancelled`` are final.
 """
+
 from __future__ import annotations
 
 import abc

@@ -13,6 +13,7 @@ Library records are additive
     with the task's best schedule themselves. Deleting a workload or a target deletes its
     library records; deleting a job keeps them (job unset).
 """
+
 from __future__ import annotations
 
 import abc
@@ -44,7 +45,10 @@ class LibraryRecordStorage(abc.ABC):
 
     @abc.abstractmethod
     def list_library_records(
-        self, *, workload_key: str | None = None, target_key: str | None = None,
+        self,
+        *,
+        workload_key: str | None = None,
+        target_key: str | None = None,
         job_id: int | None = None,
     ) -> list[LibraryRecord]:
         """Library records of ``workload_key`` on ``target_key`` from ``job_id`` (any filter

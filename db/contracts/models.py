@@ -1,4 +1,5 @@
 """The contract of uploaded models and their lists of tuning tasks."""
+
 from __future__ import annotations
 
 import abc
@@ -12,7 +13,13 @@ class ModelStorage(abc.ABC):
 
     @abc.abstractmethod
     def add_model(
-        self, *, content_hash: str, format: str, filename: str, size: int, owner: str,
+        self,
+        *,
+        content_hash: str,
+        format: str,
+        filename: str,
+        size: int,
+        owner: str,
         buckets_json: str | None = None,
     ) -> ModelRecord:
         """Record an uploaded model; uploading the same content twice returns the first row.

@@ -14,6 +14,7 @@ Failed candidates
     They are never returned by :meth:`RecordStorage.top_k`, and they keep the search from
     measuring the same broken candidate again.
 """
+
 from __future__ import annotations
 
 import abc

@@ -6,6 +6,7 @@ Re-measurements are additive
     so no re-measurement (e.g. one a worker uploads) can make another record look worse to the
     search. Deleting a record deletes its re-measurements; deleting a job keeps them (job unset).
 """
+
 from __future__ import annotations
 
 import abc

@@ -1,4 +1,5 @@
 """The contract of API tokens: only their hashes are stored."""
+
 from __future__ import annotations
 
 import abc

@@ -1,4 +1,5 @@
 """The contract of workers: registration by name and heartbeats on the database clock."""
+
 from __future__ import annotations
 
 import abc
@@ -11,7 +12,11 @@ class WorkerStorage(abc.ABC):
 
     @abc.abstractmethod
     def register_worker(
-        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None,
+        self,
+        name: str,
+        *,
+        fingerprint_json: str = "{}",
+        target_id: int | None = None,
         token_id: int | None = None,
     ) -> Worker:
         """Insert or update the worker called ``name`` and stamp a heartbeat. Each call is a new

@@ -4,6 +4,7 @@ Run programmatically through :mod:`db.schema` (which passes an open connection i
 ``config.attributes["connection"]``), or by hand with ``alembic -c db/alembic.ini`` and
 ``sqlalchemy.url`` set. SQLite uses batch mode so later migrations can alter tables.
 """
+
 from __future__ import annotations
 
 from alembic import context

@@ -2,6 +2,7 @@
 
 :class:`db.storage.SQLStorage` joins the mixins into one :class:`db.base.TuningStorage`.
 """
+
 from __future__ import annotations
 
 from db.sql.base import SQLBase

@@ -4,6 +4,7 @@ Each resource's part (:mod:`db.sql.records`, :mod:`db.sql.jobs`, ...) is a mixin
 :class:`SQLBase`; :class:`db.storage.SQLStorage` joins them. Everything a part returns is a frozen
 dataclass of :mod:`db.types`, built from its row by :func:`frozen`.
 """
+
 from __future__ import annotations
 
 import dataclasses

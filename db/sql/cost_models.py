@@ -1,4 +1,5 @@
 """Trained cost models on SQL."""
+
 from __future__ import annotations
 
 from sqlalchemy import select

@@ -1,4 +1,5 @@
 """Jobs, job tasks and artifacts on SQL, and the compare-and-set of every status change."""
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -34,6 +35,7 @@ def status_sources(new_status: str, expected: str | None) -> list[str]:
     if expected is not None:
         sources = [s for s in sources if s == expected]
     return sources
+
 
 def compare_and_set(session, model, kind: str, row_id: int, new_status, sources, values):
     result = session.execute(
@@ -255,9 +257,13 @@ class JobSQL(SQLBase, JobStorage):
             return frozen(JobTask, session.get(JobTaskRow, task_id, populate_existing=True))
 
     def count_open_jobs(self, *, target_id: int) -> int:
-        stmt = select(func.count()).select_from(JobRow).where(
-            JobRow.target_id == target_id,
-            JobRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+        stmt = (
+            select(func.count())
+            .select_from(JobRow)
+            .where(
+                JobRow.target_id == target_id,
+                JobRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
+            )
         )
         with self._connection() as conn:
             return int(conn.execute(stmt).scalar_one())

@@ -1,4 +1,5 @@
 """Task leases on SQL, ending side: finish, expire, release, and move the leased work on."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -30,7 +31,9 @@ class LeaseEndSQL(SQLBase, JobStorage):
 
     def _end_lease(self, session, lease_id: int, outcome: str, *, error=None, where=()) -> bool:
         values: dict[str, Any] = {
-            "status": outcome, "finished_at": func.now(), "updated_at": func.now(),
+            "status": outcome,
+            "finished_at": func.now(),
+            "updated_at": func.now(),
         }
         if error is not None:
             values["error"] = error
@@ -77,7 +80,12 @@ class LeaseEndSQL(SQLBase, JobStorage):
             if failed and job.status == JobStatus.RUNNING:
                 reason = lease.error or f"the finalize step was lost {max_attempts} times"
                 compare_and_set(
-                    session, JobRow, "job", job.id, JobStatus.FAILED, [JobStatus.RUNNING],
+                    session,
+                    JobRow,
+                    "job",
+                    job.id,
+                    JobStatus.FAILED,
+                    [JobStatus.RUNNING],
                     {"finished_at": func.now(), "error": f"finalize failed: {reason}"},
                 )
             return
@@ -111,8 +119,13 @@ class LeaseEndSQL(SQLBase, JobStorage):
             for lease_id in ids:
                 # Compare-and-set on the same conditions: a lease renewed or reaped by another
                 # process meanwhile is left alone (PostgreSQL re-checks after the row lock).
-                if not self._end_lease(session, lease_id, LeaseStatus.EXPIRED,
-                                       error="lease expired (no heartbeat)", where=expired[1:]):
+                if not self._end_lease(
+                    session,
+                    lease_id,
+                    LeaseStatus.EXPIRED,
+                    error="lease expired (no heartbeat)",
+                    where=expired[1:],
+                ):
                     continue
                 lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
                 self._release_work(session, lease, max_attempts=max_attempts)
@@ -122,12 +135,21 @@ class LeaseEndSQL(SQLBase, JobStorage):
     def release_worker_leases(self, worker: str, *, max_attempts: int = 3) -> list[int]:
         released: list[int] = []
         with self._session(write=True) as session:
-            ids = list(session.scalars(select(TaskLeaseRow.id).where(
-                TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE
-            )))
+            ids = list(
+                session.scalars(
+                    select(TaskLeaseRow.id).where(
+                        TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE
+                    )
+                )
+            )
             for lease_id in ids:
-                if not self._end_lease(session, lease_id, LeaseStatus.EXPIRED,
-                                       error=f"worker {worker} went away", where=(true_(),)):
+                if not self._end_lease(
+                    session,
+                    lease_id,
+                    LeaseStatus.EXPIRED,
+                    error=f"worker {worker} went away",
+                    where=(true_(),),
+                ):
                     continue
                 lease = session.get(TaskLeaseRow, lease_id, populate_existing=True)
                 self._release_work(session, lease, max_attempts=max_attempts)
@@ -144,9 +166,18 @@ class LeaseEndSQL(SQLBase, JobStorage):
         manifest_json: str,
         verified: bool,
     ) -> Artifact:
-        return self._complete_build("preview", lease_id, ArtifactRow(
-            path=path, sha256=sha256, size=size, manifest_json=manifest_json, verified=verified,
-            kind="preview"))
+        return self._complete_build(
+            "preview",
+            lease_id,
+            ArtifactRow(
+                path=path,
+                sha256=sha256,
+                size=size,
+                manifest_json=manifest_json,
+                verified=verified,
+                kind="preview",
+            ),
+        )
 
     def complete_finalize(
         self,
@@ -158,8 +189,13 @@ class LeaseEndSQL(SQLBase, JobStorage):
         manifest_json: str,
         verified: bool,
     ) -> Artifact:
-        return self._complete_build("finalize", lease_id, ArtifactRow(
-            path=path, sha256=sha256, size=size, manifest_json=manifest_json, verified=verified))
+        return self._complete_build(
+            "finalize",
+            lease_id,
+            ArtifactRow(
+                path=path, sha256=sha256, size=size, manifest_json=manifest_json, verified=verified
+            ),
+        )
 
     def _complete_build(self, kind: str, lease_id: int, artifact: ArtifactRow) -> Artifact:
         """End the active ``kind`` lease ``lease_id`` done and add ``artifact`` to its job; a
@@ -169,15 +205,18 @@ class LeaseEndSQL(SQLBase, JobStorage):
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
             if lease.kind != kind:
-                raise ConflictError(
-                    f"lease {lease_id} is a {lease.kind} lease, not a {kind} lease"
-                )
+                raise ConflictError(f"lease {lease_id} is a {lease.kind} lease, not a {kind} lease")
             self._end_lease(session, lease_id, LeaseStatus.DONE)
             artifact.job_id = lease.job_id
             session.add(artifact)
             if kind == "finalize":
                 compare_and_set(
-                    session, JobRow, "job", lease.job_id, JobStatus.SUCCEEDED, [JobStatus.RUNNING],
+                    session,
+                    JobRow,
+                    "job",
+                    lease.job_id,
+                    JobStatus.SUCCEEDED,
+                    [JobStatus.RUNNING],
                     {"finished_at": func.now(), "worker": lease.worker},
                 )
             session.flush()

@@ -3,6 +3,7 @@
 Claims are compare-and-sets (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on SQLite);
 a partial unique index keeps one active lease per piece of work.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
@@ -28,6 +29,7 @@ def _unfinished_tasks() -> Any:
         )
         .exists()
     )
+
 
 class LeaseSQL(SQLBase, JobStorage):
     """The lease-granting part of :class:`JobStorage`."""
@@ -59,16 +61,14 @@ class LeaseSQL(SQLBase, JobStorage):
                     JobTaskRow.status.in_((JobStatus.QUEUED, JobStatus.RUNNING)),
                 )
                 .values(
-                    status=JobStatus.QUEUED, leased_by=None, lease_expires_at=None,
+                    status=JobStatus.QUEUED,
+                    leased_by=None,
+                    lease_expires_at=None,
                     updated_at=func.now(),
                 )
                 .execution_options(synchronize_session=False)
             )
-            session.add_all(
-                job_task_row(job_id, t)
-                for t in tasks
-                if t.workload_id not in existing
-            )
+            session.add_all(job_task_row(job_id, t) for t in tasks if t.workload_id not in existing)
             session.flush()
             return frozen(Job, session.get(JobRow, job_id, populate_existing=True))
 
@@ -170,7 +170,12 @@ class LeaseSQL(SQLBase, JobStorage):
             .scalar_subquery()
         )
         return self._claim_job_lease(
-            "preview", worker, target_id, lease_secs, _unfinished_tasks(), not_(previewed),
+            "preview",
+            worker,
+            target_id,
+            lease_secs,
+            _unfinished_tasks(),
+            not_(previewed),
             previews < max_attempts,
         )
 
@@ -184,8 +189,7 @@ class LeaseSQL(SQLBase, JobStorage):
 
         candidates = (
             select(JobRow.id)
-            .where(JobRow.status == JobStatus.RUNNING, JobRow.target_id == target_id,
-                   *conditions)
+            .where(JobRow.status == JobStatus.RUNNING, JobRow.target_id == target_id, *conditions)
             .order_by(JobRow.priority.desc(), JobRow.id)
             .limit(5)
         )
@@ -269,8 +273,11 @@ class LeaseSQL(SQLBase, JobStorage):
             ).scalar_one()
             # A batch counts only while its lease is active and its job running (not after a
             # cancellation that has not reached the lease yet).
-            if (lease.status == LeaseStatus.ACTIVE and lease.kind == "tune"
-                    and job_status == JobStatus.RUNNING):
+            if (
+                lease.status == LeaseStatus.ACTIVE
+                and lease.kind == "tune"
+                and job_status == JobStatus.RUNNING
+            ):
                 if batch > lease.batches_done:
                     raise ConflictError(
                         f"batch {batch} of lease {lease_id} arrived before batch "

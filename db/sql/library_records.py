@@ -3,6 +3,7 @@
 Rows hold workload and target ids; every read joins ``workloads`` and ``targets`` for their keys,
 so the frozen :class:`LibraryRecord` names them the way callers do.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,25 +25,43 @@ TG = TargetRow.__table__
 _CHUNK = 1000
 
 _COLUMNS = (
-    LIB.c.id, WL.c.key.label("workload_key"), TG.c.key.label("target_key"), LIB.c.library,
-    LIB.c.version, LIB.c.call_json, LIB.c.run_secs_json, LIB.c.median_secs, LIB.c.spread,
-    LIB.c.job_id, LIB.c.worker, LIB.c.measured_at,
+    LIB.c.id,
+    WL.c.key.label("workload_key"),
+    TG.c.key.label("target_key"),
+    LIB.c.library,
+    LIB.c.version,
+    LIB.c.call_json,
+    LIB.c.run_secs_json,
+    LIB.c.median_secs,
+    LIB.c.spread,
+    LIB.c.job_id,
+    LIB.c.worker,
+    LIB.c.measured_at,
 )
 
 
 def _joined(*columns: Any):
-    return (select(*columns)
-            .join_from(LIB, WL, WL.c.id == LIB.c.workload_id)
-            .join(TG, TG.c.id == LIB.c.target_id))
+    return (
+        select(*columns)
+        .join_from(LIB, WL, WL.c.id == LIB.c.workload_id)
+        .join(TG, TG.c.id == LIB.c.target_id)
+    )
 
 
 def _frozen(row: Any) -> LibraryRecord:
     m = row._mapping  # noqa: SLF001 - Row._mapping is SQLAlchemy's public API
     return LibraryRecord(
-        id=m["id"], workload_key=m["workload_key"], target_key=m["target_key"],
-        library=m["library"], version=m["version"], call=json.loads(m["call_json"]),
-        run_secs=tuple(json.loads(m["run_secs_json"])), median_secs=m["median_secs"],
-        spread=m["spread"], job_id=m["job_id"], worker=m["worker"],
+        id=m["id"],
+        workload_key=m["workload_key"],
+        target_key=m["target_key"],
+        library=m["library"],
+        version=m["version"],
+        call=json.loads(m["call_json"]),
+        run_secs=tuple(json.loads(m["run_secs_json"])),
+        median_secs=m["median_secs"],
+        spread=m["spread"],
+        job_id=m["job_id"],
+        worker=m["worker"],
         measured_at=utc(m["measured_at"]),
     )
 
@@ -73,8 +92,9 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
         with self._session(write=True) as session:
             workloads = _ids(session, WL.c.id, WL.c.key, {i.workload_key for i in items})
             targets = _ids(session, TG.c.id, TG.c.key, {i.target_key for i in items})
-            jobs = _ids(session, JobRow.id, JobRow.id,
-                        {i.job_id for i in items if i.job_id is not None})
+            jobs = _ids(
+                session, JobRow.id, JobRow.id, {i.job_id for i in items if i.job_id is not None}
+            )
             for item in items:
                 if item.workload_key not in workloads:
                     raise ConflictError(f"library record: unknown workload {item.workload_key}")
@@ -86,10 +106,14 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
                 {
                     "workload_id": workloads[item.workload_key],
                     "target_id": targets[item.target_key],
-                    "library": item.library, "version": item.version, "call_json": call_json,
+                    "library": item.library,
+                    "version": item.version,
+                    "call_json": call_json,
                     "run_secs_json": dumps_compact(list(item.run_secs)),
-                    "median_secs": item.median_secs, "spread": item.spread,
-                    "job_id": item.job_id, "worker": item.worker,
+                    "median_secs": item.median_secs,
+                    "spread": item.spread,
+                    "job_id": item.job_id,
+                    "worker": item.worker,
                 }
                 for item, call_json in prepared
             ]
@@ -99,10 +123,18 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
             ).all()
         return [
             LibraryRecord(
-                id=row.id, workload_key=item.workload_key, target_key=item.target_key,
-                library=item.library, version=item.version, call=json.loads(call_json),
-                run_secs=item.run_secs, median_secs=item.median_secs, spread=item.spread,
-                job_id=item.job_id, worker=item.worker, measured_at=utc(row.measured_at),
+                id=row.id,
+                workload_key=item.workload_key,
+                target_key=item.target_key,
+                library=item.library,
+                version=item.version,
+                call=json.loads(call_json),
+                run_secs=item.run_secs,
+                median_secs=item.median_secs,
+                spread=item.spread,
+                job_id=item.job_id,
+                worker=item.worker,
+                measured_at=utc(row.measured_at),
             )
             for (item, call_json), row in zip(prepared, stored, strict=True)
         ]
@@ -114,18 +146,28 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
         best: dict[str, LibraryRecord] = {}
         with self._connection() as conn:
             for start in range(0, len(keys), _CHUNK):
-                rank = func.row_number().over(
-                    partition_by=LIB.c.workload_id, order_by=(LIB.c.median_secs, LIB.c.id.desc())
-                ).label("rank")
-                ranked = (_joined(*_COLUMNS, rank)
-                          .where(TG.c.key == target_key, WL.c.key.in_(keys[start : start + _CHUNK]))
-                          .subquery())
+                rank = (
+                    func.row_number()
+                    .over(
+                        partition_by=LIB.c.workload_id,
+                        order_by=(LIB.c.median_secs, LIB.c.id.desc()),
+                    )
+                    .label("rank")
+                )
+                ranked = (
+                    _joined(*_COLUMNS, rank)
+                    .where(TG.c.key == target_key, WL.c.key.in_(keys[start : start + _CHUNK]))
+                    .subquery()
+                )
                 rows = conn.execute(select(ranked).where(ranked.c.rank == 1))
                 best.update((r.workload_key, _frozen(r)) for r in rows)
         return best
 
     def list_library_records(
-        self, *, workload_key: str | None = None, target_key: str | None = None,
+        self,
+        *,
+        workload_key: str | None = None,
+        target_key: str | None = None,
         job_id: int | None = None,
     ) -> list[LibraryRecord]:
         stmt = _joined(*_COLUMNS).order_by(LIB.c.id)

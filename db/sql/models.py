@@ -1,4 +1,5 @@
 """Uploaded models and their tuning tasks on SQL."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -17,11 +18,23 @@ class ModelSQL(SQLBase, ModelStorage):
 
     # -- models ------------------------------------------------------------------------------
     def add_model(
-        self, *, content_hash: str, format: str, filename: str, size: int, owner: str,
+        self,
+        *,
+        content_hash: str,
+        format: str,
+        filename: str,
+        size: int,
+        owner: str,
         buckets_json: str | None = None,
     ) -> ModelRecord:
-        values = dict(content_hash=content_hash, format=format, filename=filename, size=size,
-                      owner=owner, buckets_json=buckets_json)
+        values = dict(
+            content_hash=content_hash,
+            format=format,
+            filename=filename,
+            size=size,
+            owner=owner,
+            buckets_json=buckets_json,
+        )
         with self._session(write=True) as session:
             if self.dialect == "sqlite":
                 # SQLite hands out max(rowid) + 1: above a deleted model's id, never its id.

@@ -1,4 +1,5 @@
 """Read-only views over the tuning records on SQL: a job's history, workload pages, statistics."""
+
 from __future__ import annotations
 
 import math
@@ -46,11 +47,13 @@ class RecordViewSQL(SQLBase, RecordStorage):
         with self._connection() as conn:
             before = 0
             if after_id > 0:
-                before = int(conn.execute(
-                    select(func.count())
-                    .select_from(REC)
-                    .where(rec.job_id == job_id, rec.id <= after_id)
-                ).scalar_one())
+                before = int(
+                    conn.execute(
+                        select(func.count())
+                        .select_from(REC)
+                        .where(rec.job_id == job_id, rec.id <= after_id)
+                    ).scalar_one()
+                )
             for last_id, workload_id, mean in conn.execute(scan):
                 count += 1
                 if count == 1:
@@ -60,13 +63,17 @@ class RecordViewSQL(SQLBase, RecordStorage):
                 elif mean < best.get(workload_id, math.inf):
                     best[workload_id] = mean
                     improved.append((last_id, before + count, workload_id, mean))
-            more = count > 0 and conn.execute(
-                select(rec.id).where(rec.job_id == job_id, rec.id > last_id).limit(1)
-            ).first() is not None
+            more = (
+                count > 0
+                and conn.execute(
+                    select(rec.id).where(rec.job_id == job_id, rec.id > last_id).limit(1)
+                ).first()
+                is not None
+            )
             wanted = sorted({first_id, last_id, *(p[0] for p in improved)}) if count else []
             times: dict[int, datetime] = {}
             for chunk in range(0, len(wanted), 500):
-                ids = wanted[chunk:chunk + 500]
+                ids = wanted[chunk : chunk + 500]
                 stmt = select(rec.id, rec.measured_at).where(rec.id.in_(ids))
                 times.update((row.id, row.measured_at) for row in conn.execute(stmt))
         return JobHistoryPage(
@@ -81,7 +88,10 @@ class RecordViewSQL(SQLBase, RecordStorage):
             last_measured_at=utc(times.get(last_id)) if count else None,
             points=tuple(
                 HistoryPoint(
-                    id=record_id, trial=trial, workload_id=workload_id, mean_secs=mean,
+                    id=record_id,
+                    trial=trial,
+                    workload_id=workload_id,
+                    mean_secs=mean,
                     measured_at=utc(times.get(record_id)),
                 )
                 for record_id, trial, workload_id, mean in improved

@@ -5,6 +5,7 @@ object. Duplicates are resolved in the database with
 ``INSERT ... ON CONFLICT (workload_id, target_id, trace_hash) DO UPDATE ... WHERE <better>``,
 which both backends support, so concurrent writers need no application-level locking.
 """
+
 from __future__ import annotations
 
 import json
@@ -300,8 +301,12 @@ class RecordSQL(SQLBase, RecordStorage):
         stmt = (
             REC.update()
             .where(*where, REC.c.quarantined == False)  # noqa: E712
-            .values(quarantined=True, is_valid=False, mean_secs=None,
-                    error_text=f"quarantined: {reason}"[:20_000])
+            .values(
+                quarantined=True,
+                is_valid=False,
+                mean_secs=None,
+                error_text=f"quarantined: {reason}"[:20_000],
+            )
         )
         with self._connection(write=True) as conn:
             return int(conn.execute(stmt).rowcount)

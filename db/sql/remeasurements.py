@@ -1,4 +1,5 @@
 """Re-measurements on SQL (:mod:`db.contracts.remeasurements`)."""
+
 from __future__ import annotations
 
 import json
@@ -14,9 +15,15 @@ from db.types import NewRemeasurement, Remeasurement, dumps_compact
 
 def _frozen(row: RemeasurementRow) -> Remeasurement:
     return Remeasurement(
-        id=row.id, record_id=row.record_id, rounds_secs=tuple(json.loads(row.rounds_json)),
-        median_secs=row.median_secs, spread=row.spread, chosen=bool(row.chosen),
-        job_id=row.job_id, worker=row.worker, measured_at=utc(row.measured_at),
+        id=row.id,
+        record_id=row.record_id,
+        rounds_secs=tuple(json.loads(row.rounds_json)),
+        median_secs=row.median_secs,
+        spread=row.spread,
+        chosen=bool(row.chosen),
+        job_id=row.job_id,
+        worker=row.worker,
+        measured_at=utc(row.measured_at),
     )
 
 
@@ -29,9 +36,13 @@ class RemeasurementSQL(SQLBase, RemeasurementStorage):
         with self._session(write=True) as session:
             session.add_all(
                 RemeasurementRow(
-                    record_id=item.record_id, job_id=item.job_id, worker=item.worker,
+                    record_id=item.record_id,
+                    job_id=item.job_id,
+                    worker=item.worker,
                     rounds_json=dumps_compact(list(item.rounds_secs)),
-                    median_secs=item.median_secs, spread=item.spread, chosen=item.chosen,
+                    median_secs=item.median_secs,
+                    spread=item.spread,
+                    chosen=item.chosen,
                 )
                 for item in items
             )

@@ -1,4 +1,5 @@
 """Targets and workloads on SQL: inserted once (first writer wins), their ids cached."""
+
 from __future__ import annotations
 
 from collections.abc import Sequence

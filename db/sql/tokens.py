@@ -1,4 +1,5 @@
 """API tokens on SQL."""
+
 from __future__ import annotations
 
 from sqlalchemy import select, update

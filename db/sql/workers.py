@@ -1,4 +1,5 @@
 """Workers on SQL: registration (an upsert by name) and heartbeats on the database clock."""
+
 from __future__ import annotations
 
 import uuid
@@ -17,7 +18,11 @@ class WorkerSQL(SQLBase, WorkerStorage):
     """:class:`WorkerStorage` on SQL."""
 
     def register_worker(
-        self, name: str, *, fingerprint_json: str = "{}", target_id: int | None = None,
+        self,
+        name: str,
+        *,
+        fingerprint_json: str = "{}",
+        target_id: int | None = None,
         token_id: int | None = None,
     ) -> Worker:
         instance = uuid.uuid4().hex

@@ -5,6 +5,7 @@
 A missing or unknown token is 401 (with ``WWW-Authenticate: Bearer``), a token of the wrong kind
 is 403.
 """
+
 from __future__ import annotations
 
 import threading

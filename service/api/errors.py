@@ -4,6 +4,7 @@ Routes raise :class:`ApiError`; the handlers installed by :func:`install_error_h
 FastAPI's own errors (validation, 404/405), model-validation errors, storage errors and anything
 unexpected into that shape, so clients can always read ``code``.
 """
+
 from __future__ import annotations
 
 import logging
@@ -107,7 +108,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def _unavailable(_request: Request, err: db.StorageUnavailableError) -> JSONResponse:
         logger.warning("database unavailable: %s", err)
         return error_response(
-            503, "unavailable", "the tuning database is unavailable, retry later",
+            503,
+            "unavailable",
+            "the tuning database is unavailable, retry later",
             {"Retry-After": "5"},
         )
 

@@ -1,4 +1,5 @@
 """The versioned API router: one router per resource under ``/api/v1``."""
+
 from __future__ import annotations
 
 from fastapi import APIRouter

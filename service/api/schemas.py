@@ -3,6 +3,7 @@
 Latencies are milliseconds (``*_ms``); timestamps are UTC ISO 8601. Public objects are built from
 the storage's frozen dataclasses by the ``from_*`` constructors, never from ORM rows.
 """
+
 from __future__ import annotations
 
 import json
@@ -72,7 +73,8 @@ class ModelPublic(ModelBase):
             size=row.size,
             sha256=row.content_hash,
             created_at=row.created_at,
-            buckets=None if row.buckets_json is None
+            buckets=None
+            if row.buckets_json is None
             else ModelBuckets.model_validate_json(row.buckets_json),
         )
 
@@ -153,9 +155,14 @@ class ArtifactPublic(BaseModel):
     @classmethod
     def of(cls, artifact: db.Artifact, base_url: str) -> ArtifactPublic:
         """``artifact`` with its download links under ``base_url`` (a job's artifacts folder)."""
-        return cls(sha256=artifact.sha256, size=artifact.size, verified=artifact.verified,
-                   created_at=artifact.created_at, library_url=f"{base_url}/model.so",
-                   manifest_url=f"{base_url}/manifest.json")
+        return cls(
+            sha256=artifact.sha256,
+            size=artifact.size,
+            verified=artifact.verified,
+            created_at=artifact.created_at,
+            library_url=f"{base_url}/model.so",
+            manifest_url=f"{base_url}/manifest.json",
+        )
 
 
 class JobPublic(BaseModel):
@@ -173,9 +180,11 @@ class JobPublic(BaseModel):
     finished_at: datetime | None
     url: str
     search: SearchReport | None = Field(
-        None, description="what the search features did in the job's runs, summed (sibling "
+        None,
+        description="what the search features did in the job's runs, summed (sibling "
         "seeds, stored schedules skipped, default schedules, cost model); null before any run "
-        "reported")
+        "reported",
+    )
 
     @classmethod
     def from_job(cls, job: db.Job, *, target_key: str | None, prefix: str) -> JobPublic:
@@ -215,8 +224,10 @@ class JobDetail(JobPublic):
     reference_framework: str | None = Field(None, description="'onnxruntime' or 'torch'")
     artifact: ArtifactPublic | None
     preview: ArtifactPublic | None = Field(
-        None, description="the job's zero-trial build (library peers and TVM's default "
-        "schedules), verified and published while the job tunes; null until a worker built it")
+        None,
+        description="the job's zero-trial build (library peers and TVM's default "
+        "schedules), verified and published while the job tunes; null until a worker built it",
+    )
 
     @classmethod
     def build(
@@ -259,7 +270,8 @@ class JobDetail(JobPublic):
             reference_framework=reference.get("framework"),
             artifact=artifact_public,
             preview=ArtifactPublic.of(preview, f"{public.url}/artifacts/preview")
-            if preview is not None and preview.verified else None,
+            if preview is not None and preview.verified
+            else None,
         )
 
 
@@ -288,8 +300,11 @@ class HistoryPointPublic(BaseModel):
     @classmethod
     def from_point(cls, point: db.HistoryPoint) -> HistoryPointPublic:
         return cls(
-            id=point.id, trial=point.trial, workload_id=point.workload_id,
-            best_ms=point.mean_secs * 1e3, measured_at=point.measured_at,
+            id=point.id,
+            trial=point.trial,
+            workload_id=point.workload_id,
+            best_ms=point.mean_secs * 1e3,
+            measured_at=point.measured_at,
         )
 
 
@@ -342,7 +357,10 @@ class TargetPublic(BaseModel):
         else:
             description = f"cpu {fp.get('mcpu')} x{fp.get('cores')} ({fp.get('cpu_model')})"
         return cls(
-            id=row.id, key=row.key, kind=row.kind, description=description,
+            id=row.id,
+            key=row.key,
+            kind=row.kind,
+            description=description,
             tvm_version=row.tvm_version,
         )
 
@@ -364,8 +382,12 @@ class WorkloadPublic(BaseModel):
     @classmethod
     def from_summary(cls, row: db.WorkloadSummary) -> WorkloadPublic:
         return cls(
-            id=row.id, key=row.key, summary=row.summary, flops=row.flops,
-            records_valid=row.records_valid, records_failed=row.records_failed,
+            id=row.id,
+            key=row.key,
+            summary=row.summary,
+            flops=row.flops,
+            records_valid=row.records_valid,
+            records_failed=row.records_failed,
             best_latency_ms=_ms(row.best_mean_secs),
         )
 
@@ -389,9 +411,15 @@ class RemeasurementPublic(BaseModel):
 
     @classmethod
     def from_row(cls, row: db.Remeasurement) -> RemeasurementPublic:
-        return cls(rounds_ms=[s * 1e3 for s in row.rounds_secs], median_ms=row.median_secs * 1e3,
-                   spread=row.spread, chosen=row.chosen, job_id=row.job_id, worker=row.worker,
-                   measured_at=row.measured_at)
+        return cls(
+            rounds_ms=[s * 1e3 for s in row.rounds_secs],
+            median_ms=row.median_secs * 1e3,
+            spread=row.spread,
+            chosen=row.chosen,
+            job_id=row.job_id,
+            worker=row.worker,
+            measured_at=row.measured_at,
+        )
 
 
 class LibraryRecordPublic(BaseModel):
@@ -413,11 +441,20 @@ class LibraryRecordPublic(BaseModel):
 
     @classmethod
     def from_row(cls, row: db.LibraryRecord) -> LibraryRecordPublic:
-        return cls(id=row.id, workload_key=row.workload_key, target_key=row.target_key,
-                   library=row.library, version=row.version, call=row.call,
-                   median_ms=row.median_secs * 1e3, spread=row.spread,
-                   rounds_ms=[s * 1e3 for s in row.run_secs], job_id=row.job_id,
-                   worker=row.worker, measured_at=row.measured_at)
+        return cls(
+            id=row.id,
+            workload_key=row.workload_key,
+            target_key=row.target_key,
+            library=row.library,
+            version=row.version,
+            call=row.call,
+            median_ms=row.median_secs * 1e3,
+            spread=row.spread,
+            rounds_ms=[s * 1e3 for s in row.run_secs],
+            job_id=row.job_id,
+            worker=row.worker,
+            measured_at=row.measured_at,
+        )
 
 
 class RecordPublic(BaseModel):
@@ -432,21 +469,31 @@ class RecordPublic(BaseModel):
     measured_at: datetime | None
     worker: str | None
     job_id: int | None
-    quarantined: bool = Field(False, description="held as implausible or quarantined: not "
-                              "used by any best record or build (its claimed times in run_ms)")
+    quarantined: bool = Field(
+        False,
+        description="held as implausible or quarantined: not "
+        "used by any best record or build (its claimed times in run_ms)",
+    )
     repeats: int = Field(0, description="how many timings run_ms holds (the runner's repeats)")
     spread: float | None = Field(None, description="(max - min) / median of run_ms")
     remeasurements: list[RemeasurementPublic] = Field(
-        default_factory=list, description="this schedule measured again before final builds")
+        default_factory=list, description="this schedule measured again before final builds"
+    )
     trace: Any | None = Field(None, description="the schedule trace (with include_trace=true)")
 
     @classmethod
     def from_row(
-        cls, row: db.TuningRecordRow, *, include_trace: bool,
+        cls,
+        row: db.TuningRecordRow,
+        *,
+        include_trace: bool,
         remeasurements: list[db.Remeasurement] = (),  # type: ignore[assignment]
     ) -> RecordPublic:
-        run_ms = (None if row.run_secs is None or not (row.is_valid or row.quarantined)
-                  else [s * 1e3 for s in row.run_secs])
+        run_ms = (
+            None
+            if row.run_secs is None or not (row.is_valid or row.quarantined)
+            else [s * 1e3 for s in row.run_secs]
+        )
         return cls(
             id=row.id,
             workload_id=row.workload_id,
@@ -475,7 +522,8 @@ class RecordsPublic(BaseModel):
         default_factory=list,
         description="library calls measured as candidates of the task (issue 21), oldest first: "
         "those matching ?workload=, ?target= and ?job_id= when a workload or a job is given "
-        "(none for ?valid=false); not paged, the same on every page")
+        "(none for ?valid=false); not paged, the same on every page",
+    )
 
 
 class StatsPublic(BaseModel):
@@ -505,10 +553,12 @@ class WorkerRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(pattern=NAME_PATTERN)
-    fingerprint: dict[str, str | int | float | bool | None
-                      | dict[str, str | int | float | bool | None]] = Field(
+    fingerprint: dict[
+        str, str | int | float | bool | None | dict[str, str | int | float | bool | None]
+    ] = Field(
         default_factory=dict,
-        description="the machine's fingerprint (a CPU target's carries its compile options)")
+        description="the machine's fingerprint (a CPU target's carries its compile options)",
+    )
     target_key: str | None = Field(None, pattern=KEY_PATTERN)
     target: TargetSpecBody | None = Field(
         None, description="the worker's own target (registered if new); overrides target_key"
@@ -520,7 +570,8 @@ class WorkerHeartbeat(BaseModel):
 
     status: Literal["idle", "busy", "offline"] | None = None
     instance: str | None = Field(
-        None, max_length=64,
+        None,
+        max_length=64,
         description="the registration's instance (from /register): a heartbeat of a replaced "
         "registration is refused (409) and renews nothing",
     )
@@ -547,10 +598,18 @@ class LeasePublic(BaseModel):
     @classmethod
     def from_lease(cls, lease: db.TaskLease) -> LeasePublic:
         return cls(
-            id=lease.id, kind=lease.kind, job_id=lease.job_id,  # type: ignore[arg-type]
-            task_id=lease.task_id, worker=lease.worker, status=lease.status,  # type: ignore[arg-type]
-            trials=lease.trials, trials_done=lease.trials_done, batches_done=lease.batches_done,
-            error=lease.error, created_at=lease.created_at, expires_at=lease.expires_at,
+            id=lease.id,
+            kind=lease.kind,
+            job_id=lease.job_id,  # type: ignore[arg-type]
+            task_id=lease.task_id,
+            worker=lease.worker,
+            status=lease.status,  # type: ignore[arg-type]
+            trials=lease.trials,
+            trials_done=lease.trials_done,
+            batches_done=lease.batches_done,
+            error=lease.error,
+            created_at=lease.created_at,
+            expires_at=lease.expires_at,
             finished_at=lease.finished_at,
         )
 
@@ -570,16 +629,22 @@ class WorkerPublic(BaseModel):
     fingerprint: dict[str, Any] = Field(default_factory=dict)
     current_lease: LeasePublic | None = Field(None, description="the worker's active lease, if any")
     instance: str | None = Field(
-        None, description="this registration (only in /register's answer): send it with "
-        "heartbeats and lease requests")
+        None,
+        description="this registration (only in /register's answer): send it with "
+        "heartbeats and lease requests",
+    )
 
     @classmethod
     def from_worker(
         cls, row: db.Worker, *, target_key: str | None = None, lease: db.TaskLease | None = None
     ) -> WorkerPublic:
         return cls(
-            id=row.id, name=row.name, status=row.status, target_id=row.target_id,
-            last_heartbeat=row.last_heartbeat, target_key=target_key,
+            id=row.id,
+            name=row.name,
+            status=row.status,
+            target_id=row.target_id,
+            last_heartbeat=row.last_heartbeat,
+            target_key=target_key,
             fingerprint=_json(row.fingerprint_json),
             current_lease=None if lease is None else LeasePublic.from_lease(lease),
         )

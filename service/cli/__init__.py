@@ -7,6 +7,7 @@ torch) happen inside handlers so that ``tunehub --help`` stays fast.
 Exit codes: 0 success, 1 an internal failure (a bug or a failed verification), 2 bad input or
 usage (the message goes to stderr, nothing half-written stays behind).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -25,7 +26,12 @@ from service.cli import (
 from service.cli.errors import CliError
 
 COMMAND_GROUPS = (
-    model_commands, tune_commands, db_commands, cost_model_commands, demo_command, serve_command,
+    model_commands,
+    tune_commands,
+    db_commands,
+    cost_model_commands,
+    demo_command,
+    serve_command,
     token_commands,
 )
 

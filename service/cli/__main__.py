@@ -1,4 +1,5 @@
 """``python -m service.cli`` runs the ``tunehub`` command line."""
+
 from service.cli import entry_point
 
 entry_point()

@@ -6,6 +6,7 @@ next tuning job of that target loads it (``tunehub tune --cost-model auto``). ``
 workloads and compares the transferred model's ranking with MetaSchedule's cold XGBModel
 (:mod:`cost_model.evaluate`); it stores nothing.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -31,14 +32,25 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         add_target_options(parser)
         add_db_option(parser)
         parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    train.add_argument("--objective", choices=("rank", "throughput"), default="rank",
-                       help="ranking within each workload (default) or normalized throughput")
-    train.add_argument("--full", action="store_true",
-                       help="re-extract every record's features instead of reusing the stored set")
+    train.add_argument(
+        "--objective",
+        choices=("rank", "throughput"),
+        default="rank",
+        help="ranking within each workload (default) or normalized throughput",
+    )
+    train.add_argument(
+        "--full",
+        action="store_true",
+        help="re-extract every record's features instead of reusing the stored set",
+    )
     train.set_defaults(handler=run_train)
     evaluate.add_argument("--folds", type=int, default=4, help="workload folds (default 4)")
-    evaluate.add_argument("--min-records", type=int, default=40,
-                          help="hold out only workloads with at least this many records")
+    evaluate.add_argument(
+        "--min-records",
+        type=int,
+        default=40,
+        help="hold out only workloads with at least this many records",
+    )
     evaluate.set_defaults(handler=run_eval)
 
 
@@ -50,9 +62,7 @@ def _load_training_set(storage, spec, *, reuse: bool):
     if target is None:
         raise CliError(f"the database has no records for target {spec.describe()}")
     previous = load_model(storage, spec) if reuse else None
-    return target, extend_training_set(
-        storage, target, previous.training_set if previous else None
-    )
+    return target, extend_training_set(storage, target, previous.training_set if previous else None)
 
 
 def run_train(args: argparse.Namespace) -> int:
@@ -81,9 +91,11 @@ def run_train(args: argparse.Namespace) -> int:
     if args.json:
         print_json(summary)
     else:
-        print(f"cost model {model_id} for {summary['target']}: {summary['objective']} objective, "
-              f"{summary['records']} records of {summary['workloads']} workloads, "
-              f"trained in {summary['train_secs']} s")
+        print(
+            f"cost model {model_id} for {summary['target']}: {summary['objective']} objective, "
+            f"{summary['records']} records of {summary['workloads']} workloads, "
+            f"trained in {summary['train_secs']} s"
+        )
     return 0
 
 
@@ -97,8 +109,9 @@ def run_eval(args: argparse.Namespace) -> int:
     try:
         target, training_set = _load_training_set(storage, spec, reuse=True)
         try:
-            rows = evaluate(storage, target, training_set, folds=args.folds,
-                            min_records=args.min_records)
+            rows = evaluate(
+                storage, target, training_set, folds=args.folds, min_records=args.min_records
+            )
         except ValueError as err:
             raise CliError(str(err)) from None
     finally:
@@ -113,7 +126,13 @@ def run_eval(args: argparse.Namespace) -> int:
     for column in ("model", "seen records", "workloads", "pairwise acc", "top-1", "top-5"):
         table.add_column(column, justify="left" if column == "model" else "right")
     for row in rows:
-        table.add_row(row.model, str(row.seen), str(row.workloads), f"{row.pairwise:.3f}",
-                      f"{row.top1:.3f}", f"{row.top5:.3f}")
+        table.add_row(
+            row.model,
+            str(row.seen),
+            str(row.workloads),
+            f"{row.pairwise:.3f}",
+            f"{row.top1:.3f}",
+            f"{row.top5:.3f}",
+        )
     Console().print(table)
     return 0

@@ -4,6 +4,7 @@
 workers refuse an old schema and print this command); the embedded default SQLite file is
 created/upgraded on first use by any command.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,10 +62,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which = quarantine.add_mutually_exclusive_group(required=True)
     which.add_argument("--worker", metavar="W", help="every record measured by worker W")
     which.add_argument("--job", type=int, metavar="J", help="every record measured for job J")
-    which.add_argument("--record", type=int, action="append", metavar="ID",
-                       help="the record with this id (repeatable)")
-    quarantine.add_argument("--delete", action="store_true",
-                            help="delete the records instead of holding them")
+    which.add_argument(
+        "--record",
+        type=int,
+        action="append",
+        metavar="ID",
+        help="the record with this id (repeatable)",
+    )
+    quarantine.add_argument(
+        "--delete", action="store_true", help="delete the records instead of holding them"
+    )
     quarantine.add_argument("--reason", default="quarantined by an operator")
     add_db_option(quarantine)
     quarantine.add_argument("--json", action="store_true", help="print the count as JSON")

@@ -4,6 +4,7 @@ Exports a bundled example network to ONNX, shows its tuning tasks, tunes it with
 into the embedded SQLite database, compiles a verified artifact from the best schedules and
 compares it with the untuned build and ONNX Runtime. Running it twice reuses every tuned task.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -22,8 +23,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="through the service: start `tunehub serve`, upload over HTTP, follow the job",
     )
-    demo.add_argument("--keep-serving", action="store_true",
-                      help="with --serve: keep serving after the job until Ctrl-C")
+    demo.add_argument(
+        "--keep-serving",
+        action="store_true",
+        help="with --serve: keep serving after the job until Ctrl-C",
+    )
     demo.add_argument("--port", type=int, default=None, help="with --serve: port (default 8470)")
     demo.set_defaults(handler=run_demo)
 
@@ -65,8 +69,12 @@ def run_demo(args: argparse.Namespace) -> int:
     try:
         with RichTuneProgress(args.trials) as progress:
             summary = tune_model(
-                storage, prepared, trials=args.trials, filename=model_path.name,
-                listeners=[progress], force=True,
+                storage,
+                prepared,
+                trials=args.trials,
+                filename=model_path.name,
+                listeners=[progress],
+                force=True,
             )
     finally:
         storage.close()

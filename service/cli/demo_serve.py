@@ -6,6 +6,7 @@ follows it to a verified artifact, downloads ``model.so`` + ``manifest.json`` (c
 sha256), and compares the tuned latency with ONNX Runtime. Then it stops, or keeps serving with
 ``--keep-serving`` until Ctrl-C. Running it again reuses every tuned task (zero measurements).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,22 +66,37 @@ def run_demo_serve(args: argparse.Namespace) -> int:
             if response.status_code not in (200, 201):
                 raise CliError(f"upload refused: {response.json().get('detail')}", exit_code=1)
             model = response.json()
-            table = Table(title=f"model {model['id']} ({model['filename']}): "
-                                f"{len(model['tasks'])} tuning tasks")
+            table = Table(
+                title=f"model {model['id']} ({model['filename']}): "
+                f"{len(model['tasks'])} tuning tasks"
+            )
             for column in ("key", "name", "MFLOPs", "weight", "summary"):
                 table.add_column(column, overflow="fold")
             for task in model["tasks"]:
-                table.add_row(task["key"], task["name"], f"{(task['flops'] or 0) / 1e6:.3f}",
-                              str(task["weight"]), task["summary"])
+                table.add_row(
+                    task["key"],
+                    task["name"],
+                    f"{(task['flops'] or 0) / 1e6:.3f}",
+                    str(task["weight"]),
+                    task["summary"],
+                )
             console.print(table)
             job = client.post(
                 "/jobs", json={"model_id": model["id"], "trial_budget": args.trials}
             ).json()
             console.print(f"job {job['id']} queued: [bold]{service.url}{job['url']}[/]")
-            job = _follow(client, job, args.trials, Progress(
-                TextColumn("[bold]tuning"), BarColumn(), MofNCompleteColumn(),
-                TimeElapsedColumn(), TextColumn("{task.fields[status]}"),
-            ))
+            job = _follow(
+                client,
+                job,
+                args.trials,
+                Progress(
+                    TextColumn("[bold]tuning"),
+                    BarColumn(),
+                    MofNCompleteColumn(),
+                    TimeElapsedColumn(),
+                    TextColumn("{task.fields[status]}"),
+                ),
+            )
             if job["status"] != "succeeded":
                 raise CliError(f"job {job['id']} {job['status']}: {job.get('error')}", exit_code=1)
             out = home / "demo" / f"job-{job['id']}"

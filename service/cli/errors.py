@@ -1,4 +1,5 @@
 """CLI error type: a message for stderr and the exit code to leave with."""
+
 from __future__ import annotations
 
 

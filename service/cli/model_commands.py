@@ -1,4 +1,5 @@
 """``tunehub inspect`` and ``tunehub compile``: the model path without tuning."""
+
 from __future__ import annotations
 
 import argparse
@@ -95,10 +96,16 @@ def run_inspect(args: argparse.Namespace) -> int:
         if prepared.model.bucket_spec is not None:
             print(f"shape buckets: {prepared.model.bucket_spec.describe()}")
         if prepared.model.programs:
-            print("programs (one function each): " + "; ".join(
-                f"{b.function} takes " + ", ".join(
-                    f"{spec.name} {'x'.join(map(str, spec.shape))}" for spec in b.model.inputs)
-                for b in prepared.model.buckets))
+            print(
+                "programs (one function each): "
+                + "; ".join(
+                    f"{b.function} takes "
+                    + ", ".join(
+                        f"{spec.name} {'x'.join(map(str, spec.shape))}" for spec in b.model.inputs
+                    )
+                    for b in prepared.model.buckets
+                )
+            )
     return 0
 
 
@@ -134,9 +141,13 @@ def run_compile(args: argparse.Namespace) -> int:
 
                 best = top_records(prepared, database, 1)
                 database = database_from_records(
-                    prepared, {k: v for k, v in best.items() if k not in defaults})
-            extra: dict[str, Any] = {"tuned": True, "schedules": schedules,
-                                     **peers_extra(peers, prepared.target)}
+                    prepared, {k: v for k, v in best.items() if k not in defaults}
+                )
+            extra: dict[str, Any] = {
+                "tuned": True,
+                "schedules": schedules,
+                **peers_extra(peers, prepared.target),
+            }
             manifest = publish_artifact(
                 build(prepared.mod, prepared.target, database, peers=peers),
                 prepared.model,
@@ -168,9 +179,14 @@ def run_compile(args: argparse.Namespace) -> int:
     else:
         print(f"wrote {args.output / 'model.so'} ({manifest['verification']['message']})")
         if padding is not None:
-            print("inputs between buckets: " + (
-                "padded to the next bucket (checked: " + "; ".join(padding["probes"]) + ")"
-                if padding["allowed"] else f"not padded ({padding['reason']})"))
+            print(
+                "inputs between buckets: "
+                + (
+                    "padded to the next bucket (checked: " + "; ".join(padding["probes"]) + ")"
+                    if padding["allowed"]
+                    else f"not padded ({padding['reason']})"
+                )
+            )
     return 0
 
 
@@ -189,27 +205,36 @@ def _implementations_from_records(
     if not peers_supported(prepared.target):
         return {}, frozenset()
     has_peers = library_for(prepared.target) is not None
-    modules = {t.key: e.dispatched[0]
-               for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)}
+    modules = {
+        t.key: e.dispatched[0]
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    }
     library = storage.best_library_records(prepared.target.key, [row["key"] for row in schedules])
     peers: dict[str, Any] = {}
     defaults: set[str] = set()
     for row in schedules:
         best = library.get(row["key"])
         row["implementation"] = "schedule"
-        faster = best is not None and (row["best_ms"] is None
-                                       or best.median_secs * 1e3 < row["best_ms"])
+        faster = best is not None and (
+            row["best_ms"] is None or best.median_secs * 1e3 < row["best_ms"]
+        )
         if not faster:
             continue
         if best.library == "tvm" and best.call.get("kind") == "default":
             defaults.add(row["key"])
             row["implementation"] = "default"
         elif has_peers:
-            wanted = best.call.get("algorithm",
-                                   "im2col" if best.call.get("kind") == "conv2d_nhwc" else "")
-            variant = next((v for v in peer_variants(modules[row["key"]],
-                                                     device_of(prepared.target))
-                            if v.algorithm == wanted), None)
+            wanted = best.call.get(
+                "algorithm", "im2col" if best.call.get("kind") == "conv2d_nhwc" else ""
+            )
+            variant = next(
+                (
+                    v
+                    for v in peer_variants(modules[row["key"]], device_of(prepared.target))
+                    if v.algorithm == wanted
+                ),
+                None,
+            )
             if variant is None:  # not a variant this build has (another shim): no peer
                 continue
             peers[row["key"]] = variant

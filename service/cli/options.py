@@ -1,4 +1,5 @@
 """Argument types and options shared by several ``tunehub`` commands."""
+
 from __future__ import annotations
 
 import argparse
@@ -100,8 +101,9 @@ def histogram_file_option(text: str) -> str:
                     raise ValueError(f"line {number}: expected SIZE or SIZE COUNT")
                 counts[int(fields[0])] += int(fields[1]) if len(fields) == 2 else 1
     except OSError as err:
-        raise argparse.ArgumentTypeError(f"cannot read histogram file {path!r}: "
-                                         f"{err.strerror}") from None
+        raise argparse.ArgumentTypeError(
+            f"cannot read histogram file {path!r}: {err.strerror}"
+        ) from None
     except ValueError as err:
         raise argparse.ArgumentTypeError(f"bad histogram file {path!r}: {err}") from None
     if not counts:

@@ -1,4 +1,5 @@
 """A rich progress bar for ``tunehub tune``: trials, the current task's best, model estimate."""
+
 from __future__ import annotations
 
 from rich.console import Console

@@ -1,4 +1,5 @@
 """``tunehub serve`` (the REST API plus embedded workers) and ``tunehub worker`` (one worker)."""
+
 from __future__ import annotations
 
 import argparse
@@ -13,12 +14,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     serve.add_argument("--host", default=None, help="bind address (default 127.0.0.1)")
     serve.add_argument("--port", type=int, default=None, help="port (default 8470)")
-    serve.add_argument("--db", default=None, metavar="URL",
-                       help="tuning database URL (default: $TUNEHUB_DATABASE_URL or embedded)")
-    serve.add_argument("--workers", type=int, default=1,
-                       help="embedded worker processes (default 1)")
-    serve.add_argument("--no-worker", action="store_true",
-                       help="API only (workers run elsewhere: `tunehub worker`)")
+    serve.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="tuning database URL (default: $TUNEHUB_DATABASE_URL or embedded)",
+    )
+    serve.add_argument(
+        "--workers", type=int, default=1, help="embedded worker processes (default 1)"
+    )
+    serve.add_argument(
+        "--no-worker",
+        action="store_true",
+        help="API only (workers run elsewhere: `tunehub worker`)",
+    )
     serve.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     serve.set_defaults(handler=run_serve)
 
@@ -31,26 +40,54 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     worker.add_argument("--name", default=None, help="worker name (default: <hostname>-0)")
     where = worker.add_mutually_exclusive_group()
-    where.add_argument("--server", default=None, metavar="URL",
-                       help="TuneHub server to lease work from over HTTP (e.g. http://host:8470)")
-    where.add_argument("--db", default=None, metavar="URL",
-                       help="tuning database URL (default: $TUNEHUB_DATABASE_URL or embedded)")
-    worker.add_argument("--token", default=None,
-                        help="worker token for --server (default: $TUNEHUB_WORKER_TOKEN)")
-    worker.add_argument("--target", default="cpu",
-                        help="'cpu' (this machine), 'cuda' (this machine's GPU) or the 16-hex key "
-                        "of one of them")
-    worker.add_argument("--concurrency", type=int, default=1,
-                        help="worker processes to run (named <name>-0, <name>-1, ...)")
-    worker.add_argument("--once", "--exit-when-idle", dest="once", action="store_true",
-                        help="exit 0 once no job for this target is queued or running (CI)")
+    where.add_argument(
+        "--server",
+        default=None,
+        metavar="URL",
+        help="TuneHub server to lease work from over HTTP (e.g. http://host:8470)",
+    )
+    where.add_argument(
+        "--db",
+        default=None,
+        metavar="URL",
+        help="tuning database URL (default: $TUNEHUB_DATABASE_URL or embedded)",
+    )
+    worker.add_argument(
+        "--token", default=None, help="worker token for --server (default: $TUNEHUB_WORKER_TOKEN)"
+    )
+    worker.add_argument(
+        "--target",
+        default="cpu",
+        help="'cpu' (this machine), 'cuda' (this machine's GPU) or the 16-hex key of one of them",
+    )
+    worker.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="worker processes to run (named <name>-0, <name>-1, ...)",
+    )
+    worker.add_argument(
+        "--once",
+        "--exit-when-idle",
+        dest="once",
+        action="store_true",
+        help="exit 0 once no job for this target is queued or running (CI)",
+    )
     worker.add_argument("--max-leases", type=int, default=None, help="exit after this many leases")
-    worker.add_argument("--rpc-tracker", default=None, metavar="HOST:PORT",
-                        help="measure on the devices of this TVM RPC tracker (needs --rpc-key)")
+    worker.add_argument(
+        "--rpc-tracker",
+        default=None,
+        metavar="HOST:PORT",
+        help="measure on the devices of this TVM RPC tracker (needs --rpc-key)",
+    )
     worker.add_argument("--rpc-key", default=None, help="device key at the RPC tracker")
-    worker.add_argument("--nice", type=int, default=0,
-                        help="lower this worker's CPU priority (serve's embedded workers use 10, "
-                        "so the API stays responsive while they tune)")
+    worker.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="lower this worker's CPU priority (serve's embedded workers use 10, "
+        "so the API stays responsive while they tune)",
+    )
     worker.set_defaults(handler=run_worker_command)
 
 
@@ -98,15 +135,20 @@ def run_serve(args: argparse.Namespace) -> int:
 
 def print_banner(service, workers: int, file=sys.stdout) -> None:
     settings = service.settings
-    print(f"TuneHub serving {service.url}  (API {service.url}/api/v1, docs {service.url}/docs, "
-          f"metrics {service.url}/metrics)", file=file)
+    print(
+        f"TuneHub serving {service.url}  (API {service.url}/api/v1, docs {service.url}/docs, "
+        f"metrics {service.url}/metrics)",
+        file=file,
+    )
     print(f"dashboard: {service.url}/dashboard/ (asks for a user token once)", file=file)
     print(f"database: {service.storage.url}", file=file)
     print(f"storage:  {settings.resolved_storage_dir()}", file=file)
     token_file = settings.resolved_token_file()
     if service.token_created:
-        print(f"created the local user token (kept in {token_file}, mode 0600): {service.token}",
-              file=file)
+        print(
+            f"created the local user token (kept in {token_file}, mode 0600): {service.token}",
+            file=file,
+        )
     elif service.token is not None:
         print(f"local user token: {token_file}", file=file)
     else:
@@ -135,8 +177,10 @@ def run_worker_command(args: argparse.Namespace) -> int:
         if not args.server.startswith(("http://", "https://")):
             raise CliError(f"--server must be an http(s) URL, got {args.server!r}")
         if not token:
-            raise CliError("--server needs a worker token: --token or $TUNEHUB_WORKER_TOKEN "
-                           "(`tunehub token create --name NAME --kind worker`)")
+            raise CliError(
+                "--server needs a worker token: --token or $TUNEHUB_WORKER_TOKEN "
+                "(`tunehub token create --name NAME --kind worker`)"
+            )
     rpc = None
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         raise CliError("--rpc-tracker and --rpc-key go together")
@@ -156,8 +200,14 @@ def run_worker_command(args: argparse.Namespace) -> int:
         os.nice(args.nice)
     try:
         done = run_worker(
-            settings, name=args.name, server=args.server, token=token, target_name=args.target,
-            rpc=rpc, once=args.once, max_leases=args.max_leases,
+            settings,
+            name=args.name,
+            server=args.server,
+            token=token,
+            target_name=args.target,
+            rpc=rpc,
+            once=args.once,
+            max_leases=args.max_leases,
         )
     except ValueError as err:  # a target this machine is not
         raise CliError(str(err)) from None
@@ -182,22 +232,36 @@ def _run_worker_processes(args: argparse.Namespace) -> int:
     from service.worker import default_worker_name
 
     base = args.name or default_worker_name().rsplit("-", 1)[0]
-    command = [sys.executable, "-m", "service.cli", "worker", "--target", args.target,
-               "--nice", str(args.nice)]
+    command = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "worker",
+        "--target",
+        args.target,
+        "--nice",
+        str(args.nice),
+    ]
     import os
 
     env = dict(os.environ)
     if args.token:  # children read it from the environment, never from their command line
         env["TUNEHUB_WORKER_TOKEN"] = args.token
-    for flag, value in (("--server", args.server), ("--db", args.db),
-                        ("--max-leases", args.max_leases), ("--rpc-tracker", args.rpc_tracker),
-                        ("--rpc-key", args.rpc_key)):
+    for flag, value in (
+        ("--server", args.server),
+        ("--db", args.db),
+        ("--max-leases", args.max_leases),
+        ("--rpc-tracker", args.rpc_tracker),
+        ("--rpc-key", args.rpc_key),
+    ):
         if value is not None:
             command += [flag, str(value)]
     if args.once:
         command.append("--once")
-    children = [subprocess.Popen([*command, "--name", f"{base}-{i}"], env=env)
-                for i in range(args.concurrency)]
+    children = [
+        subprocess.Popen([*command, "--name", f"{base}-{i}"], env=env)
+        for i in range(args.concurrency)
+    ]
 
     def forward(signum, _frame) -> None:
         for child in children:

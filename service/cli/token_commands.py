@@ -3,6 +3,7 @@
 The token is printed once, on stdout; the database keeps only its sha256. A user token's name is
 the user: models and jobs belong to it, and several tokens may share one name.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,10 @@ def run_create(args: argparse.Namespace) -> int:
     finally:
         storage.close()
     print(token)
-    print(f"created {args.kind} token {token_id} for {args.name!r}; it is shown only now",
-          file=sys.stderr)
+    print(
+        f"created {args.kind} token {token_id} for {args.name!r}; it is shown only now",
+        file=sys.stderr,
+    )
     return 0
 
 
@@ -64,8 +67,13 @@ def run_list(args: argparse.Namespace) -> int:
     finally:
         storage.close()
     rows = [
-        {"id": t.id, "name": t.name, "kind": t.kind, "revoked": t.revoked,
-         "created_at": t.created_at.isoformat() if t.created_at else None}
+        {
+            "id": t.id,
+            "name": t.name,
+            "kind": t.kind,
+            "revoked": t.revoked,
+            "created_at": t.created_at.isoformat() if t.created_at else None,
+        }
         for t in tokens
     ]
     if args.json:

@@ -1,4 +1,5 @@
 """``tunehub tune``: tune a model's tasks into the database, then compile and verify it."""
+
 from __future__ import annotations
 
 import argparse
@@ -15,10 +16,20 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_model_options(tune)
     add_db_option(tune)
     tune.add_argument("--trials", type=int, required=True, help="global trial budget")
-    tune.add_argument("-o", "--output", type=Path, default=None, metavar="DIR",
-                      help="artifact directory (default: $TUNEHUB_HOME/artifacts/job-N)")
-    tune.add_argument("--continue", dest="continue_tuning", action="store_true",
-                      help="tune tasks again even if the database already has them tuned")
+    tune.add_argument(
+        "-o",
+        "--output",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="artifact directory (default: $TUNEHUB_HOME/artifacts/job-N)",
+    )
+    tune.add_argument(
+        "--continue",
+        dest="continue_tuning",
+        action="store_true",
+        help="tune tasks again even if the database already has them tuned",
+    )
     tune.add_argument("--force", action="store_true", help="replace a non-empty DIR")
     tune.add_argument("--seed", type=int, default=None, help="search seed (reproducible runs)")
     tune.add_argument(

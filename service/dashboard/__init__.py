@@ -8,6 +8,7 @@ outside the server: the pages work offline.
 
 ``install_dashboard(app)`` adds the page routes and the static files to the FastAPI app.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -33,7 +34,10 @@ def install_dashboard(app: FastAPI) -> None:
 
     for path in PAGE_PATHS:
         app.add_api_route(
-            DASHBOARD_PREFIX + path, page, methods=["GET"], include_in_schema=False,
+            DASHBOARD_PREFIX + path,
+            page,
+            methods=["GET"],
+            include_in_schema=False,
             response_class=FileResponse,
         )
 

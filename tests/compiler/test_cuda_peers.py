@@ -4,6 +4,7 @@ or cuDNN from its host code, the epilogue one TIR kernel; a whole model built wi
 TVM lowers and packages CUDA code on a machine without a GPU, so the detection, the rewrite and
 the build run everywhere; running the peers needs a GPU and cuBLAS (skipped otherwise).
 """
+
 from __future__ import annotations
 
 import tempfile
@@ -30,8 +31,9 @@ def test_gemm_peer_calls_cublas_and_writes_a_float16_output_itself() -> None:
     assert half is not None and half.output == "D" and half.function == "tunehub_cuda_gemm"
     assert dict(half.config)["dtype"] == CUDA_DTYPES[("float16", "float16")]
     single = find_peer(gemm_module(256, "float32"), "cuda")
-    assert single is not None and dict(single.config)["dtype"] == CUDA_DTYPES[("float32",
-                                                                                 "float32")]
+    assert (
+        single is not None and dict(single.config)["dtype"] == CUDA_DTYPES[("float32", "float32")]
+    )
     # The CPU peer takes no float16 and no casts.
     assert find_peer(gemm_module(256, "float16")) is None
     script = peer_task_module(gemm_module(256, "float16"), "cuda").script()
@@ -67,8 +69,11 @@ def test_nchw_convolutions_get_cudnn_peers(example_model) -> None:
     calls = {t.key: find_peer(e.dispatched[0], "cuda") for t, e in tasks}
     convs = {t.key for t, _ in tasks if "conv2d" in t.name}
     assert convs and all(calls[k] is not None and calls[k].kind == "conv2d_nchw" for k in convs)
-    assert all(find_peer(e.dispatched[0], "cuda") is None for t, e in tasks
-               if t.key not in convs and "matmul" not in t.name)
+    assert all(
+        find_peer(e.dispatched[0], "cuda") is None
+        for t, e in tasks
+        if t.key not in convs and "matmul" not in t.name
+    )
     for task, extracted in tasks:
         if task.key in convs:
             script = peer_task_module(extracted.dispatched[0], "cuda").script()
@@ -90,12 +95,20 @@ def test_cuda_peers_run_and_match_onnx_runtime(tmp_path) -> None:
     path = tmp_path / "mlp.onnx"
     path.write_bytes(two_layer_model().SerializeToString())
     prepared = prepare_model(path, target)
-    keys = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
-            if find_peer(e.dispatched[0], "cuda") is not None}
+    keys = {
+        t.key
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+        if find_peer(e.dispatched[0], "cuda") is not None
+    }
     executable = build(prepared.mod, target, ms.database.MemoryDatabase(), peers=keys)
     loaded = LoadedLibrary.from_executable(executable, "cuda")
     assert verify(prepared.model, loaded.run, device="cuda").passed
-    manifest = publish_artifact(executable, prepared.model, target, tmp_path / "out",
-                                tasks=[t.to_json() for t in prepared.partition.tasks],
-                                link_peers=True)
+    manifest = publish_artifact(
+        executable,
+        prepared.model,
+        target,
+        tmp_path / "out",
+        tasks=[t.to_json() for t in prepared.partition.tasks],
+        link_peers=True,
+    )
     assert manifest["verification"]["passed"]

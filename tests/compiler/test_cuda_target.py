@@ -4,6 +4,7 @@ Everything but the last tests runs without a GPU: TVM lowers and packages CUDA c
 without one (the CUDA source is compiled when the library is loaded on a GPU). Tests that run
 code on a GPU are skipped unless ``tvm.cuda(0).exist``.
 """
+
 from __future__ import annotations
 
 import json
@@ -103,8 +104,12 @@ def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> Non
     target = cuda_target(H200).tvm_target()
 
     def traces(dtype: str) -> str:
-        ctx = ms.TuneContext(mod=_matmul(256, dtype), target=target,
-                             space_generator=design_space("cuda", target), task_name="t")
+        ctx = ms.TuneContext(
+            mod=_matmul(256, dtype),
+            target=target,
+            space_generator=design_space("cuda", target),
+            task_name="t",
+        )
         return "\n".join(str(s.trace) for s in ctx.generate_design_space())
 
     fp16 = traces("float16")
@@ -165,8 +170,9 @@ def test_tuned_model_on_the_gpu_is_verified_against_torch(example_model, tmp_pat
     prepared = prepare_model(example_model("mlp", "pt2"), resolve_target("cuda"))
     storage = db.open_storage(f"sqlite:///{tmp_path / 'gpu.db'}", upgrade=True)
     try:
-        summary = tune_model(storage, prepared, trials=12, output_dir=tmp_path / "out",
-                             search=FAST_SEARCH, seed=0)
+        summary = tune_model(
+            storage, prepared, trials=12, output_dir=tmp_path / "out", search=FAST_SEARCH, seed=0
+        )
     finally:
         storage.close()
     assert summary.verification["passed"]

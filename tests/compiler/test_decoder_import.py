@@ -8,6 +8,7 @@ The operators the import needed for them (:mod:`compiler.pt2_ops`, :mod:`compile
 are checked one by one on small programs, and what is still unsupported is refused with one
 message.
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -44,10 +45,14 @@ MASK_OPS = ("arange", "cumsum", "index_tensor", "less_equal", "logical_and", "bi
 
 #: What each decoder's task list must show, as (description, predicate on a task name).
 _RMSNORM = ("RMSNorm: mean and rsqrt fused", lambda n: "mean" in n and "sqrt" in n)
-_ROTARY = ("rotary: rotate_half fused with the cos/sin multiply-add",
-           lambda n: "negative" in n and "concatenate" in n and "multiply" in n)
-_SILU_GATE = ("SiLU-gated MLP: silu(gate) * up in one task",
-              lambda n: "silu_multiply" in n or "sigmoid_multiply" in n)
+_ROTARY = (
+    "rotary: rotate_half fused with the cos/sin multiply-add",
+    lambda n: "negative" in n and "concatenate" in n and "multiply" in n,
+)
+_SILU_GATE = (
+    "SiLU-gated MLP: silu(gate) * up in one task",
+    lambda n: "silu_multiply" in n or "sigmoid_multiply" in n,
+)
 _LAYER_NORM = ("LayerNorm", lambda n: "layer_norm" in n)
 _GELU_TANH = ("tanh-GELU", lambda n: "tanh" in n)
 EXPECTED_PARTS: dict[str, tuple[tuple[str, Callable[[str], bool]], ...]] = {
@@ -209,8 +214,15 @@ def _bitwise(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     ("fn", "ops"),
     [
         (_cumsums, {"cumsum.default"}),
-        (_bitwise, {"bitwise_and.Tensor", "bitwise_or.Tensor", "bitwise_xor.Tensor",
-                    "bitwise_not.default"}),
+        (
+            _bitwise,
+            {
+                "bitwise_and.Tensor",
+                "bitwise_or.Tensor",
+                "bitwise_xor.Tensor",
+                "bitwise_not.default",
+            },
+        ),
     ],
     ids=["cumsum", "bitwise"],
 )
@@ -319,9 +331,7 @@ def test_the_decomposed_graph_is_checked_too() -> None:
     refused after it, the graph TVM translates."""
     program = torch.export.export(_Fn(lambda x: torch.logsumexp(x, -1)), (torch.randn(2, 8),))
     assert unsupported_torch_ops(program) == ["logsumexp.default"]
-    assert unsupported_torch_ops(program.run_decompositions(), decomposed=True) == [
-        "amax.default"
-    ]
+    assert unsupported_torch_ops(program.run_decompositions(), decomposed=True) == ["amax.default"]
 
 
 def test_mixtral_default_experts_are_refused(decoder_file) -> None:
@@ -345,8 +355,12 @@ def test_mixtral_default_experts_are_refused(decoder_file) -> None:
         "    print(err.code, 'transformers' in sys.modules)\n    print(err.message)\n"
     )
     done = subprocess.run(
-        [sys.executable, "-c", script, str(path)], cwd=REPO, capture_output=True, text=True,
-        timeout=300, check=True,
+        [sys.executable, "-c", script, str(path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
     )
     code, message = done.stdout.splitlines()
     assert code == "unsupported_ops False", done.stdout + done.stderr

@@ -1,5 +1,6 @@
 """compiler.fast_math: float32 transcendental ops become TVM's vectorizable approximations,
 accurate to the verification tolerance; other dtypes are left exact."""
+
 from __future__ import annotations
 
 import math
@@ -66,8 +67,16 @@ def test_float32_op_becomes_fast_kernel_within_tolerance(name: str) -> None:
 
     ops = _op_names(mod)
     assert "relax.call_tir" in ops
-    assert not ops & {"relax.erf", "relax.exp", "relax.tanh", "relax.nn.softmax", "relax.nn.gelu",
-                      "relax.nn.gelu_tanh", "relax.sigmoid", "relax.nn.silu"}, ops
+    assert not ops & {
+        "relax.erf",
+        "relax.exp",
+        "relax.tanh",
+        "relax.nn.softmax",
+        "relax.nn.gelu",
+        "relax.nn.gelu_tanh",
+        "relax.sigmoid",
+        "relax.nn.silu",
+    }, ops
     kernels = [gv.name_hint for gv, f in mod.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
     assert kernels and all(k.startswith("fast_") for k in kernels), kernels
 

@@ -9,6 +9,7 @@ tasks; a zero-trial artifact of each (peers + default schedules, as ``tunehub co
 builds it), loaded from disk, matches torch / ONNX Runtime, and TVM's prefill feeding TVM's
 decode gives the full model's next logits. No tuning.
 """
+
 from __future__ import annotations
 
 import json
@@ -56,7 +57,8 @@ def program_file(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, str
         if (program, fmt) not in cache:
             length = SEQ if program == "prefill" else PAST
             cache[(program, fmt)] = export_program(
-                DECODER, program, fmt, folder / f"{program}.{fmt}", length)
+                DECODER, program, fmt, folder / f"{program}.{fmt}", length
+            )
         return cache[(program, fmt)]
 
     return get
@@ -69,7 +71,8 @@ def prepared(program_file) -> Callable[[str, str], PreparedModel]:
     def get(program: str, fmt: str) -> PreparedModel:
         if (program, fmt) not in cache:
             cache[(program, fmt)] = prepare_model(
-                program_file(program, fmt), TARGET, allow_external_data=False)
+                program_file(program, fmt), TARGET, allow_external_data=False
+            )
         return cache[(program, fmt)]
 
     return get
@@ -84,11 +87,14 @@ def library(prepared, tmp_path_factory) -> Callable[[str, str], LoadedLibrary]:
     def get(program: str, fmt: str) -> LoadedLibrary:
         if (program, fmt) not in cache:
             model = prepared(program, fmt)
-            tasks = [(t.key, e.dispatched[0])
-                     for t, e in zip(model.partition.tasks, model.partition.extracted)]
+            tasks = [
+                (t.key, e.dispatched[0])
+                for t, e in zip(model.partition.tasks, model.partition.extracted)
+            ]
             executable, peers = build_zero_trial(model.mod, TARGET, tasks)
-            path = export_library(executable, folder / f"{program}-{fmt}.so",
-                                  link_peers=bool(peers))
+            path = export_library(
+                executable, folder / f"{program}-{fmt}.so", link_peers=bool(peers)
+            )
             cache[(program, fmt)] = LoadedLibrary(path, "cpu")
         return cache[(program, fmt)]
 
@@ -126,8 +132,7 @@ def test_cache_is_bounded() -> None:
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_both_programs_import_with_their_inputs(fmt: str, prepared) -> None:
     shape = cache_shape(get_kv_decoder(DECODER), PAST)
-    assert prepared("prefill", fmt).model.inputs == (
-        TensorSpec("input_ids", (1, SEQ), "int64"),)
+    assert prepared("prefill", fmt).model.inputs == (TensorSpec("input_ids", (1, SEQ), "int64"),)
     assert prepared("decode", fmt).model.inputs == (
         TensorSpec(DECODE_INPUTS[0], (1, 1), "int64"),
         TensorSpec(DECODE_INPUTS[1], shape, "float32"),
@@ -167,8 +172,10 @@ def test_zero_trial_artifact_matches_reference(program: str, fmt: str, prepared,
     result = verify(model.model, lib.run)
     assert result.passed, result.message
     # verify draws token ids 0 and 1: once more over the whole vocabulary
-    inputs = [t.numpy() for t in example_inputs(DECODER, program, SEQ if program == "prefill"
-                                                else PAST, seed=2)]
+    inputs = [
+        t.numpy()
+        for t in example_inputs(DECODER, program, SEQ if program == "prefill" else PAST, seed=2)
+    ]
     again = compare(lib.run(inputs), reference_outputs(model.model, inputs), result.reference)
     assert again.passed, again.message
 
@@ -194,9 +201,19 @@ def test_cli_inspects_both_programs(program_file) -> None:
     counts = {}
     for program in ("prefill", "decode"):
         done = subprocess.run(
-            [sys.executable, "-m", "service.cli", "inspect", str(program_file(program, "pt2")),
-             "--json"],
-            cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "inspect",
+                str(program_file(program, "pt2")),
+                "--json",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
         )
         assert done.returncode == 0, done.stderr
         data = json.loads(done.stdout)

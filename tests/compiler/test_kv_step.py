@@ -5,6 +5,7 @@ is ``index_put`` at one position, ``compiler.pt2_ops``' converter), its zero-tri
 torch / ONNX Runtime, and a library holding prefill and step (one archive) generates several
 tokens exactly as the full model does, from one step program; a program that updates its
 inputs or buffers in place is refused with one message. No tuning."""
+
 from __future__ import annotations
 
 import re
@@ -38,16 +39,22 @@ CAPACITY = 16
 
 
 def _library(prepared: PreparedModel) -> LoadedLibrary:
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     executable, _ = build_zero_trial(prepared.mod, TARGET, tasks)
     return LoadedLibrary.from_executable(
-        executable, buckets=[b.to_json() for b in prepared.model.buckets])
+        executable, buckets=[b.to_json() for b in prepared.model.buckets]
+    )
 
 
 def test_prefill_then_steps_generate_like_the_full_model(tmp_path: Path) -> None:
-    archive = export_programs(DECODER, tmp_path / "generate.pt2",
-                              {"prefill": ("prefill", SEQ), "step": ("step", CAPACITY)})
+    archive = export_programs(
+        DECODER,
+        tmp_path / "generate.pt2",
+        {"prefill": ("prefill", SEQ), "step": ("step", CAPACITY)},
+    )
     prepared = prepare_model(archive, TARGET)
     step_inputs = [s.name for s in prepared.model.buckets[1].model.inputs]
     assert step_inputs == list(STEP_INPUTS)
@@ -66,13 +73,12 @@ def test_prefill_then_steps_generate_like_the_full_model(tmp_path: Path) -> None
     keys, values = np.pad(keys, pad), np.pad(values, pad)
     assert keys.shape == cache_shape(spec, CAPACITY)
     for position in range(SEQ, SEQ + steps):
-        token = ids[:, position:position + 1].numpy()
-        logits, new_keys, values = library.run(
-            [token, np.array([position], "int64"), keys, values])
+        token = ids[:, position : position + 1].numpy()
+        logits, new_keys, values = library.run([token, np.array([position], "int64"), keys, values])
         result = compare([logits[0, -1]], [full[position]], "torch")
         assert result.passed, (position, result.message)
         np.testing.assert_array_equal(new_keys[..., :position, :], keys[..., :position, :])
-        assert not new_keys[..., position + 1:, :].any()  # written at its position only
+        assert not new_keys[..., position + 1 :, :].any()  # written at its position only
         keys = new_keys
 
 
@@ -121,8 +127,9 @@ class _MutatesBuffer(torch.nn.Module):
         return x * self.calls
 
 
-@pytest.mark.parametrize(("module", "named"), [(_MutatesInput(), "input(s) x"),
-                                                (_MutatesBuffer(), "buffer(s) calls")])
+@pytest.mark.parametrize(
+    ("module", "named"), [(_MutatesInput(), "input(s) x"), (_MutatesBuffer(), "buffer(s) calls")]
+)
 def test_in_place_updates_of_inputs_or_buffers_are_refused(
     module: torch.nn.Module, named: str, tmp_path: Path
 ) -> None:

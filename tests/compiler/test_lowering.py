@@ -2,6 +2,7 @@
 
 A few trials each: the tests check keys, layouts and numerics, never speed.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,15 +37,22 @@ def _mobilenet_block():
     def const(name: str, *shape: int):
         return numpy_helper.from_array((rng.standard_normal(shape) * 0.2).astype("float32"), name)
 
-    inits = [const("w1", 16, 8, 1, 1), const("b1", 16), const("w2", 16, 1, 3, 3), const("b2", 16),
-             const("wd", 16, 10), const("bd", 10),
-             numpy_helper.from_array(np.array(0.0, "float32"), "lo"),
-             numpy_helper.from_array(np.array(6.0, "float32"), "hi")]
+    inits = [
+        const("w1", 16, 8, 1, 1),
+        const("b1", 16),
+        const("w2", 16, 1, 3, 3),
+        const("b2", 16),
+        const("wd", 16, 10),
+        const("bd", 10),
+        numpy_helper.from_array(np.array(0.0, "float32"), "lo"),
+        numpy_helper.from_array(np.array(6.0, "float32"), "hi"),
+    ]
     nodes = [
         helper.make_node("Conv", ["x", "w1", "b1"], ["c1"], kernel_shape=[1, 1]),
         helper.make_node("Clip", ["c1", "lo", "hi"], ["r1"]),
-        helper.make_node("Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1] * 4,
-                         group=16),
+        helper.make_node(
+            "Conv", ["r1", "w2", "b2"], ["c2"], kernel_shape=[3, 3], pads=[1] * 4, group=16
+        ),
         helper.make_node("Clip", ["c2", "lo", "hi"], ["r2"]),
         helper.make_node("GlobalAveragePool", ["r2"], ["p"]),
         helper.make_node("Flatten", ["p"], ["f"]),
@@ -52,8 +60,11 @@ def _mobilenet_block():
         helper.make_node("Add", ["m", "bd"], ["y"]),
     ]
     graph = helper.make_graph(
-        nodes, "block", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
-        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])], inits,
+        nodes,
+        "block",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 8, 12, 12])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 10])],
+        inits,
     )
     return helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=8)
 
@@ -134,8 +145,11 @@ def test_prepack_marks_constant_weights_layout_free(block) -> None:
     assert conv_funcs and all("layout_free_buffers" in f.attrs for f in conv_funcs)
     keys = {t.key for t in partition(mod, cpu_target(2, BOTH)).tasks}
     assert keys.isdisjoint(t.key for t in partition(mod, cpu_target(2, NHWC)).tasks)
-    assert not any("layout_free_buffers" in (f.attrs or {}) for _, f in plain.functions_items()
-                   if isinstance(f, tvm.tirx.PrimFunc))
+    assert not any(
+        "layout_free_buffers" in (f.attrs or {})
+        for _, f in plain.functions_items()
+        if isinstance(f, tvm.tirx.PrimFunc)
+    )
 
 
 def _tune_all(parts, target, tmp_path):
@@ -153,17 +167,28 @@ def _tune_all(parts, target, tmp_path):
     # default).
     search = SearchConfig(population_size=16, init_min_unmeasured=4, genetic_num_iters=1)
     contexts = [
-        ms.TuneContext(mod=t.dispatched[0], target=target.tvm_target(),
-                       space_generator="post-order-apply", search_strategy=search.strategy(),
-                       task_name=str(t.task_name), rand_state=0)
+        ms.TuneContext(
+            mod=t.dispatched[0],
+            target=target.tvm_target(),
+            space_generator="post-order-apply",
+            search_strategy=search.strategy(),
+            task_name=str(t.task_name),
+            rand_state=0,
+        )
         for t in parts.extracted[:2]  # the two convolutions (heaviest first)
     ]
     with closing(make_builder(measure)) as builder:
         return ms.tune.tune_tasks(
-            tasks=contexts, task_weights=[1.0] * len(contexts), work_dir=str(tmp_path),
-            max_trials_global=3 * len(contexts), max_trials_per_task=3, num_trials_per_iter=3,
-            builder=builder, runner=make_runner(measure),
-            database=ms.database.JSONDatabase(work_dir=str(tmp_path)), cost_model="random",
+            tasks=contexts,
+            task_weights=[1.0] * len(contexts),
+            work_dir=str(tmp_path),
+            max_trials_global=3 * len(contexts),
+            max_trials_per_task=3,
+            num_trials_per_iter=3,
+            builder=builder,
+            runner=make_runner(measure),
+            database=ms.database.JSONDatabase(work_dir=str(tmp_path)),
+            cost_model="random",
         )
 
 
@@ -179,8 +204,11 @@ def _callees(func: relax.Function) -> list[str]:
     names: list[str] = []
     relax.analysis.post_order_visit(
         func,
-        lambda e: names.append(e.args[0].name_hint)
-        if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir" else None,
+        lambda e: (
+            names.append(e.args[0].name_hint)
+            if isinstance(e, relax.Call) and getattr(e.op, "name", "") == "relax.call_tir"
+            else None
+        ),
     )
     return names
 

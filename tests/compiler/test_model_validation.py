@@ -1,4 +1,5 @@
 """Every bad model input gets a clear ModelError (code + message); good ones load."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -93,7 +94,10 @@ def test_symbolic_dimension_gets_buckets_or_a_pinned_value() -> None:
     model = load_model(data)
     assert model.bucket_spec is not None and model.bucket_spec.defaulted == ("batch",)
     assert [b.model.inputs[0].shape for b in model.buckets] == [
-        (16, 16), (32, 16), (64, 16), (128, 16)
+        (16, 16),
+        (32, 16),
+        (64, 16),
+        (128, 16),
     ]
     assert model.inputs[0].shape == (128, 16)  # the largest bucket's
     model = load_model(data, buckets={"batch": [2, 5]})
@@ -135,7 +139,10 @@ def test_unsupported_ops_are_all_listed() -> None:
 def test_external_data_refused_for_uploads_and_outside_folder(tmp_path: Path) -> None:
     model = matmul_model()
     onnx.save_model(
-        model, tmp_path / "m.onnx", save_as_external_data=True, location="m.data",
+        model,
+        tmp_path / "m.onnx",
+        save_as_external_data=True,
+        location="m.data",
         size_threshold=0,
     )
     data = (tmp_path / "m.onnx").read_bytes()
@@ -265,8 +272,11 @@ def test_cli_refuses_a_bomb_with_one_line_and_exit_2(command, tmp_path: Path, ca
 
     path = tmp_path / "bomb.onnx"
     path.write_bytes(_bytes(constant_of_shape_bomb([1_000_000, 1_000_000])))
-    args = {"inspect": [], "compile": ["-o", str(tmp_path / "out")],
-            "tune": ["--trials", "1", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"]}[command]
+    args = {
+        "inspect": [],
+        "compile": ["-o", str(tmp_path / "out")],
+        "tune": ["--trials", "1", "--db", f"sqlite:///{tmp_path / 'db.sqlite'}"],
+    }[command]
     assert main([command, str(path), *args]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "constant_too_large" not in err

@@ -3,6 +3,7 @@ packaged together load as one model with a function per program, whose tasks are
 the two programs' tasks (a task both have is one task, its weight the sum); what cannot be one
 library is refused with one message each. Tuning and the published artifact over HTTP:
 ``tests/service/test_api_programs.py``."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -49,16 +50,28 @@ def test_generation_archive_is_one_model_with_a_function_per_program(tmp_path: P
     table = buckets_json(model)
     assert table["programs"] == ["prefill", "decode"]
     assert [[s["name"] for s in f["inputs"]] for f in table["functions"]] == [
-        ["input_ids"], ["input_ids", "past_keys", "past_values"]]
+        ["input_ids"],
+        ["input_ids", "past_keys", "past_values"],
+    ]
 
     together = prepare_model(archive, TARGET)
-    functions = {gvar.name_hint for gvar in together.mod.functions if gvar.name_hint in
-                 ("prefill", "decode", "main")}
+    functions = {
+        gvar.name_hint
+        for gvar in together.mod.functions
+        if gvar.name_hint in ("prefill", "decode", "main")
+    }
     assert functions == {"prefill", "decode"}
     alone = {
         program: prepare_model(
-            export_program(DECODER, program, "pt2", tmp_path / f"{program}.pt2",
-                           SEQ if program == "prefill" else PAST), TARGET).partition.tasks
+            export_program(
+                DECODER,
+                program,
+                "pt2",
+                tmp_path / f"{program}.pt2",
+                SEQ if program == "prefill" else PAST,
+            ),
+            TARGET,
+        ).partition.tasks
         for program in ("prefill", "decode")
     }
     weights: dict[str, float] = {}

@@ -6,6 +6,7 @@ and the ``*_torch_alone_executes`` tests run them through the real unpickler / p
 ``torch.export.load`` to prove they would work, so the "marker absent" assertions elsewhere are not
 vacuous.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -699,7 +700,7 @@ def test_symlink_member(genuine: Genuine, tmp_path: Path) -> None:
             zout.writestr(member, zin.read(member))
         link = zipfile.ZipInfo(f"{genuine.root}/extra/link")
         link.create_system = 3
-        link.external_attr = (0o120777 << 16)
+        link.external_attr = 0o120777 << 16
         zout.writestr(link, "/etc/passwd")
     expect_refusal(path, "pt2_symlink", None, "extra/link")
 
@@ -739,8 +740,8 @@ def test_zip64_extensible_data_is_refused(genuine: Genuine, tmp_path: Path) -> N
     moved = bytearray(data[:record] + data[record:locator] + pad + data[locator:])
     # The record's own size field grows by the padding; the locator still points at the record.
     size_at = record + 4
-    grown = int.from_bytes(data[size_at:size_at + 8], "little") + len(pad)
-    moved[size_at:size_at + 8] = grown.to_bytes(8, "little")
+    grown = int.from_bytes(data[size_at : size_at + 8], "little") + len(pad)
+    moved[size_at : size_at + 8] = grown.to_bytes(8, "little")
     path = tmp_path / "extensible.pt2"
     path.write_bytes(bytes(moved))
     expect_refusal(path, "bad_pt2", None, "offsets")

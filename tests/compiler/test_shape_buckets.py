@@ -10,6 +10,7 @@ bucket where the probes before publishing found padding exact (the causal decode
 elementwise model), and is a clear error where they did not (a softmax over the sequence) or
 past the largest bucket.
 """
+
 from __future__ import annotations
 
 import json
@@ -66,8 +67,10 @@ def test_bucket_specs_are_parsed_and_checked() -> None:
     for bad in ("seq", "seq=", "seq=16,x", "=16", "seq=0", "seq=-4"):
         with pytest.raises(ModelError) as info:
             parse_bucket_field(bad)
-        assert info.value.code == "bad_buckets" and "NAME=V1,V2" in info.value.message or (
-            "between 1 and" in info.value.message
+        assert (
+            info.value.code == "bad_buckets"
+            and "NAME=V1,V2" in info.value.message
+            or ("between 1 and" in info.value.message)
         )
     with pytest.raises(ModelError, match="twice"):
         merge_bucket_options(["seq=16", "seq=32"])
@@ -99,16 +102,18 @@ def test_bucketed_decoder_dispatches_to_each_bucket(dynamic_decoder, fmt, tmp_pa
     assert [b.model.inputs[0].shape for b in model.buckets] == [(1, n) for n in BUCKETS]
     functions = [b.function for b in model.buckets]
     assert functions == [f"main_{_symbol(prepared)}_{n}" for n in BUCKETS]
-    relax_functions = {gv.name_hint for gv, f in prepared.mod.functions_items()
-                       if type(f).__name__ == "Function"}
+    relax_functions = {
+        gv.name_hint for gv, f in prepared.mod.functions_items() if type(f).__name__ == "Function"
+    }
     assert relax_functions == set(functions)  # one VM function per bucket, no main
 
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     executable, peers = build_zero_trial(prepared.mod, TARGET, tasks)
     out = tmp_path / "artifact"
-    manifest = publish_artifact(executable, model, TARGET, out, tasks=[],
-                                link_peers=bool(peers))
+    manifest = publish_artifact(executable, model, TARGET, out, tasks=[], link_peers=bool(peers))
     assert manifest["verification"]["passed"], manifest["verification"]["message"]
     assert [b["function"] for b in manifest["verification"]["buckets"]] == functions
     listed = json.loads((out / "manifest.json").read_text())["model"]["buckets"]
@@ -128,7 +133,8 @@ def test_bucketed_decoder_dispatches_to_each_bucket(dynamic_decoder, fmt, tmp_pa
     padding = listed["padding"]
     assert padding["allowed"], padding
     assert len(padding["probes"]) == len(BUCKETS) and padding["cuts"] == [
-        [0, 1, _symbol(prepared)]]  # the logits' sequence axis is cut back
+        [0, 1, _symbol(prepared)]
+    ]  # the logits' sequence axis is cut back
     ids = spec.make_input_ids(BETWEEN, seed=3).numpy()
     assert library.function_for([ids]) == functions[-1]
     result = compare(library.run([ids]), reference_outputs(_at_length(model, ids), [ids]), fmt)
@@ -162,11 +168,14 @@ def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
 
     model = make_model(
         [helper.make_node("Softmax", ["x"], ["y"], axis=1)],
-        [float_input("x", [1, "n"])], [float_input("y", [1, "n"])],
+        [float_input("x", [1, "n"])],
+        [float_input("y", [1, "n"])],
     )
     prepared = prepare_model(model.SerializeToString(), TARGET, buckets={"n": [8, 16]})
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     executable, _ = build_zero_trial(prepared.mod, TARGET, tasks)
     manifest = publish_artifact(executable, prepared.model, TARGET, tmp_path / "out", tasks=[])
     assert manifest["verification"]["passed"]  # exact buckets still match
@@ -189,14 +198,16 @@ def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
     source = tmp_path / "softmax.onnx"
     source.write_bytes(model.SerializeToString())
     buckets_json = json.dumps(prepared.model.bucket_spec.to_json())
-    assert check_artifact_in_child(source, tmp_path / "out" / "model.so", TARGET.target_json,
-                                   buckets_json=buckets_json)
+    assert check_artifact_in_child(
+        source, tmp_path / "out" / "model.so", TARGET.target_json, buckets_json=buckets_json
+    )
     forged = json.loads((tmp_path / "out" / "manifest.json").read_text())
     forged["model"]["buckets"]["padding"].update(allowed=True, symbols=["n"], cuts=[[0, 1, "n"]])
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(forged))
     with pytest.raises(ConflictError, match="allows padding between buckets"):
-        check_artifact_in_child(source, tmp_path / "out" / "model.so", TARGET.target_json,
-                                buckets_json=buckets_json)
+        check_artifact_in_child(
+            source, tmp_path / "out" / "model.so", TARGET.target_json, buckets_json=buckets_json
+        )
 
 
 def test_bucket_tasks_are_the_union_of_the_static_specializations(dynamic_decoder) -> None:
@@ -268,10 +279,13 @@ def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
     functions = [b.function for b in prepared.model.buckets]
     assert functions == ["main_batch_1_n_8", "main_batch_2_n_8"]
     assert [tuple(s.shape for s in b.model.inputs) for b in prepared.model.buckets] == [
-        ((1, 8), (1, 8)), ((2, 8), (2, 8))
+        ((1, 8), (1, 8)),
+        ((2, 8), (2, 8)),
     ]
-    tasks = [(t.key, e.dispatched[0])
-             for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)]
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
     executable, _ = build_zero_trial(prepared.mod, TARGET, tasks)
     manifest = publish_artifact(executable, prepared.model, TARGET, tmp_path / "out", tasks=[])
     assert manifest["verification"]["passed"]
@@ -287,8 +301,9 @@ def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
     rule = manifest["model"]["buckets"]["padding"]
     assert rule["allowed"] and rule["symbols"] == ["n"], rule
     assert library.function_for([x[:, :5], y[:, :5]]) == "main_batch_2_n_8"
-    np.testing.assert_allclose(library.run([x[:, :5], y[:, :5]])[0],
-                               np.maximum(x[:, :5] + y[:, :5], 0), rtol=1e-6)
+    np.testing.assert_allclose(
+        library.run([x[:, :5], y[:, :5]])[0], np.maximum(x[:, :5] + y[:, :5], 0), rtol=1e-6
+    )
 
 
 def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
@@ -296,7 +311,8 @@ def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
 
     name, histogram = parse_bucket_option("seq~12:40,37:5,100:3,500:1/3")
     assert name == "seq" and histogram == SizeHistogram(
-        ((12, 40.0), (37, 5.0), (100, 3.0), (500, 1.0)), 3)
+        ((12, 40.0), (37, 5.0), (100, 3.0), (500, 1.0)), 3
+    )
     # Candidates are the sizes rounded up to multiples of 8 (16, 40, 104, 504); of the
     # three-bucket sets, 16/104/504 pads least in expectation (16*40 + 104*8 + 504*1).
     values, shares = histogram_buckets(histogram, 2, 1024)
@@ -304,7 +320,9 @@ def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
     assert shares == pytest.approx((40 / 49, 8 / 49, 1 / 49))
     # Small sizes are not rounded; as many buckets as sizes is one bucket per size.
     assert histogram_buckets(SizeHistogram(((1, 5), (2, 3), (3, 1), (7, 1)), 2), 1, 64) == (
-        (2, 7), (0.8, 0.2))
+        (2, 7),
+        (0.8, 0.2),
+    )
     assert histogram_buckets(SizeHistogram(((16, 1), (32, 1)), 4), 1, 64)[0] == (16, 32)
     # The model's range bounds the rounding, and a size outside it is refused.
     assert histogram_buckets(SizeHistogram(((70, 1),), 1), 1, 72)[0] == (72,)
@@ -321,6 +339,7 @@ def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
     assert spec.specialization_shares() == [0.9, 0.1]
     assert spec.to_json()["histograms"] == {"s0": "8:90,30:10/2"}
     from compiler.buckets import bucket_values
+
     stored = bucket_values(json.dumps(spec.to_json()))
     assert resolve_buckets(dims, stored) == spec  # a stored histogram gives the same buckets
 
@@ -331,16 +350,22 @@ def test_histogram_shares_weigh_the_tasks(dynamic_decoder) -> None:
     path = dynamic_decoder("onnx")
     from compiler.buckets import SizeHistogram
 
-    weighted = prepare_model(path, TARGET, buckets={
-        SEQ_SYMBOL: SizeHistogram(((8, 90.0), (30, 10.0)), 2)})
+    weighted = prepare_model(
+        path, TARGET, buckets={SEQ_SYMBOL: SizeHistogram(((8, 90.0), (30, 10.0)), 2)}
+    )
     plain = prepare_model(path, TARGET, buckets={SEQ_SYMBOL: [8, 30]})
     assert weighted.model.bucket_spec.values == plain.model.bucket_spec.values
     calls = {t.key: t.weight for t in plain.partition.tasks}
     assert set(calls) == {t.key for t in weighted.partition.tasks}
-    per_bucket = {n: {t.key: t.weight for t in prepare_model(
-        path, TARGET, input_shapes={"input_ids": [1, n]}).partition.tasks} for n in (8, 30)}
+    per_bucket = {
+        n: {
+            t.key: t.weight
+            for t in prepare_model(path, TARGET, input_shapes={"input_ids": [1, n]}).partition.tasks
+        }
+        for n in (8, 30)
+    }
     for task in weighted.partition.tasks:
-        expected = (per_bucket[8].get(task.key, 0) * 0.9 + per_bucket[30].get(task.key, 0) * 0.1)
+        expected = per_bucket[8].get(task.key, 0) * 0.9 + per_bucket[30].get(task.key, 0) * 0.1
         assert task.weight == max(1, round(expected * 2)), task.name
     assert any(t.weight > calls[t.key] for t in weighted.partition.tasks)
     assert any(t.weight < calls[t.key] for t in weighted.partition.tasks)

@@ -1,4 +1,5 @@
 """Ranking metrics on hand-made scores and costs."""
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ features from its records, train and persist a model, tune another model with it
 the negative-transfer guard falls back to MetaSchedule's cold model when the transferred one
 ranks backwards, and drive the CLI.
 """
+
 from __future__ import annotations
 
 import json
@@ -107,9 +108,10 @@ def _candidates(storage, target, rank: int = 0, task_name: str | None = None):
     """Replayed candidates and measured costs of the workload with the most valid records
     (``rank`` 1: the second most, ...), in a context named ``task_name`` when given."""
     target_row = storage.get_target(target.key)
-    workloads = sorted(storage.list_workloads(target_id=target_row.id),
-                       key=lambda w: -storage.count_records(target_id=target_row.id,
-                                                            workload_id=w.id, valid=True))
+    workloads = sorted(
+        storage.list_workloads(target_id=target_row.id),
+        key=lambda w: -storage.count_records(target_id=target_row.id, workload_id=w.id, valid=True),
+    )
     chosen = workloads[rank]
     rows = storage.list_records(target_id=target_row.id, workload_id=chosen.id, limit=1000)
     mod = tvm.ir.load_json(chosen.mod_json)
@@ -122,20 +124,31 @@ def _candidates(storage, target, rank: int = 0, task_name: str | None = None):
 
 
 def _results(costs: np.ndarray) -> list:
-    return [ms.runner.RunnerResult(run_secs=[float(c)] if np.isfinite(c) else None,
-                                   error_msg=None if np.isfinite(c) else "failed")
-            for c in costs]
+    return [
+        ms.runner.RunnerResult(
+            run_secs=[float(c)] if np.isfinite(c) else None,
+            error_msg=None if np.isfinite(c) else "failed",
+        )
+        for c in costs
+    ]
 
 
 def _backwards_model(context, candidates, costs: np.ndarray):
     """A booster that learned the opposite of the measured order (negative transfer on purpose)
     and a guarded model starting from it that may switch on any evidence: ``(booster, model)``."""
     groups = np.zeros(len(costs), dtype=np.int32)
-    backwards = train_booster(candidate_features(context, candidates),
-                              1.0 - throughput_labels(costs, groups), groups,
-                              BoosterConfig(objective="throughput", rounds=30))
-    model = TransferCostModel(backwards, BoosterConfig(objective="throughput", fine_tune_rounds=1),
-                              guard_min_pairs=1, guard_margin=0.0)
+    backwards = train_booster(
+        candidate_features(context, candidates),
+        1.0 - throughput_labels(costs, groups),
+        groups,
+        BoosterConfig(objective="throughput", rounds=30),
+    )
+    model = TransferCostModel(
+        backwards,
+        BoosterConfig(objective="throughput", fine_tune_rounds=1),
+        guard_min_pairs=1,
+        guard_margin=0.0,
+    )
     return backwards, model
 
 
@@ -154,8 +167,9 @@ def test_feature_cache_extracts_each_schedule_once(tuned) -> None:
     np.testing.assert_array_equal(cache(context, candidates[:3]), rows[:3])
     assert cache.misses == distinct
     # Another workload's schedules are other keys; the least recently used rows make room.
-    np.testing.assert_array_equal(cache(other_context, others[:2]),
-                                  candidate_features(other_context, others[:2]))
+    np.testing.assert_array_equal(
+        cache(other_context, others[:2]), candidate_features(other_context, others[:2])
+    )
     assert cache.misses == distinct + 2 and len(cache._rows) == cache.capacity
     assert cache(context, []).shape == (0, FEATURE_LENGTH)
 
@@ -170,6 +184,7 @@ def test_workload_family_drops_operator_numbers() -> None:
 
 def test_guard_waits_until_the_gap_exceeds_chance() -> None:
     """One batch of 11 ranked at 0.40 is within a random ranking's spread; eight are not."""
+
     def windows(batches: int) -> tuple[RankWindow, RankWindow]:
         transfer, cold = RankWindow(8), RankWindow(8)
         for _ in range(batches):
@@ -229,8 +244,14 @@ def test_guard_falls_back_to_cold_model_when_transfer_ranks_backwards(tuned) -> 
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "service.cli", *args], cwd=REPO, text=True,
-                          capture_output=True, env={**os.environ}, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "service.cli", *args],
+        cwd=REPO,
+        text=True,
+        capture_output=True,
+        env={**os.environ},
+        timeout=600,
+    )
 
 
 @pytest.mark.slow
@@ -246,8 +267,16 @@ def test_cli_train_and_refusals(tuned, tmp_path, example_model) -> None:
     # A database without a trained model cannot tune with --cost-model transfer.
     empty = f"sqlite:///{tmp_path / 'empty.db'}"
     db.open_storage(empty, upgrade=True).close()
-    done = _cli("tune", str(example_model("mlp", "onnx")), "--trials", "4", "--db", empty,
-                "--cost-model", "transfer")
+    done = _cli(
+        "tune",
+        str(example_model("mlp", "onnx")),
+        "--trials",
+        "4",
+        "--db",
+        empty,
+        "--cost-model",
+        "transfer",
+    )
     assert done.returncode == 2 and "no trained cost model" in done.stderr
     assert db.open_storage(empty).count_jobs() == 0
 

@@ -4,6 +4,7 @@ Debian's ``chromium`` package (``apt-get install -y chromium``; ``scripts/run-te
 it when missing) driven by Playwright for Python. Playwright's own browser downloads are never
 used: the browser comes from the system package, so everything works offline.
 """
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """Fixtures for the dashboard: one real ``tunehub serve`` (no worker: jobs stay queued unless a
 test writes their records), headless Chromium, pages signed in with the local user token."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -95,9 +96,14 @@ def new_page(browser, page_errors):
         page = context.new_page()
         page.set_default_timeout(15_000)
         page.on("pageerror", lambda error: page_errors.append(f"pageerror: {error}"))
-        page.on("console", lambda msg: msg.type == "error"
+        page.on(
+            "console",
+            lambda msg: (
+                msg.type == "error"
                 and "Failed to load resource" not in msg.text
-                and page_errors.append(f"console: {msg.text}"))
+                and page_errors.append(f"console: {msg.text}")
+            ),
+        )
         return page
 
     yield make

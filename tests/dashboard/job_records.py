@@ -9,6 +9,7 @@ floor set by the task's FLOPs) with noise and ~5 % failed candidates; traces are
 lists, so every record is a new row. Nothing is measured: this stands in for the measuring, not
 for the storage, the API or the pages under test.
 """
+
 from __future__ import annotations
 
 import math
@@ -86,17 +87,19 @@ class RecordWriter:
             for _ in range(size):
                 latency = self._latency(task)
                 self.trials[task.id] = self.trials.get(task.id, 0) + 1
-                records.append(db.NewTuningRecord(
-                    workload_id=task.workload_id,
-                    target_id=self.target_id,
-                    trace_json=db.canonical_trace_json(
-                        [["SampleTile"], [[0, [self.seed, self.serial, len(records)]]]]
-                    ),
-                    run_secs=None if latency is None else (latency,),
-                    error_text="RuntimeError: build failed" if latency is None else None,
-                    worker=self.worker,
-                    job_id=self.job_id,
-                ))
+                records.append(
+                    db.NewTuningRecord(
+                        workload_id=task.workload_id,
+                        target_id=self.target_id,
+                        trace_json=db.canonical_trace_json(
+                            [["SampleTile"], [[0, [self.seed, self.serial, len(records)]]]]
+                        ),
+                        run_secs=None if latency is None else (latency,),
+                        error_text="RuntimeError: build failed" if latency is None else None,
+                        worker=self.worker,
+                        job_id=self.job_id,
+                    )
+                )
                 if latency is not None and latency < self.best.get(task.id, math.inf):
                     self.best[task.id] = latency
             self.storage.commit_records(records)

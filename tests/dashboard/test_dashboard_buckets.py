@@ -1,6 +1,7 @@
 """The dashboard's upload form sends shape buckets: a model with a symbolic dimension uploaded
 with ``batch=4,2`` says so in the upload note and the task table's header; a bad spec shows the
 API's message and creates nothing."""
+
 from __future__ import annotations
 
 import onnx

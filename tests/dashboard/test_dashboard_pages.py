@@ -1,6 +1,7 @@
 """The dashboard in headless Chromium against a real server: signing in with a token, the job
 page's task table and curves (and their live update when new records arrive), uploading a model
 and starting a job from the page, and the jobs, workers and database pages."""
+
 from __future__ import annotations
 
 import re
@@ -155,8 +156,13 @@ def test_pages_need_no_token_and_nothing_from_elsewhere(
     writer.commit(16)
     bare = httpx.get(f"{dash_server.url}/dashboard", follow_redirects=False)
     assert bare.status_code in (301, 302, 307, 308) and bare.headers["location"] == "/dashboard/"
-    for path in ("/dashboard/", f"/dashboard/jobs/{job['id']}", "/dashboard/models",
-                 "/dashboard/workers", "/dashboard/stats"):
+    for path in (
+        "/dashboard/",
+        f"/dashboard/jobs/{job['id']}",
+        "/dashboard/models",
+        "/dashboard/workers",
+        "/dashboard/stats",
+    ):
         response = httpx.get(dash_server.url + path)
         assert response.status_code == 200 and "<title>TuneHub</title>" in response.text, path
     assert httpx.get(f"{dash_server.url}/dashboard/nowhere").status_code == 404

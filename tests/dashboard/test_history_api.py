@@ -2,6 +2,7 @@
 exactly the running minimum per task of the job's records (read back through ``GET /records``),
 polling with ``?after=last_id`` returns only what is new, pages cut at ``limit`` merge into the
 same curves, and bad requests get the one error body."""
+
 from __future__ import annotations
 
 import math

@@ -4,6 +4,7 @@ Usage: python commit_worker.py URL WORKLOAD_ID TARGET_ID WORKER_INDEX GO_FILE N_
 Commits N_SHARED traces that every worker also commits (with its own timings) and N_UNIQUE traces
 of its own, alternating single-record transactions and small batches.
 """
+
 from __future__ import annotations
 
 import sys
@@ -25,14 +26,20 @@ def main() -> None:
     for j in range(int(n_shared)):
         records.append(
             db.NewTuningRecord(
-                workload_id, target_id, f'[["shared",{j}]]', (shared_secs(j, worker),),
+                workload_id,
+                target_id,
+                f'[["shared",{j}]]',
+                (shared_secs(j, worker),),
                 worker=f"w{worker}",
             )
         )
     for j in range(int(n_unique)):
         records.append(
             db.NewTuningRecord(
-                workload_id, target_id, f'[["w{worker}",{j}]]', (2e-3 + j * 1e-6,),
+                workload_id,
+                target_id,
+                f'[["w{worker}",{j}]]',
+                (2e-3 + j * 1e-6,),
                 worker=f"w{worker}",
             )
         )

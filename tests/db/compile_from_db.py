@@ -4,6 +4,7 @@ Usage: python compile_from_db.py URL NUM_CORES. Prints one JSON object on stdout
 trace of the schedule MetaSchedule applied, whether the result is numerically right, and what
 queries for other targets returned.
 """
+
 from __future__ import annotations
 
 import json

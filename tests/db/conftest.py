@@ -4,6 +4,7 @@ PostgreSQL needs ``TUNEHUB_TEST_POSTGRES_URL`` (``scripts/run-tests.sh`` starts 
 server with ``scripts/postgres.sh`` and sets it); without it those cases are skipped, with the
 reason shown. Each test gets a new, empty database.
 """
+
 from __future__ import annotations
 
 import os

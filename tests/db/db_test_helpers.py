@@ -3,6 +3,7 @@
 Builds and runs in-process (no popen worker pools: each would import TVM, seconds apiece on a
 2-core machine) with a small evolutionary search, so 8 trials take seconds, not a minute.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -70,8 +71,9 @@ class InProcessRunner(ms.runner.PyRunner):
                     built = _BUILT.pop(item.artifact_path)
                 mod = getattr(built, "mod", built)
                 args = [
-                    tvm.runtime.tensor(np.random.rand(*[int(d) for d in info.shape]).astype(
-                        str(info.dtype)), dev)
+                    tvm.runtime.tensor(
+                        np.random.rand(*[int(d) for d in info.shape]).astype(str(info.dtype)), dev
+                    )
                     for info in item.args_info
                 ]
                 timer = mod.time_evaluator(mod.entry_name, dev, number=3, repeat=1)

@@ -1,4 +1,5 @@
 """The MetaSchedule PyDatabase adapter: the Database contract, scoped to one target."""
+
 from __future__ import annotations
 
 import pytest
@@ -55,9 +56,7 @@ def test_commit_top_k_len_and_all(adapter, storage, target):
     fresh = db.MetaScheduleDatabase(storage, target)
     workload2 = fresh.commit_workload(matmul_mod())
     assert secs(fresh.get_top_k(workload2, 3)) == pytest.approx([1.1e-4, 2e-4, 3e-4])
-    assert {str(r.trace) for r in fresh.get_all_tuning_records()} == {
-        str(r.trace) for r in records
-    }
+    assert {str(r.trace) for r in fresh.get_all_tuning_records()} == {str(r.trace) for r in records}
     # Committing the same records again (a retried upload) adds nothing.
     fresh.commit_tuning_records(records)
     assert len(fresh) == 5

@@ -1,5 +1,6 @@
 """Must-show: 4 processes committing concurrently; every record is present exactly once, and a
 trace measured by several workers keeps its best measurement."""
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,15 @@ def test_four_processes_commit_concurrently(storage, db_url, target, tmp_path):
     procs = [
         subprocess.Popen(
             [
-                sys.executable, str(HERE / "commit_worker.py"), db_url, str(w.id), str(t.id),
-                str(i), str(go), str(N_SHARED), str(N_UNIQUE),
+                sys.executable,
+                str(HERE / "commit_worker.py"),
+                db_url,
+                str(w.id),
+                str(t.id),
+                str(i),
+                str(go),
+                str(N_SHARED),
+                str(N_UNIQUE),
             ],
             env=env,
             stdout=subprocess.PIPE,

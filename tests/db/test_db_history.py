@@ -1,6 +1,7 @@
 """``TuningStorage.job_history`` on both backends: a job's records reduced to counts and the
 records that lowered their workload's best, read from any record id, in pages; other jobs'
 records never count; the read is a range scan of the job-history index."""
+
 from __future__ import annotations
 
 import math
@@ -36,15 +37,25 @@ def _commit(storage, target_id, workloads, job_id, other_id):
         records = []
         for index, latency in batch:
             serial += 1
-            records.append(NewTuningRecord(
-                workloads[index], target_id, f'[["t{serial}"]]',
-                None if latency is None else [latency * 1e-3],
-                error_text="failed" if latency is None else None, job_id=job_id,
-            ))
+            records.append(
+                NewTuningRecord(
+                    workloads[index],
+                    target_id,
+                    f'[["t{serial}"]]',
+                    None if latency is None else [latency * 1e-3],
+                    error_text="failed" if latency is None else None,
+                    job_id=job_id,
+                )
+            )
         storage.commit_records(records)
         # Another job's records in between must not count.
-        storage.commit_records([NewTuningRecord(workloads[0], target_id, f'[["o{serial}"]]',
-                                                [0.1e-3], job_id=other_id)])
+        storage.commit_records(
+            [
+                NewTuningRecord(
+                    workloads[0], target_id, f'[["o{serial}"]]', [0.1e-3], job_id=other_id
+                )
+            ]
+        )
 
 
 def _expected(rows, before=0):
@@ -94,8 +105,10 @@ def test_history_points_counts_and_pages(setup):
 
 def test_history_reads_the_job_index(setup, backend):
     storage, *_rest, job_id, _other = setup
-    query = ("SELECT id, workload_id, mean_secs FROM tuning_records "
-             f"WHERE job_id = {job_id} AND id > 0 ORDER BY id")
+    query = (
+        "SELECT id, workload_id, mean_secs FROM tuning_records "
+        f"WHERE job_id = {job_id} AND id > 0 ORDER BY id"
+    )
     with storage.engine.connect() as conn:
         if backend == "sqlite":
             plan = " ".join(

@@ -1,6 +1,7 @@
 """Task leases on both backends: start a job, lease its tasks, count batches once, expire leases
 of silent workers with a compare-and-set, finalize exactly once; concurrent claimers never share
 work."""
+
 from __future__ import annotations
 
 import threading
@@ -102,17 +103,20 @@ def test_preview_lease_once_per_tuning_job(storage, target_id, workloads):
     again = storage.claim_preview_lease("w2", target_id=target_id, lease_secs=60)
     assert again is not None and again.id != preview.id
     with pytest.raises(db.ConflictError):
-        storage.complete_finalize(again.id, path="/p", sha256="cd" * 32, size=1,
-                                  manifest_json="{}", verified=True)
-    artifact = storage.complete_preview(again.id, path="/p", sha256="cd" * 32, size=1,
-                                        manifest_json="{}", verified=True)
+        storage.complete_finalize(
+            again.id, path="/p", sha256="cd" * 32, size=1, manifest_json="{}", verified=True
+        )
+    artifact = storage.complete_preview(
+        again.id, path="/p", sha256="cd" * 32, size=1, manifest_json="{}", verified=True
+    )
     assert artifact.kind == "preview" and storage.get_lease(again.id).status == "done"
     assert storage.get_job(job.id).status == "running"  # the job goes on tuning
     assert storage.claim_preview_lease("w3", target_id=target_id, lease_secs=60) is None
     with pytest.raises(db.ConflictError):  # a tune lease is not a preview lease
         lease = storage.claim_task_lease("w3", target_id=target_id, lease_secs=60, max_trials=4)
-        storage.complete_preview(lease.id, path="/q", sha256="ef" * 32, size=1,
-                                 manifest_json="{}", verified=True)
+        storage.complete_preview(
+            lease.id, path="/q", sha256="ef" * 32, size=1, manifest_json="{}", verified=True
+        )
 
     other = _started_job(storage, target_id, workloads[2:3], [4])
     for name, outcome in (("w4", "returned"), ("w5", "failed")):  # two leases: no third try

@@ -1,5 +1,6 @@
 """Library records (issue 21, "kernels as peers") on both backends: adding (all or none), checks,
 the best per task, cascades, migration 0008 and the records API."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -52,11 +53,13 @@ def _count(storage) -> int:
 def test_add_returns_what_is_stored_and_list_filters(storage, keys):
     a, b = keys
     job = storage.create_job(target_id=storage.get_target(a).id, trial_budget=8)
-    added = storage.add_library_records([
-        lib(WA, a, [3e-3, 1e-3, 2e-3], job_id=job.id, worker="w1"),
-        lib(WB, a, (5e-4,), call={"z": [1, 2.5, None, True], "a": "é"}),
-        lib(WA, b, [4e-3, 4e-3]),
-    ])
+    added = storage.add_library_records(
+        [
+            lib(WA, a, [3e-3, 1e-3, 2e-3], job_id=job.id, worker="w1"),
+            lib(WB, a, (5e-4,), call={"z": [1, 2.5, None, True], "a": "é"}),
+            lib(WA, b, [4e-3, 4e-3]),
+        ]
+    )
     first = added[0]
     assert [r.workload_key for r in added] == [WA, WB, WA]
     assert [r.target_key for r in added] == [a, a, b]
@@ -79,9 +82,13 @@ def test_add_returns_what_is_stored_and_list_filters(storage, keys):
     assert storage.list_library_records(target_key="ffffffffffffffff") == []
     assert storage.add_library_records([]) == []
     with storage.engine.connect() as conn:  # canonical compact JSON, ids rather than keys
-        stored = conn.execute(text(
-            "SELECT call_json, run_secs_json, workload_id, target_id FROM library_records "
-            "WHERE id = :id"), {"id": added[1].id}).one()
+        stored = conn.execute(
+            text(
+                "SELECT call_json, run_secs_json, workload_id, target_id FROM library_records "
+                "WHERE id = :id"
+            ),
+            {"id": added[1].id},
+        ).one()
     assert stored[0] == '{"a":"é","z":[1,2.5,null,true]}' and json.loads(stored[1]) == [5e-4]
     assert (stored[2], stored[3]) == (storage.get_workload(WB).id, storage.get_target(a).id)
 
@@ -116,15 +123,23 @@ BAD_VALUES = [
 
 @pytest.mark.parametrize(("change", "message"), BAD_VALUES)
 def test_bad_values_are_refused_on_construction(change, message):
-    fields = {"workload_key": WA, "target_key": "000000000000a0a0", "library": "openblas",
-              "version": "1", "call": CALL, "run_secs": (1e-3,), **change}
+    fields = {
+        "workload_key": WA,
+        "target_key": "000000000000a0a0",
+        "library": "openblas",
+        "version": "1",
+        "call": CALL,
+        "run_secs": (1e-3,),
+        **change,
+    }
     with pytest.raises(ValueError, match=message):
         NewLibraryRecord(**fields)
 
 
 def test_largest_values_are_accepted():
-    item = NewLibraryRecord(WA, "k", "x" * 64, "v" * 128, {"b": "x" * 4088}, [1e-3] * 64,
-                            worker="w" * 128)
+    item = NewLibraryRecord(
+        WA, "k", "x" * 64, "v" * 128, {"b": "x" * 4088}, [1e-3] * 64, worker="w" * 128
+    )
     assert len(item.call_json.encode()) == 4096 and len(item.run_secs) == 64
 
 
@@ -141,9 +156,7 @@ def test_bad_values_leave_nothing_written(storage, keys):
 
 
 @pytest.mark.parametrize("unknown", ["workload", "target", "job"])
-def test_unknown_workload_target_or_job_is_a_conflict_and_nothing_written(
-    storage, keys, unknown
-):
+def test_unknown_workload_target_or_job_is_a_conflict_and_nothing_written(storage, keys, unknown):
     a, _ = keys
     bad = {
         "workload": lib("ffffffffffffffff", a, [1e-3]),
@@ -158,15 +171,17 @@ def test_unknown_workload_target_or_job_is_a_conflict_and_nothing_written(
 
 def test_best_per_workload_for_one_target_in_one_query(storage, keys):
     a, b = keys
-    added = storage.add_library_records([
-        lib(WA, a, [3e-3]),
-        lib(WA, a, [1e-3, 2e-3, 3e-3], version="old"),  # median 2e-3
-        lib(WA, a, [2e-3], version="tie, later"),  # the same median, stored later: wins
-        lib(WA, a, [5e-3]),
-        lib(WB, a, [7e-3]),
-        lib(WA, b, [1e-4]),  # faster, but on another target
-        lib(WC, b, [1e-4]),  # only on another target
-    ])
+    added = storage.add_library_records(
+        [
+            lib(WA, a, [3e-3]),
+            lib(WA, a, [1e-3, 2e-3, 3e-3], version="old"),  # median 2e-3
+            lib(WA, a, [2e-3], version="tie, later"),  # the same median, stored later: wins
+            lib(WA, a, [5e-3]),
+            lib(WB, a, [7e-3]),
+            lib(WA, b, [1e-4]),  # faster, but on another target
+            lib(WC, b, [1e-4]),  # only on another target
+        ]
+    )
     statements: list[str] = []
 
     def count(conn, cursor, statement, *args) -> None:
@@ -190,10 +205,14 @@ def test_best_per_workload_for_one_target_in_one_query(storage, keys):
 def test_deleting_a_workload_or_target_deletes_them_a_job_is_unset(storage, keys):
     a, b = keys
     job = storage.create_job(target_id=storage.get_target(a).id, trial_budget=8)
-    added = storage.add_library_records([
-        lib(WA, a, [1e-3], job_id=job.id), lib(WB, a, [1e-3], job_id=job.id),
-        lib(WA, b, [1e-3]), lib(WC, b, [1e-3]),
-    ])
+    added = storage.add_library_records(
+        [
+            lib(WA, a, [1e-3], job_id=job.id),
+            lib(WB, a, [1e-3], job_id=job.id),
+            lib(WA, b, [1e-3]),
+            lib(WC, b, [1e-3]),
+        ]
+    )
     with storage.engine.begin() as conn:
         conn.execute(text("DELETE FROM jobs WHERE id = :id"), {"id": job.id})
     assert [r.job_id for r in storage.list_library_records()] == [None] * 4
@@ -218,8 +237,10 @@ def test_migration_0008_up_and_down_keeps_the_rest(db_url):
             "ix_library_records_task": ["workload_id", "target_id"],
             "ix_library_records_job": ["job_id"],
         }
-        foreign = {f["referred_table"]: f["options"].get("ondelete")
-                   for f in found.get_foreign_keys("library_records")}
+        foreign = {
+            f["referred_table"]: f["options"].get("ondelete")
+            for f in found.get_foreign_keys("library_records")
+        }
         assert foreign == {"workloads": "CASCADE", "targets": "CASCADE", "jobs": "SET NULL"}
         db.schema.downgrade(engine, "0007_remeasurements")
         assert db.current_revision(engine) == "0007_remeasurements"
@@ -259,9 +280,13 @@ def test_records_api_shows_the_tasks_library_records(storage, keys, tmp_path):
     from service.settings import Settings
 
     a, b = keys
-    added = storage.add_library_records([
-        lib(WA, a, [2e-3, 1e-3, 4e-3], worker="w1"), lib(WA, b, [3e-3]), lib(WB, a, [1e-3]),
-    ])
+    added = storage.add_library_records(
+        [
+            lib(WA, a, [2e-3, 1e-3, 4e-3], worker="w1"),
+            lib(WA, b, [3e-3]),
+            lib(WB, a, [1e-3]),
+        ]
+    )
     token = create_token(storage, name="alice", kind="user")[0]
     app = create_app(Settings(storage_dir=tmp_path / "storage"), storage=storage)
     client = TestClient(app, headers={"Authorization": f"Bearer {token}"})
@@ -283,5 +308,9 @@ def test_records_api_shows_the_tasks_library_records(storage, keys, tmp_path):
     assert [r["id"] for r in records(workload=WA)["library_records"]] == [added[0].id, added[1].id]
     assert records(workload=WA, valid="false")["library_records"] == []
     assert records()["library_records"] == [] and records(target=a)["library_records"] == []
-    assert client.get("/api/v1/records", params={"workload": WC, "target": "ffffffffffffffff"}
-                      ).status_code == 404
+    assert (
+        client.get(
+            "/api/v1/records", params={"workload": WC, "target": "ffffffffffffffff"}
+        ).status_code
+        == 404
+    )

@@ -1,5 +1,6 @@
 """Interop with MetaSchedule JSON databases: export -> import gives identical best records;
 imports merge best-of without duplicates; TVM's own JSONDatabase reads our export."""
+
 from __future__ import annotations
 
 import json

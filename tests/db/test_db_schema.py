@@ -1,5 +1,6 @@
 """Schema versions: upgrade from empty, fresh databases created, refusal of old/newer schemas,
 the CLI commands."""
+
 from __future__ import annotations
 
 import json
@@ -56,14 +57,18 @@ def test_upgrade_from_0001_keeps_data_and_adds_job_worker(db_url):
     try:
         db.upgrade(engine, "0001_initial")
         with engine.begin() as conn:
-            conn.execute(text(
-                "INSERT INTO targets (key, kind, target_json, fingerprint_json, tvm_version) "
-                "VALUES ('00000000000000ff', 'cpu', '{}', '{}', 'x')"
-            ))
-            conn.execute(text(
-                "INSERT INTO jobs (target_id, status, trial_budget, owner) "
-                "VALUES (1, 'running', 8, 'alice')"
-            ))
+            conn.execute(
+                text(
+                    "INSERT INTO targets (key, kind, target_json, fingerprint_json, tvm_version) "
+                    "VALUES ('00000000000000ff', 'cpu', '{}', '{}', 'x')"
+                )
+            )
+            conn.execute(
+                text(
+                    "INSERT INTO jobs (target_id, status, trial_budget, owner) "
+                    "VALUES (1, 'running', 8, 'alice')"
+                )
+            )
         assert db.upgrade(engine) == HEAD
         assert "worker" in {c["name"] for c in inspect(engine).get_columns("jobs")}
     finally:

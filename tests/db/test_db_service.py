@@ -1,5 +1,6 @@
 """Storage methods the service and the workers use, on both backends: owner filters, model
 deletion, record and workload browsing."""
+
 from __future__ import annotations
 
 import pytest
@@ -76,8 +77,11 @@ def test_record_pages_and_workload_browse(storage, target_id, other_targets):
     assert storage.count_records(measured_within_secs=-3600) == 0
 
     rows, total = storage.browse_workloads()
-    assert total == 3 and [r.key for r in rows] == ["00000000000000aa", "00000000000000bb",
-                                                     "00000000000000cc"]
+    assert total == 3 and [r.key for r in rows] == [
+        "00000000000000aa",
+        "00000000000000bb",
+        "00000000000000cc",
+    ]
     a = rows[0]
     assert (a.records_valid, a.records_failed) == (5, 1)
     assert a.best_mean_secs == pytest.approx(1e-3) and a.summary == "a"
@@ -99,8 +103,10 @@ def test_token_listing(storage):
     w = storage.add_api_token(name="w1", token_hash="2" * 64, kind="worker")
     storage.revoke_api_token(a.id)
     tokens = storage.list_api_tokens()
-    assert [(t.name, t.kind, t.revoked) for t in tokens] == [("alice", "user", True),
-                                                               ("w1", "worker", False)]
+    assert [(t.name, t.kind, t.revoked) for t in tokens] == [
+        ("alice", "user", True),
+        ("w1", "worker", False),
+    ]
     assert storage.find_api_token("1" * 64) is None and storage.find_api_token("2" * 64) == w
 
 
@@ -110,8 +116,9 @@ def test_job_progress_in_one_read(storage, target, target_id):
     )
     wa = storage.ensure_workload("00000000000000aa", "{}")
     wb = storage.ensure_workload("00000000000000bb", "{}")
-    storage.set_model_workloads(model.id, [ModelWorkload(model.id, wa.id, "a", 1),
-                                           ModelWorkload(model.id, wb.id, "b", 2)])
+    storage.set_model_workloads(
+        model.id, [ModelWorkload(model.id, wa.id, "a", 1), ModelWorkload(model.id, wb.id, "b", 2)]
+    )
     job = _job(storage, target_id, model_id=model.id, owner="u")
     assert storage.job_progress(job.id + 100) is None
     empty = storage.job_progress(job.id)

@@ -1,4 +1,5 @@
 """The storage contract on both backends: records, duplicates, top-k, jobs and the rest."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,7 +69,11 @@ def test_top_k_is_best_first_valid_only(storage, ids):
     every = list(storage.iter_records(batch_size=2))  # id order, fetched in batches
     assert [r.id for r in every] == sorted(r.id for r in every)
     assert {r.trace_json for r in every} == {
-        '[["slow"]]', '[["fast"]]', '[["mid"]]', '[["broken"]]', '[["none"]]'
+        '[["slow"]]',
+        '[["fast"]]',
+        '[["mid"]]',
+        '[["broken"]]',
+        '[["none"]]',
     }
     assert len(list(storage.iter_records(valid_only=True))) == 3
 
@@ -171,9 +176,12 @@ def test_models_workers_artifacts_cost_models_tokens(storage, ids):
     m = storage.add_model(
         content_hash="ab" * 32, format="onnx", filename="m.onnx", size=10, owner="bob"
     )
-    assert storage.add_model(
-        content_hash="ab" * 32, format="onnx", filename="again.onnx", size=10, owner="bob"
-    ) == m
+    assert (
+        storage.add_model(
+            content_hash="ab" * 32, format="onnx", filename="again.onnx", size=10, owner="bob"
+        )
+        == m
+    )
     storage.set_model_workloads(m.id, [db.ModelWorkload(m.id, ids[0], "fused_dense", 3)])
     assert storage.model_workloads(m.id) == [db.ModelWorkload(m.id, ids[0], "fused_dense", 3)]
     assert storage.list_models(owner="bob") == [m] and storage.get_model(m.id) == m

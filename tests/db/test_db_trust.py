@@ -1,6 +1,7 @@
 """Issue 18 on the storage side: a poisoned best record never fails a build (the SQL adapter's
 query skips a record that does not replay), quarantine and delete by worker, job or id with the
 best recomputed, held records never a best record, and a deleted model's id never reused."""
+
 from __future__ import annotations
 
 import pytest
@@ -22,11 +23,14 @@ def _stored(storage, target, run_secs, worker: str):
     records = make_records(workload, target.tvm_target(), run_secs)
     workload_id = storage.workload_ids([workload_key(matmul_mod())])[workload_key(matmul_mod())]
     target_id = storage.ensure_target(target).id
-    storage.commit_records([
-        db.NewTuningRecord.from_metaschedule_json(workload_id, target_id, r.as_json(),
-                                                  worker=worker)
-        for r in records
-    ])
+    storage.commit_records(
+        [
+            db.NewTuningRecord.from_metaschedule_json(
+                workload_id, target_id, r.as_json(), worker=worker
+            )
+            for r in records
+        ]
+    )
     return workload_id, target_id
 
 
@@ -34,10 +38,18 @@ def test_poisoned_best_record_is_skipped_by_the_build_query(storage, target) -> 
     workload_id, target_id = _stored(storage, target, [[2e-4], [3e-4]], "honest")
     good = storage.best_record(workload_id, target_id)
     # Straight into the database, past every upload check: the "best" record is garbage.
-    storage.commit_records([db.NewTuningRecord(
-        workload_id=workload_id, target_id=target_id, trace_json=db.canonical_trace_json(POISON),
-        run_secs=(1e-12,), args_info_json="[]", worker="evil",
-    )])
+    storage.commit_records(
+        [
+            db.NewTuningRecord(
+                workload_id=workload_id,
+                target_id=target_id,
+                trace_json=db.canonical_trace_json(POISON),
+                run_secs=(1e-12,),
+                args_info_json="[]",
+                worker="evil",
+            )
+        ]
+    )
     assert storage.best_record(workload_id, target_id).worker == "evil"
     adapter = db.MetaScheduleDatabase(storage, target)
     found = adapter.query_tuning_record(matmul_mod(), target.tvm_target(), "main")
@@ -74,9 +86,18 @@ def test_a_held_record_is_never_a_best_record(storage, target) -> None:
     database = db.MetaScheduleDatabase(storage, target)
     workload = database.commit_workload(matmul_mod())
     fast = make_records(workload, target.tvm_target(), [[5e-4], [1e-9]])[1]
-    storage.commit_records([db.NewTuningRecord.from_metaschedule_json(
-        workload_id, target_id, fast.as_json(), worker="fast", quarantined=True,
-        error_text="held: implausible")])
+    storage.commit_records(
+        [
+            db.NewTuningRecord.from_metaschedule_json(
+                workload_id,
+                target_id,
+                fast.as_json(),
+                worker="fast",
+                quarantined=True,
+                error_text="held: implausible",
+            )
+        ]
+    )
     best = storage.best_record(workload_id, target_id)
     assert best.worker == "honest"
     held = [r for r in storage.iter_records(workload_id=workload_id) if r.quarantined]
@@ -84,16 +105,20 @@ def test_a_held_record_is_never_a_best_record(storage, target) -> None:
 
 
 def test_a_deleted_model_id_is_never_reused(storage) -> None:
-    first = storage.add_model(content_hash="a" * 64, format="onnx", filename="a.onnx", size=1,
-                              owner="alice")
-    second = storage.add_model(content_hash="b" * 64, format="onnx", filename="b.onnx", size=1,
-                               owner="alice")
+    first = storage.add_model(
+        content_hash="a" * 64, format="onnx", filename="a.onnx", size=1, owner="alice"
+    )
+    second = storage.add_model(
+        content_hash="b" * 64, format="onnx", filename="b.onnx", size=1, owner="alice"
+    )
     storage.delete_model(second.id)
-    third = storage.add_model(content_hash="c" * 64, format="onnx", filename="c.onnx", size=1,
-                              owner="alice")
+    third = storage.add_model(
+        content_hash="c" * 64, format="onnx", filename="c.onnx", size=1, owner="alice"
+    )
     assert third.id > second.id > first.id
     storage.delete_model(third.id)
     storage.delete_model(first.id)
-    fourth = storage.add_model(content_hash="d" * 64, format="onnx", filename="d.onnx", size=1,
-                               owner="bob")
+    fourth = storage.add_model(
+        content_hash="d" * 64, format="onnx", filename="d.onnx", size=1, owner="bob"
+    )
     assert fourth.id > third.id

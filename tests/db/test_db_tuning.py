@@ -1,5 +1,6 @@
 """Must-show: a MetaSchedule tuning run writes through the adapter; a NEW process compiles from
 the database alone and applies the best record's schedule; other targets get nothing."""
+
 from __future__ import annotations
 
 import json

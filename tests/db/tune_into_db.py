@@ -7,6 +7,7 @@ The first TuneContext imports ``tvm.s_tir.tensor_intrin``, whose CUDA and ROCm p
 of 40-150 s on this 2-core machine; tuning for an llvm target never uses them, so this process
 (and only this process) replaces those two modules with empty stand-ins.
 """
+
 from __future__ import annotations
 
 import json

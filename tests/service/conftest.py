@@ -5,6 +5,7 @@ The server is started once per test module (``serve`` fixture factory) because s
 a few seconds (TVM import). Search population is small (``TUNEHUB_SEARCH_POPULATION=64``) so a
 tuning job of a few trials takes about a minute here.
 """
+
 from __future__ import annotations
 
 import os
@@ -93,13 +94,31 @@ def start_server(
         **(env or {}),
     }
     full_env.pop("TUNEHUB_DATABASE_URL", None)
-    args = [sys.executable, "-m", "service.cli", "serve", "--host", "127.0.0.1",
-            "--port", str(port), "--workers", str(workers), "--log-level", "warning"]
+    args = [
+        sys.executable,
+        "-m",
+        "service.cli",
+        "serve",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--workers",
+        str(workers),
+        "--log-level",
+        "warning",
+    ]
     if db_url is not None:
         args += ["--db", db_url]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(args, cwd=REPO, env=full_env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+        proc = subprocess.Popen(
+            args,
+            cwd=REPO,
+            env=full_env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
     server = Server(f"http://127.0.0.1:{port}", home, proc, log, db_url)
     deadline = time.monotonic() + 120
     while True:

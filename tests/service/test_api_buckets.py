@@ -4,6 +4,7 @@ behind; the same content with other buckets a 409), and its job (no trials) is f
 the embedded worker into one verified library with a function per bucket: the finalize lease
 and the server's check of the artifact prepare the model with the stored buckets.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -20,9 +21,11 @@ def server(serve):
 def test_upload_with_buckets_and_finalize(server, tmp_path) -> None:
     path = export_dynamic("gpt2", "onnx", tmp_path / "gpt2_dynamic.onnx")
     with server.client(server.local_token()) as client:
-        for buckets, fragment in (("seq=16,x", "expected NAME=V1,V2"),
-                                  ("len=16", "not a symbolic dimension of the model"),
-                                  ("seq=16;seq=32", "twice")):
+        for buckets, fragment in (
+            ("seq=16,x", "expected NAME=V1,V2"),
+            ("len=16", "not a symbolic dimension of the model"),
+            ("seq=16;seq=32", "twice"),
+        ):
             refused = upload(client, path, buckets=buckets)
             assert refused.status_code == 422, refused.text
             assert refused.json()["code"] == "bad_buckets"
@@ -46,8 +49,9 @@ def test_upload_with_buckets_and_finalize(server, tmp_path) -> None:
 
         response = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 0})
         assert response.status_code == 201, response.text
-        job = wait_for_job(client, response.json()["id"], {"succeeded", "failed", "cancelled"},
-                           timeout=600)
+        job = wait_for_job(
+            client, response.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=600
+        )
         assert job["status"] == "succeeded", job
         artifact = job["artifact"]
         assert artifact["verified"] is True

@@ -1,6 +1,7 @@
 """Through HTTP only, against a real ``tunehub serve``: upload → job → tuned by the embedded
 worker → verified artifact download → the artifact runs in a fresh process; a running job is
 cancelled and its worker stops; the tuning database is browsable; metrics count it all."""
+
 from __future__ import annotations
 
 import hashlib
@@ -92,8 +93,11 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         assert valid and all(r["repeats"] == len(r["run_ms"]) and r["spread"] >= 0 for r in valid)
         again = [m for r in every for m in r["remeasurements"]]
         assert again and all(m["job_id"] == job["id"] and len(m["rounds_ms"]) == 2 for m in again)
-        records_won = [t for t in manifest["remeasured"]
-                       if any(c["chosen"] and "trace_hash" in c for c in t["candidates"])]
+        records_won = [
+            t
+            for t in manifest["remeasured"]
+            if any(c["chosen"] and "trace_hash" in c for c in t["candidates"])
+        ]
         assert sum(m["chosen"] for m in again) == len(records_won)
         # The tuned library differs from the preview where a tuned record won a task (where the
         # peers and default schedules won every re-measure it may be the same build, byte for
@@ -114,8 +118,13 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
         "lib = LoadedLibrary(sys.argv[1]);"
         "out = lib.run([np.ones((1, 784), 'float32')]); print(out[0].shape)"
     )
-    result = subprocess.run([sys.executable, "-c", code, str(so_path)], cwd=REPO,
-                            capture_output=True, text=True, timeout=120)
+    result = subprocess.run(
+        [sys.executable, "-c", code, str(so_path)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "(1, 10)"
 

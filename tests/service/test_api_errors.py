@@ -1,6 +1,7 @@
 """Bad inputs through HTTP: each is a 4xx with a clear ``{"detail", "code"}`` body, the service
 keeps serving, and nothing is half-written (no model row without its file, no file without a row,
 no upload left in the staging folder)."""
+
 from __future__ import annotations
 
 import os
@@ -46,15 +47,18 @@ def test_oversized_upload_is_413_without_leftovers(server, alice, tmp_path) -> N
     boundary = "tunehubboundary"
 
     def body():
-        yield (f"--{boundary}\r\nContent-Disposition: form-data; name=\"file\"; "
-               f"filename=\"big.onnx\"\r\nContent-Type: application/octet-stream\r\n\r\n").encode()
+        yield (
+            f'--{boundary}\r\nContent-Disposition: form-data; name="file"; '
+            f'filename="big.onnx"\r\nContent-Type: application/octet-stream\r\n\r\n'
+        ).encode()
         chunk = b"\0" * (1 << 20)
         for _ in range(UPLOAD_LIMIT // len(chunk) + 2):
             yield chunk
         yield f"\r\n--{boundary}--\r\n".encode()
 
     response = alice.post(
-        "/models", content=body(),
+        "/models",
+        content=body(),
         headers={"Content-Type": f"multipart/form-data; boundary={boundary}"},
     )
     _error(response, 413, "too_large")
@@ -71,9 +75,13 @@ def test_garbage_and_wrong_types_are_refused(server, alice, tmp_path, example_mo
     _error(upload(alice, empty), 422, "empty")
     # Not multipart at all.
     _error(alice.post("/models", json={"file": "x"}), 415, "unsupported_media_type")
-    _error(alice.post("/models", content=b"\0" * 10,
-                      headers={"Content-Type": "application/octet-stream"}),
-           415, "unsupported_media_type")
+    _error(
+        alice.post(
+            "/models", content=b"\0" * 10, headers={"Content-Type": "application/octet-stream"}
+        ),
+        415,
+        "unsupported_media_type",
+    )
     # A file part that says it is text.
     onnx = example_model("mlp", "onnx")
     response = alice.post("/models", files={"file": ("m.onnx", onnx.read_bytes(), "text/plain")})
@@ -81,8 +89,11 @@ def test_garbage_and_wrong_types_are_refused(server, alice, tmp_path, example_mo
     # Declared .pt2, content ONNX.
     _error(upload(alice, onnx, format="pt2"), 415, "wrong_format")
     # A form without the file.
-    _error(alice.post("/models", data={"format": "onnx"}, files={"other": ("x", b"1")}),
-           422, "missing_file")
+    _error(
+        alice.post("/models", data={"format": "onnx"}, files={"other": ("x", b"1")}),
+        422,
+        "missing_file",
+    )
     _error(upload(alice, onnx, target="tpu"), 422, "bad_target")
     _assert_nothing_half_written(server)
     with server.storage() as storage:
@@ -148,11 +159,17 @@ def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
     _error(alice.get("/records", params={"target": "00000000deadbeef"}), 404, "not_found")
     _error(alice.post("/jobs", json={"model_id": 1, "trial_budget": -1}), 422, "invalid_request")
     _error(alice.post("/jobs", json={"model_id": 1}), 422, "invalid_request")
-    _error(alice.post("/jobs", content=b"{not json", headers={"Content-Type": "application/json"}),
-           422, "invalid_request")
+    _error(
+        alice.post("/jobs", content=b"{not json", headers={"Content-Type": "application/json"}),
+        422,
+        "invalid_request",
+    )
     model_id = alice.get("/models").json()["data"][0]["id"]
-    _error(alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "target": "tpu"}),
-           422, "bad_target")
+    _error(
+        alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "target": "tpu"}),
+        422,
+        "bad_target",
+    )
 
     job = alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4})
     assert job.status_code == 201

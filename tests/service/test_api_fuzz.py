@@ -5,6 +5,7 @@ documented responses match their schemas. Bounded in examples per operation and 
 
 (Schemathesis's pytest plugin does not run on pytest 9, so its CLI runs the engine here.)
 """
+
 from __future__ import annotations
 
 import subprocess
@@ -29,19 +30,35 @@ def test_fuzz_no_server_errors(fuzz_server, tmp_path) -> None:
     started = time.monotonic()
     result = subprocess.run(
         [
-            str(st), "run", f"{fuzz_server.url}/openapi.json",
-            "--header", f"Authorization: Bearer {token}",
-            "--checks", "not_a_server_error,response_schema_conformance",
-            "--max-examples", str(EXAMPLES_PER_OPERATION),
-            "--seed", "20261130",
-            "--max-time", str(MAX_SECONDS),
-            "--request-timeout", "60",
-            "--phases", "examples,coverage,fuzzing",
-            "--generation-database", "none",
+            str(st),
+            "run",
+            f"{fuzz_server.url}/openapi.json",
+            "--header",
+            f"Authorization: Bearer {token}",
+            "--checks",
+            "not_a_server_error,response_schema_conformance",
+            "--max-examples",
+            str(EXAMPLES_PER_OPERATION),
+            "--seed",
+            "20261130",
+            "--max-time",
+            str(MAX_SECONDS),
+            "--request-timeout",
+            "60",
+            "--phases",
+            "examples,coverage,fuzzing",
+            "--generation-database",
+            "none",
             "--no-color",
-            "--report", "junit", "--report-dir", str(tmp_path),
+            "--report",
+            "junit",
+            "--report-dir",
+            str(tmp_path),
         ],
-        capture_output=True, text=True, timeout=MAX_SECONDS + 120, cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=MAX_SECONDS + 120,
+        cwd=tmp_path,
     )
     output = result.stdout + result.stderr
     print(output[-3000:])

@@ -4,6 +4,7 @@ is uploaded, tuned a few trials by the embedded worker through the one engine, a
 as one verified library with a function per program; the downloaded library runs generation
 (its prefill's cache fed to its decode) and matches the full ``transformers`` model.
 """
+
 from __future__ import annotations
 
 import json
@@ -40,8 +41,9 @@ def test_prefill_and_decode_tuned_as_one_job(server, tmp_path) -> None:
 
         response = client.post("/jobs", json={"model_id": model["id"], "trial_budget": 6})
         assert response.status_code == 201, response.text
-        job = wait_for_job(client, response.json()["id"], {"succeeded", "failed", "cancelled"},
-                           timeout=900)
+        job = wait_for_job(
+            client, response.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=900
+        )
         assert job["status"] == "succeeded", job
         assert job["trials_done"] >= 6
         artifact = job["artifact"]

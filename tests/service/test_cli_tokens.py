@@ -1,4 +1,5 @@
 """``tunehub token create|list|revoke`` and the local token of the embedded default."""
+
 from __future__ import annotations
 
 import json
@@ -25,7 +26,9 @@ def test_token_create_list_revoke(tmp_path, capsys) -> None:
     assert main(["token", "list", "--json", "--db", url]) == 0
     listed = json.loads(capsys.readouterr().out)
     assert [(t["name"], t["kind"], t["revoked"]) for t in listed] == [
-        ("alice", "user", False), ("w1", "worker", False)]
+        ("alice", "user", False),
+        ("w1", "worker", False),
+    ]
     assert token not in json.dumps(listed)
     with db.open_storage(url) as storage:  # only the hash is stored
         assert storage.find_api_token(hash_token(token)).name == "alice"

@@ -1,5 +1,6 @@
 """docker/compose.yaml cannot run here (no Docker): parse it and check the services, their
 commands (parsed by the real ``tunehub`` argument parser), dependencies and health checks."""
+
 from __future__ import annotations
 
 import re
@@ -69,7 +70,7 @@ def test_dockerfile_installs_the_package_and_runs_the_api() -> None:
     for package in ("service", "compiler", "tuner", "db", "examples", "cost_model"):
         assert f"COPY {package} ./{package}" in text
         assert (DOCKER.parent / package).is_dir()
-    cmd = re.search(r'^CMD (\[.*\])$', text, re.M).group(1)
+    cmd = re.search(r"^CMD (\[.*\])$", text, re.M).group(1)
     import json
 
     parsed = _parse(json.loads(cmd))

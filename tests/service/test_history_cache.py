@@ -1,6 +1,7 @@
 """``service.history_cache``: a whole-history read answered from a kept prefix plus the new
 records equals a full read from the database, every time; pages cut at a limit and polls from
 an id go to the database; the least recently read jobs are dropped first."""
+
 from __future__ import annotations
 
 import random
@@ -29,10 +30,15 @@ def _job_with_records(storage, target, n_workloads=3):
         for _ in range(n):
             serial[0] += 1
             latency = None if rng.random() < 0.1 else rng.uniform(1e-4, 1e-2)
-            records.append(db.NewTuningRecord(
-                rng.choice(workloads), target_id, f'[["r{job.id}-{serial[0]}"]]',
-                None if latency is None else [latency], job_id=job.id,
-            ))
+            records.append(
+                db.NewTuningRecord(
+                    rng.choice(workloads),
+                    target_id,
+                    f'[["r{job.id}-{serial[0]}"]]',
+                    None if latency is None else [latency],
+                    job_id=job.id,
+                )
+            )
         storage.commit_records(records)
 
     return job.id, commit
@@ -55,7 +61,8 @@ def test_whole_reads_from_a_prefix_equal_full_reads(storage, target) -> None:
     full = storage.job_history(job_id)
     # Polls and limited pages are the database's answers.
     assert cache.read(storage, job_id, after_id=full.points[2].id) == storage.job_history(
-        job_id, after_id=full.points[2].id)
+        job_id, after_id=full.points[2].id
+    )
     cut = cache.read(storage, job_id, limit=40)
     assert cut == storage.job_history(job_id, limit=40) and cut.more
     # A kept prefix exactly as long as the limit, then longer than it.
@@ -63,7 +70,8 @@ def test_whole_reads_from_a_prefix_equal_full_reads(storage, target) -> None:
     assert exact == full and not exact.more
     commit(30)
     assert cache.read(storage, job_id, limit=full.records) == storage.job_history(
-        job_id, limit=full.records)
+        job_id, limit=full.records
+    )
     grown = cache.read(storage, job_id, limit=full.records + 10)
     assert grown == storage.job_history(job_id, limit=full.records + 10) and grown.more
     assert cache.read(storage, job_id, limit=40) == storage.job_history(job_id, limit=40)

@@ -2,6 +2,7 @@
 before they count (case 1), a worker token reaches only its own workers' leases and the server
 re-verifies an artifact (case 2), a name is held by one process at a time and a silent worker's
 lease expires (case 6), owner checks, cancelled and empty batches, model ids (case 7)."""
+
 from __future__ import annotations
 
 import contextlib
@@ -32,22 +33,27 @@ def server(serve):
 
 
 def _post_batch(worker, lease_id: int, batch: int, records: list) -> object:
-    return worker.post(f"/workers/leases/{lease_id}/records",
-                       content=json.dumps({"batch": batch, "records": records}),
-                       headers={"content-type": "application/json"})
+    return worker.post(
+        f"/workers/leases/{lease_id}/records",
+        content=json.dumps({"batch": batch, "records": records}),
+        headers={"content-type": "application/json"},
+    )
 
 
 def test_records_are_checked_before_they_count(server, tmp_path) -> None:
     model = matmul_file(tmp_path, 8, 32, 16)
-    with server.client(server.token("alice")) as user, \
-            server.client(server.token("pool-a", kind="worker")) as worker:
+    with (
+        server.client(server.token("alice")) as user,
+        server.client(server.token("pool-a", kind="worker")) as worker,
+    ):
         leased = job_with_lease(server, user, worker, "pool-a-1", model)
         lease_id, mod_json = leased.offer["lease_id"], leased.offer["mod_json"]
         good = records_for(mod_json, 4)
         bad = {
             "garbage trace": [{"trace": ["garbage"], "run_secs": [1e-12], "args_info": []}],
             "a trace that does not replay": [
-                {**good[0], "trace": [[["GetSBlock", [], ["nope", "main"], ["b0"]]], []]}],
+                {**good[0], "trace": [[["GetSBlock", [], ["nope", "main"], ["b0"]]], []]}
+            ],
             "NaN": [{**good[0], "run_secs": [float("nan"), -1.0]}],
             "negative": [{**good[0], "run_secs": [-1.0]}],
             "zero": [{**good[0], "run_secs": [0.0]}],
@@ -84,8 +90,9 @@ def test_records_are_checked_before_they_count(server, tmp_path) -> None:
         # 20x faster than another worker's best: held as well.
         other = server.token("pool-b", kind="worker")
         with server.client(other) as worker_b:
-            leased_b = job_with_lease(server, user, worker_b, "pool-b-1",
-                                      matmul_file(tmp_path, 8, 32, 16), budget=4)
+            leased_b = job_with_lease(
+                server, user, worker_b, "pool-b-1", matmul_file(tmp_path, 8, 32, 16), budget=4
+            )
             assert leased_b.offer["workload_key"] == leased.offer["workload_key"]
             suspicious = [{**good[3], "run_secs": [1e-7]}]
             reply = _post_batch(worker_b, leased_b.offer["lease_id"], 0, suspicious)
@@ -95,9 +102,22 @@ def test_records_are_checked_before_they_count(server, tmp_path) -> None:
 
         # An operator quarantines everything of worker pool-a-1: no best record is left.
         cli = subprocess.run(
-            [sys.executable, "-m", "service.cli", "db", "quarantine", "--worker", "pool-a-1",
-             "--db", server.db_url, "--json"],
-            cwd=REPO, capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "db",
+                "quarantine",
+                "--worker",
+                "pool-a-1",
+                "--db",
+                server.db_url,
+                "--json",
+            ],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert cli.returncode == 0, cli.stderr
         assert json.loads(cli.stdout) == {"quarantined": 2}
@@ -108,8 +128,11 @@ def test_records_are_checked_before_they_count(server, tmp_path) -> None:
 def test_a_worker_token_reaches_only_its_own_leases(server, tmp_path) -> None:
     model = matmul_file(tmp_path, 4, 16, 8)
     owner, intruder = server.token("pool-c", kind="worker"), server.token("pool-d", kind="worker")
-    with server.client(server.token("bob")) as user, server.client(owner) as worker, \
-            server.client(intruder) as other:
+    with (
+        server.client(server.token("bob")) as user,
+        server.client(owner) as worker,
+        server.client(intruder) as other,
+    ):
         leased = job_with_lease(server, user, worker, "pool-c-1", model, budget=4, cores=2)
         lease_id = leased.offer["lease_id"]
         assert leased.offer["kind"] == "tune", leased.offer
@@ -118,8 +141,10 @@ def test_a_worker_token_reaches_only_its_own_leases(server, tmp_path) -> None:
         # Another token's worker: no uploads, context, finish, heartbeat or lease on its name.
         assert _post_batch(other, lease_id, 0, good).status_code == 403
         assert other.get(f"/workers/leases/{lease_id}/context").status_code == 403
-        assert other.post(f"/workers/leases/{lease_id}/finish",
-                          json={"outcome": "failed"}).status_code == 403
+        assert (
+            other.post(f"/workers/leases/{lease_id}/finish", json={"outcome": "failed"}).status_code
+            == 403
+        )
         assert other.post("/workers/pool-c-1/heartbeat", json={}).status_code == 403
         assert other.post("/workers/pool-c-1/lease").status_code == 403
         assert other.post("/workers/register", json={"name": "pool-c-1"}).status_code == 403
@@ -138,12 +163,18 @@ def test_a_worker_token_reaches_only_its_own_leases(server, tmp_path) -> None:
         assert worker.get(f"/workers/jobs/{leased.job_id}/model").status_code == 200
 
         # A forged library whose manifest says it passed: the server's own check refuses it.
-        files = {"library": ("model.so", b"\x7fELF not really a library",
-                             "application/octet-stream"),
-                 "manifest": ("manifest.json", json.dumps({"verification": {"passed": True}}),
-                              "application/json")}
-        assert other.post(f"/workers/leases/{offer['lease_id']}/artifact",
-                          files=files).status_code == 403
+        files = {
+            "library": ("model.so", b"\x7fELF not really a library", "application/octet-stream"),
+            "manifest": (
+                "manifest.json",
+                json.dumps({"verification": {"passed": True}}),
+                "application/json",
+            ),
+        }
+        assert (
+            other.post(f"/workers/leases/{offer['lease_id']}/artifact", files=files).status_code
+            == 403
+        )
         reply = worker.post(f"/workers/leases/{offer['lease_id']}/artifact", files=files)
         assert reply.status_code == 422, reply.text
         assert "server's check" in reply.json()["detail"]
@@ -165,30 +196,40 @@ def test_one_process_per_name_and_silent_leases_expire(server, tmp_path) -> None
         page = user.get("/workers/leases", params={"job_id": leased.job_id}).json()["data"]
         lease = [x for x in page if x["id"] == leased.offer["lease_id"]][0]
         assert lease["status"] != "active"
-        assert worker.post("/workers/pool-e-1/heartbeat",
-                           json={"instance": orphan}).status_code == 409
-        assert worker.post("/workers/pool-e-1/lease",
-                           params={"instance": orphan}).status_code == 409
+        assert (
+            worker.post("/workers/pool-e-1/heartbeat", json={"instance": orphan}).status_code == 409
+        )
+        assert (
+            worker.post("/workers/pool-e-1/lease", params={"instance": orphan}).status_code == 409
+        )
         # The new process takes the task, then goes silent while the orphan keeps beating.
         offer = worker.post("/workers/pool-e-1/lease", params={"instance": fresh}).json()["lease"]
         assert offer is not None and offer["job_id"] == leased.job_id
         deadline = time.monotonic() + LEASE_SECS + 10
         while time.monotonic() < deadline:
-            assert worker.post("/workers/pool-e-1/heartbeat",
-                               json={"instance": orphan}).status_code == 409
+            assert (
+                worker.post("/workers/pool-e-1/heartbeat", json={"instance": orphan}).status_code
+                == 409
+            )
             time.sleep(0.5)
         register(worker, "pool-e-2", 3)  # any request for work reaps expired leases
         worker.post("/workers/pool-e-2/lease")
-        statuses = {x["id"]: x["status"] for x in
-                    user.get("/workers/leases", params={"job_id": leased.job_id}).json()["data"]}
+        statuses = {
+            x["id"]: x["status"]
+            for x in user.get("/workers/leases", params={"job_id": leased.job_id}).json()["data"]
+        }
         assert statuses[offer["lease_id"]] == "expired", statuses
 
 
 def test_owner_checks_cancelled_and_model_ids(server, tmp_path) -> None:
-    with server.client(server.token("dave")) as dave, server.client(server.token("erin")) as erin, \
-            server.client(server.token("pool-f", kind="worker")) as worker:
-        leased = job_with_lease(server, dave, worker, "pool-f-1", matmul_file(tmp_path, 2, 8, 4),
-                                cores=4)
+    with (
+        server.client(server.token("dave")) as dave,
+        server.client(server.token("erin")) as erin,
+        server.client(server.token("pool-f", kind="worker")) as worker,
+    ):
+        leased = job_with_lease(
+            server, dave, worker, "pool-f-1", matmul_file(tmp_path, 2, 8, 4), cores=4
+        )
         good = records_for(leased.offer["mod_json"], 3)
         assert _post_batch(worker, leased.offer["lease_id"], 0, good[:1]).status_code == 200
         # Another user sees neither the job's records nor its leases.
@@ -217,8 +258,11 @@ def test_embedded_workers_die_with_their_server(tmp_path) -> None:
     try:
         deadline = time.monotonic() + 60
         while True:
-            children = [p for p in psutil.Process(server.proc.pid).children(recursive=True)
-                        if "worker" in " ".join(p.cmdline())]
+            children = [
+                p
+                for p in psutil.Process(server.proc.pid).children(recursive=True)
+                if "worker" in " ".join(p.cmdline())
+            ]
             if children or time.monotonic() > deadline:
                 break
             time.sleep(0.3)

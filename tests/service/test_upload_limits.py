@@ -2,6 +2,7 @@
 HTTP against a real ``tunehub serve``: every bad file is a 4xx with a clear message, the API
 process keeps answering and does not grow, other users' uploads are not held up, and nothing is
 left behind."""
+
 from __future__ import annotations
 
 import threading
@@ -35,11 +36,14 @@ def server(serve):
 def runtime_server(serve):
     """The static constant checks turned off: only the run-time bounds (the validation process's
     512 MiB memory limit, the folded-constant check) stand between a bomb and the service."""
-    return serve(workers=0, env={
-        "TUNEHUB_MAX_CONSTANT_ELEMENTS": str(10**13),
-        "TUNEHUB_MAX_CONSTANT_BYTES": str(10**14),
-        "TUNEHUB_VALIDATION_MEMORY_BYTES": str(512 * 1024 * 1024),
-    })
+    return serve(
+        workers=0,
+        env={
+            "TUNEHUB_MAX_CONSTANT_ELEMENTS": str(10**13),
+            "TUNEHUB_MAX_CONSTANT_BYTES": str(10**14),
+            "TUNEHUB_VALIDATION_MEMORY_BYTES": str(512 * 1024 * 1024),
+        },
+    )
 
 
 def _client(server, name: str) -> httpx.Client:
@@ -74,9 +78,7 @@ def _refused(response: httpx.Response, code: str) -> str:
 
 
 @pytest.mark.parametrize("which", ["server", "runtime_server"])
-@pytest.mark.parametrize(
-    "shape", [[1_000_000, 1_000_000], [250_000_000]], ids=["1e12", "2.5e8"]
-)
+@pytest.mark.parametrize("shape", [[1_000_000, 1_000_000], [250_000_000]], ids=["1e12", "2.5e8"])
 def test_constant_of_shape_bomb_is_4xx_and_the_server_is_untouched(
     request, which, shape, tmp_path
 ) -> None:

@@ -1,6 +1,7 @@
 """The worker's HTTP client against real HTTP servers on loopback: it waits out a server that is
 down or overloaded (connection refused, 503) with backoff, gives up after its retry window, and
 does not retry a refusal (4xx)."""
+
 from __future__ import annotations
 
 import json
@@ -38,9 +39,20 @@ def test_waits_for_a_server_that_is_down_then_overloaded() -> None:
     port = free_port()
     seen: list[str] = []
     holder: dict = {}
-    starter = threading.Timer(1.5, lambda: holder.setdefault("server", _serve(
-        port, [(503, {"detail": "busy", "code": "unavailable"}),
-               (200, {"lease": None, "pending_jobs": 3})], seen)))
+    starter = threading.Timer(
+        1.5,
+        lambda: holder.setdefault(
+            "server",
+            _serve(
+                port,
+                [
+                    (503, {"detail": "busy", "code": "unavailable"}),
+                    (200, {"lease": None, "pending_jobs": 3}),
+                ],
+                seen,
+            ),
+        ),
+    )
     starter.start()
     client = HttpClient(f"http://127.0.0.1:{port}", "th_secret", retry_secs=60)
     started = time.monotonic()

@@ -2,6 +2,7 @@
 against a real server's worker routes, with a worker token holding a real tune lease. No answer
 is a server error, and a refused upload stores nothing; a batch that is accepted stores only
 records that are valid and replay, failures, or held records, all attributed to the worker."""
+
 from __future__ import annotations
 
 import json
@@ -15,16 +16,25 @@ from tests.service.trust_helpers import job_records, job_with_lease, matmul_file
 
 EXAMPLES = 60
 
-scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
-           | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12))
+scalars = (
+    st.none()
+    | st.booleans()
+    | st.integers(min_value=-(2**70), max_value=2**70)
+    | st.floats(allow_nan=True, allow_infinity=True)
+    | st.text(max_size=12)
+)
 json_values = st.recursive(
     scalars,
-    lambda inner: (st.lists(inner, max_size=4)
-                   | st.dictionaries(st.text(max_size=8), inner, max_size=4)),
+    lambda inner: (
+        st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4)
+    ),
     max_leaves=16,
 )
-run_times = st.none() | st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(),
-                                 max_size=4) | json_values
+run_times = (
+    st.none()
+    | st.lists(st.floats(allow_nan=True, allow_infinity=True) | st.integers(), max_size=4)
+    | json_values
+)
 
 
 @pytest.fixture(scope="module")
@@ -33,8 +43,9 @@ def lease(serve, tmp_path_factory):
     folder = tmp_path_factory.mktemp("fuzz")
     user = server.client(server.token("fuzz-user"))
     worker = server.client(server.token("fuzz-pool", kind="worker"))
-    leased = job_with_lease(server, user, worker, "fuzz-pool-1", matmul_file(folder, 4, 8, 8),
-                            budget=64, cores=5)
+    leased = job_with_lease(
+        server, user, worker, "fuzz-pool-1", matmul_file(folder, 4, 8, 8), budget=64, cores=5
+    )
     good = records_for(leased.offer["mod_json"], 7)
     yield server, worker, leased, good
     user.close()
@@ -54,22 +65,31 @@ def test_a_batch_ahead_of_its_turn_is_refused_before_anything_is_stored(lease) -
     server, worker, leased, good = lease
     lease_id = leased.offer["lease_id"]
     before = len(job_records(server, leased.job_id))
-    reply = worker.post(f"/workers/leases/{lease_id}/records",
-                        json={"batch": 1000, "records": [dict(good[0])]})
+    reply = worker.post(
+        f"/workers/leases/{lease_id}/records", json={"batch": 1000, "records": [dict(good[0])]}
+    )
     assert reply.status_code == 409 and "in order" in reply.text
     assert len(job_records(server, leased.job_id)) == before
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
 @given(data=st.data())
 def test_random_batches_never_5xx_and_refusals_store_nothing(lease, data) -> None:
     server, worker, leased, good = lease
     lease_id = leased.offer["lease_id"]
     kind = data.draw(st.sampled_from(["garbage", "mutated", "mixed"]))
     if kind == "garbage":
-        body = data.draw(json_values | st.fixed_dictionaries(
-            {"batch": json_values, "records": st.lists(json_values, max_size=3)}))
+        body = data.draw(
+            json_values
+            | st.fixed_dictionaries(
+                {"batch": json_values, "records": st.lists(json_values, max_size=3)}
+            )
+        )
     else:
         records = []
         for base in data.draw(st.lists(st.sampled_from(good), min_size=0, max_size=4)):
@@ -96,19 +116,35 @@ def test_random_batches_never_5xx_and_refusals_store_nothing(lease, data) -> Non
             assert row.mean_secs > 0 and math.isfinite(row.mean_secs)
 
 
-@settings(max_examples=EXAMPLES, deadline=None, database=None,
-          suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
-@given(route=st.sampled_from([
-    ("POST", "/workers/register"), ("POST", "/workers/fuzz-pool-1/heartbeat"),
-    ("POST", "/workers/fuzz-pool-1/lease"), ("POST", "/workers/leases/{lease}/finish"),
-    ("GET", "/workers/leases/{lease}/context"), ("POST", "/workers/nobody/heartbeat"),
-    ("POST", "/workers/leases/{lease}/records"), ("GET", "/workers/jobs/{job}/model"),
-]), body=json_values)
+@settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(
+    route=st.sampled_from(
+        [
+            ("POST", "/workers/register"),
+            ("POST", "/workers/fuzz-pool-1/heartbeat"),
+            ("POST", "/workers/fuzz-pool-1/lease"),
+            ("POST", "/workers/leases/{lease}/finish"),
+            ("GET", "/workers/leases/{lease}/context"),
+            ("POST", "/workers/nobody/heartbeat"),
+            ("POST", "/workers/leases/{lease}/records"),
+            ("GET", "/workers/jobs/{job}/model"),
+        ]
+    ),
+    body=json_values,
+)
 def test_random_bodies_on_every_worker_route_never_5xx(lease, route, body) -> None:
     server, worker, leased, _good = lease
     method, path = route
-    if path.endswith("/finish") and isinstance(body, dict) and body.get("outcome") in (
-            "done", "returned", "failed", "cancelled"):
+    if (
+        path.endswith("/finish")
+        and isinstance(body, dict)
+        and body.get("outcome") in ("done", "returned", "failed", "cancelled")
+    ):
         body = {**body, "outcome": 7}  # keep the lease for the other examples
     if path == "/workers/register" and isinstance(body, dict) and "name" in body:
         body = {**body, "name": "fuzz-pool-2"}  # never replace the lease holder

@@ -7,6 +7,7 @@ MetaSchedule measurements:
 - three workers, PostgreSQL and a TVM RPC tracker with RPC servers on loopback share one job:
   every task is leased and done exactly once, measured through the RPC servers.
 """
+
 from __future__ import annotations
 
 import time
@@ -114,18 +115,29 @@ def test_killed_worker_loses_its_lease_and_another_finishes(server, tmp_path) ->
             "/workers/records", params={"workload": key, "target": target, "k": 1}
         )
         trace, run_secs, _, args_info = seeds.json()["data"][0]
-        late = as_worker.post(f"/workers/leases/{dead['id']}/records", json={
-            "batch": dead["batches_done"],
-            "records": [{"trace": trace, "run_secs": run_secs, "args_info": args_info}],
-        })
+        late = as_worker.post(
+            f"/workers/leases/{dead['id']}/records",
+            json={
+                "batch": dead["batches_done"],
+                "records": [{"trace": trace, "run_secs": run_secs, "args_info": args_info}],
+            },
+        )
         assert late.status_code == 200, late.text
         assert late.json() | {"trials_done": 0} == {
-            "accepted": 1, "counted": False, "keep_going": False, "lease_status": "expired",
-            "job_status": "succeeded", "trials_done": 0,
+            "accepted": 1,
+            "counted": False,
+            "keep_going": False,
+            "lease_status": "expired",
+            "job_status": "succeeded",
+            "trials_done": 0,
         }
         assert user.get(f"/jobs/{job['id']}").json()["trials_done"] == budget
-        assert as_worker.post(f"/workers/leases/{dead['id']}/finish",
-                              json={"outcome": "done"}).json()["code"] == "lease_lost"
+        assert (
+            as_worker.post(f"/workers/leases/{dead['id']}/finish", json={"outcome": "done"}).json()[
+                "code"
+            ]
+            == "lease_lost"
+        )
     assert "lease expired" in dead["error"] or "heartbeat" in dead["error"]
     assert server.alive()
 
@@ -178,8 +190,9 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
 
     with db.open_storage(postgres_url, upgrade=True):
         pass  # `tunehub db upgrade`
-    server = start_server(tmp_path / "home", workers=0, db_url=postgres_url,
-                          env={"TUNEHUB_LEASE_SECS": "60"})
+    server = start_server(
+        tmp_path / "home", workers=0, db_url=postgres_url, env={"TUNEHUB_LEASE_SECS": "60"}
+    )
     rpc = start_rpc(tmp_path, servers=2)
     workers = []
     try:
@@ -189,8 +202,17 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
             assert len(model["tasks"]) == 3
             job = user.post("/jobs", json={"model_id": model["id"], "trial_budget": 12}).json()
             workers = [
-                start_worker(server, token, f"ci-{i}", tmp_path, "--once",
-                             "--rpc-tracker", rpc.tracker, "--rpc-key", rpc.key)
+                start_worker(
+                    server,
+                    token,
+                    f"ci-{i}",
+                    tmp_path,
+                    "--once",
+                    "--rpc-tracker",
+                    rpc.tracker,
+                    "--rpc-key",
+                    rpc.key,
+                )
                 for i in range(3)
             ]
             for proc in workers:
@@ -210,8 +232,10 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
             assert final["preview"]["verified"] is True
             preview = user.get(final["preview"]["manifest_url"].removeprefix("/api/v1")).json()
             assert preview["zero_trial"] and preview["server_verification"]["passed"] is True
-            assert all(t["status"] == "succeeded" and t["trials_done"] == t["trial_budget"]
-                       for t in final["tasks"])
+            assert all(
+                t["status"] == "succeeded" and t["trials_done"] == t["trial_budget"]
+                for t in final["tasks"]
+            )
             assert final["trials_done"] == 12 == sum(x["trials_done"] for x in tune)
             records = _records(user, job["id"])
             assert len(records) == 12 and len({r["trace_hash"] for r in records}) == 12

@@ -1,5 +1,6 @@
 """Helpers for the issue-18 tests: a one-task job on a real server and a worker speaking the
 protocol by hand (httpx), with real traces of the leased workload."""
+
 from __future__ import annotations
 
 import json
@@ -19,9 +20,15 @@ def cpu(cores: int):
 
 def worker_body(name: str, cores: int = 1) -> dict:
     target = cpu(cores)
-    return {"name": name, "target": {
-        "kind": target.kind, "target_json": target.target_json,
-        "fingerprint_json": target.fingerprint_json, "tvm_version": target.tvm_version}}
+    return {
+        "name": name,
+        "target": {
+            "kind": target.kind,
+            "target_json": target.target_json,
+            "fingerprint_json": target.fingerprint_json,
+            "tvm_version": target.tvm_version,
+        },
+    }
 
 
 def register(client: httpx.Client, name: str, cores: int = 1) -> str:
@@ -80,15 +87,24 @@ class Leased:
     instance: str
 
 
-def job_with_lease(server: Server, user: httpx.Client, worker: httpx.Client, name: str,
-                   model: Path, budget: int = 4, cores: int = 1) -> Leased:
+def job_with_lease(
+    server: Server,
+    user: httpx.Client,
+    worker: httpx.Client,
+    name: str,
+    model: Path,
+    budget: int = 4,
+    cores: int = 1,
+) -> Leased:
     """A one-task job of ``model`` on the ``cores``-core CPU target (one per test: no other
     test's jobs are offered) and a tune lease of it held by worker ``name``."""
     created = upload(user, model)
     assert created.status_code in (200, 201), created.text
     instance = register(worker, name, cores)
-    job = user.post("/jobs", json={"model_id": created.json()["id"], "trial_budget": budget,
-                                   "target": cpu(cores).key})
+    job = user.post(
+        "/jobs",
+        json={"model_id": created.json()["id"], "trial_budget": budget, "target": cpu(cores).key},
+    )
     assert job.status_code in (200, 201), job.text
     for _ in range(20):
         offer = worker.post(f"/workers/{name}/lease", params={"instance": instance}).json()["lease"]

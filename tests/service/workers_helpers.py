@@ -1,5 +1,6 @@
 """Helpers for tests with real ``tunehub worker`` processes talking to a real server over HTTP,
 and real TVM RPC trackers and servers on loopback."""
+
 from __future__ import annotations
 
 import os
@@ -56,9 +57,22 @@ def start_worker(server: Server, token: str, name: str, folder: Path, *extra: st
     env.pop("TUNEHUB_DATABASE_URL", None)
     with open(log, "wb") as out:
         popen = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "worker", "--server", server.url, "--name", name,
-             *extra],
-            cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "worker",
+                "--server",
+                server.url,
+                "--name",
+                name,
+                *extra,
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
         )
     return Proc(name, popen, log)
 
@@ -100,19 +114,47 @@ def start_rpc(folder: Path, *, servers: int, key: str = "tunehub-test") -> RpcCl
     def spawn(name: str, args: list[str]) -> None:
         log = folder / f"{name}.log"
         with open(log, "wb") as out:
-            popen = subprocess.Popen([sys.executable, "-m", *args], cwd=REPO, stdout=out,
-                                     stderr=subprocess.STDOUT, start_new_session=True)
+            popen = subprocess.Popen(
+                [sys.executable, "-m", *args],
+                cwd=REPO,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
         procs.append(Proc(name, popen, log))
 
-    spawn("rpc-tracker", ["tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
-                          "--port-end", str(port + 1)])
+    spawn(
+        "rpc-tracker",
+        [
+            "tvm.exec.rpc_tracker",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--port-end",
+            str(port + 1),
+        ],
+    )
     cluster = RpcCluster(port, key, procs)
     _wait_tracker(cluster, servers=0)
     for i in range(servers):
         server_port = free_port()
-        spawn(f"rpc-server-{i}", ["tvm.exec.rpc_server", "--host", "127.0.0.1",
-                                  "--port", str(server_port), "--port-end", str(server_port + 1),
-                                  "--tracker", cluster.tracker, "--key", key])
+        spawn(
+            f"rpc-server-{i}",
+            [
+                "tvm.exec.rpc_server",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(server_port),
+                "--port-end",
+                str(server_port + 1),
+                "--tracker",
+                cluster.tracker,
+                "--key",
+                key,
+            ],
+        )
     _wait_tracker(cluster, servers=servers)
     return cluster
 

@@ -7,6 +7,7 @@ one tuning shared with other modules, copied per run); the MLP's last layer (``m
 a sibling of the CNN's classifier, so both runs must measure sibling seeds taken from the
 database (the lease worker gets them from the server with its lease context).
 """
+
 from __future__ import annotations
 
 import json
@@ -30,10 +31,10 @@ def _job_rows(url: str, job_id: int) -> tuple[dict, list[tuple]]:
     storage = db.open_storage(url)
     try:
         job = storage.get_job(job_id)
-        tasks = sorted((t.name, t.weight, t.status, t.trial_budget)
-                       for t in storage.list_job_tasks(job_id))
-        fields = {"status": job.status, "trial_budget": job.trial_budget,
-                  "model_tasks": len(tasks)}
+        tasks = sorted(
+            (t.name, t.weight, t.status, t.trial_budget) for t in storage.list_job_tasks(job_id)
+        )
+        fields = {"status": job.status, "trial_budget": job.trial_budget, "model_tasks": len(tasks)}
         return fields, tasks
     finally:
         storage.close()
@@ -50,25 +51,51 @@ def test_rest_job_and_cli_run_share_the_engine(tuned_small_cnn, example_model, t
     stdout, stderr = tmp_path / "cli.out", tmp_path / "cli.err"
     with open(stdout, "wb") as out, open(stderr, "wb") as err:  # files: no pipe to fill up
         run = subprocess.Popen(
-            [sys.executable, "-m", "service.cli", "tune", str(mlp), "--trials", str(TRIALS),
-             "--population", str(POPULATION), "--cost-model", "cold",
-             "--db", f"sqlite:///{cli_db}", "-o", str(tmp_path / "cli-out"), "--json"],
-            cwd=REPO, stdout=out, stderr=err, start_new_session=True)
+            [
+                sys.executable,
+                "-m",
+                "service.cli",
+                "tune",
+                str(mlp),
+                "--trials",
+                str(TRIALS),
+                "--population",
+                str(POPULATION),
+                "--cost-model",
+                "cold",
+                "--db",
+                f"sqlite:///{cli_db}",
+                "-o",
+                str(tmp_path / "cli-out"),
+                "--json",
+            ],
+            cwd=REPO,
+            stdout=out,
+            stderr=err,
+            start_new_session=True,
+        )
     try:
         # A REST job, run by the service's embedded lease worker, on another copy.
         home = tmp_path / "home"
         home.mkdir()
         tuned_small_cnn.copy(home / "tunehub.db")
-        server = start_server(home, workers=1,
-                              env={"TUNEHUB_SEARCH_POPULATION": str(POPULATION),
-                                   "TUNEHUB_COST_MODEL_RETRAIN_SECS": "100000"})
+        server = start_server(
+            home,
+            workers=1,
+            env={
+                "TUNEHUB_SEARCH_POPULATION": str(POPULATION),
+                "TUNEHUB_COST_MODEL_RETRAIN_SECS": "100000",
+            },
+        )
         try:
             with server.client(server.local_token()) as client:
                 model = upload(client, mlp).json()
-                job = client.post("/jobs", json={"model_id": model["id"],
-                                                 "trial_budget": TRIALS}).json()
-                rest = wait_for_job(client, job["id"], {"succeeded", "failed", "cancelled"},
-                                    timeout=900)
+                job = client.post(
+                    "/jobs", json={"model_id": model["id"], "trial_budget": TRIALS}
+                ).json()
+                rest = wait_for_job(
+                    client, job["id"], {"succeeded", "failed", "cancelled"}, timeout=900
+                )
         finally:
             stop_server(server)
         run.wait(timeout=900)
@@ -95,8 +122,10 @@ def test_rest_job_and_cli_run_share_the_engine(tuned_small_cnn, example_model, t
 
     # Both final builds re-measured the tasks' top records and stored the re-measurements
     # (the REST job's through its artifact's manifest, checked by the server).
-    for url, job_id in ((f"sqlite:///{cli_db}", cli["job_id"]),
-                        (f"sqlite:///{home / 'tunehub.db'}", rest["id"])):
+    for url, job_id in (
+        (f"sqlite:///{cli_db}", cli["job_id"]),
+        (f"sqlite:///{home / 'tunehub.db'}", rest["id"]),
+    ):
         storage = db.open_storage(url)
         try:
             stored = storage.list_remeasurements(job_id=job_id)

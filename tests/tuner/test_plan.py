@@ -1,4 +1,5 @@
 """Task planning: skips, reuse, batch size and deferral under small budgets."""
+
 from __future__ import annotations
 
 import pytest

@@ -1,4 +1,5 @@
 """The tuner's builder keeps its popen workers across batches (tuner/measure.PooledBuilder)."""
+
 from __future__ import annotations
 
 import os

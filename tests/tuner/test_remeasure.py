@@ -2,6 +2,7 @@
 again side by side, the build uses the re-measured winner, and the re-measurements are stored
 beside their records, for a job run in one process and (through the manifest) for a worker's
 finalize lease. Real MetaSchedule measurements, a few trials."""
+
 from __future__ import annotations
 
 import json
@@ -40,14 +41,20 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     # each), and every task with a library peer (all three GEMMs of the MLP) with its peer.
     target = storage.get_target(prepared.target.key)
     ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
-    with_peer = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
-                 if peer_library() is not None and find_peer(e.dispatched[0]) is not None}
+    with_peer = {
+        t.key
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+        if peer_library() is not None and find_peer(e.dispatched[0]) is not None
+    }
     assert peer_library() is None or len(with_peer) == 3
     recorded = {key for key, wid in ids.items() if storage.top_k(wid, target.id, 1)}
     # TVM's default schedule is a candidate of every task with a record or a peer.
-    with_default = {t.key for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
-                    if (t.key in recorded or t.key in with_peer) and
-                    default_task_module(e.dispatched[0], prepared.target.tvm_target()) is not None}
+    with_default = {
+        t.key
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+        if (t.key in recorded or t.key in with_peer)
+        and default_task_module(e.dispatched[0], prepared.target.tvm_target()) is not None
+    }
     assert with_default
     expected = {key for key, wid in ids.items() if len(storage.top_k(wid, target.id, 2)) == 2}
     assert expected and {t["key"] for t in remeasured} == expected | with_peer | with_default
@@ -62,7 +69,8 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         # OpenBLAS), each its own candidate.
         assert len(peers) == (2 if task["key"] in with_peer else 0)
         assert {c["peer"].get("algorithm", "") for c in peers} == (
-            {"packed", ""} if task["key"] in with_peer else set())
+            {"packed", ""} if task["key"] in with_peer else set()
+        )
         assert len(defaults) == (task["key"] in with_default)
         recorded_ms = [c["recorded_ms"] for c in records]
         assert recorded_ms == sorted(recorded_ms)  # best recorded first
@@ -77,20 +85,28 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         # The schedule table reports the winner's re-measured time and what it is.
         row = schedules[task["key"]]
         assert row["best_ms"] == pytest.approx(chosen[0]["median_ms"])
-        assert row["implementation"] == ("openblas gemm" if "peer" in chosen[0] else
-                                         "default" if "default" in chosen[0] else "schedule")
+        assert row["implementation"] == (
+            "openblas gemm"
+            if "peer" in chosen[0]
+            else "default"
+            if "default" in chosen[0]
+            else "schedule"
+        )
     # The artifact links the library exactly when a peer won somewhere.
-    won = {t["key"] for t in remeasured if any("peer" in c and c["chosen"] for c in
-                                               t["candidates"])}
-    defaults_won = {t["key"] for t in remeasured
-                    if any("default" in c and c["chosen"] for c in t["candidates"])}
+    won = {
+        t["key"] for t in remeasured if any("peer" in c and c["chosen"] for c in t["candidates"])
+    }
+    defaults_won = {
+        t["key"] for t in remeasured if any("default" in c and c["chosen"] for c in t["candidates"])
+    }
     assert (manifest["peers"] or {}).get("tasks", []) == sorted(won)
     assert set((manifest["peers"] or {}).get("calls", {})) == won  # the variant each calls
     # Stored beside their records, tagged with the job; the records themselves are unchanged.
     stored = storage.list_remeasurements(job_id=summary.job_id)
-    assert len(stored) == sum(len([c for c in t["candidates"]
-                                   if "peer" not in c and "default" not in c])
-                              for t in remeasured)
+    assert len(stored) == sum(
+        len([c for c in t["candidates"] if "peer" not in c and "default" not in c])
+        for t in remeasured
+    )
     assert sum(r.chosen for r in stored) == len(remeasured) - len(won) - len(defaults_won)
     for row in stored:
         (record,) = storage.get_records([row.record_id])
@@ -111,8 +127,7 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
 
 
 @pytest.mark.slow
-def test_compile_with_the_database_uses_faster_library_records(tuned, tuned_mlp, tmp_path,
-                                                               capsys):
+def test_compile_with_the_database_uses_faster_library_records(tuned, tuned_mlp, tmp_path, capsys):
     """``tunehub compile --db``: a task whose best stored library record (its peer's or TVM's
     default schedule's, stored by the job's final build) measured faster than its best schedule
     record is built with it; the others with their best record. The artifact verifies."""
@@ -148,23 +163,46 @@ def test_manifest_entries_are_checked_one_by_one(tuned):
     storage, prepared, summary, manifest = tuned
     target = storage.get_target(prepared.target.key)
     ids = storage.workload_ids([t.key for t in prepared.partition.tasks])
-    good = next(e for e in manifest["remeasured"]
-                if sum("peer" not in c and "default" not in c for c in e["candidates"]) >= 2)
-    good = {**good, "candidates": [c for c in good["candidates"]
-                                   if "peer" not in c and "default" not in c]}
+    good = next(
+        e
+        for e in manifest["remeasured"]
+        if sum("peer" not in c and "default" not in c for c in e["candidates"]) >= 2
+    )
+    good = {
+        **good,
+        "candidates": [c for c in good["candidates"] if "peer" not in c and "default" not in c],
+    }
     bad_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": [1.0, -2.0]}]}
     nan_times = {**good, "candidates": [{**good["candidates"][0], "rounds_ms": ["nan"]}]}
     unknown_record = {**good, "candidates": [{**good["candidates"][0], "trace_hash": "0" * 64}]}
     too_many = {**good, "candidates": good["candidates"] * 9}
-    entries = [good, {"key": "nope", "candidates": good["candidates"]}, bad_times, nan_times,
-               unknown_record, too_many, "junk", {"key": good["key"]}]
+    entries = [
+        good,
+        {"key": "nope", "candidates": good["candidates"]},
+        bad_times,
+        nan_times,
+        unknown_record,
+        too_many,
+        "junk",
+        {"key": good["key"]},
+    ]
     items, dropped = parse_remeasurements(
-        storage, entries, target_id=target.id, job_id=summary.job_id, workload_ids=ids,
+        storage,
+        entries,
+        target_id=target.id,
+        job_id=summary.job_id,
+        workload_ids=ids,
         worker="w",
     )
     assert len(items) == len(good["candidates"]) and dropped == 7
-    assert parse_remeasurements(storage, {"not": "a list"}, target_id=target.id,
-                                job_id=summary.job_id, workload_ids=ids, worker="w") == ([], 1)
+    assert parse_remeasurements(
+        storage,
+        {"not": "a list"},
+        target_id=target.id,
+        job_id=summary.job_id,
+        workload_ids=ids,
+        worker="w",
+    ) == ([], 1)
 
 
 def test_settings_are_checked(monkeypatch):
@@ -194,19 +232,31 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     path = tmp_path / "conv.onnx"
     path.write_bytes(conv_model(64, 64, 16, 3, 1, 1).SerializeToString())
     prepared = prepare_model(path, cpu_target())
-    (task, extracted), = [(t, e) for t, e in zip(prepared.partition.tasks,
-                                                 prepared.partition.extracted) if "conv" in t.name]
+    ((task, extracted),) = [
+        (t, e)
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+        if "conv" in t.name
+    ]
     variants = peer_variants(extracted.dispatched[0])
     onednn = {"onednn"} if onednn_available() else set()
-    assert {v.algorithm for v in variants} == {"packed", "im2col", "winograd_f2", "winograd_f4",
-                                               *onednn}
+    assert {v.algorithm for v in variants} == {
+        "packed",
+        "im2col",
+        "winograd_f2",
+        "winograd_f4",
+        *onednn,
+    }
     remeasured = remeasure_tasks(prepared, {}, RemeasureConfig(top=2, rounds=2))
     candidates = remeasured[task.key].candidates
     assert sorted(c.peer["algorithm"] for c in candidates if c.peer) == sorted(
-        v.algorithm for v in variants)
+        v.algorithm for v in variants
+    )
     # each says which library it ran (what its library record stores)
-    assert all(c.peer["library"] == ("onednn" if c.peer["algorithm"] == "onednn" else "openblas")
-               for c in candidates if c.peer)
+    assert all(
+        c.peer["library"] == ("onednn" if c.peer["algorithm"] == "onednn" else "openblas")
+        for c in candidates
+        if c.peer
+    )
     assert sum(c.default is not None for c in candidates) == 1
     assert all(len(c.rounds_secs) == 2 for c in candidates)
     peers = peer_keys(remeasured)

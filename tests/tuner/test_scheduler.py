@@ -6,6 +6,7 @@ Checked on the session's ``tuned_mlp`` run (tests/conftest.py): the MLP's 3 task
 with the real runner wrapped to note every batch sent to it, and a progress listener that counts
 the database's records at each batch.
 """
+
 from __future__ import annotations
 
 import pytest

@@ -1,5 +1,6 @@
 """tuner.task_scheduler.sibling_seeds: a task's search starts from its siblings' best schedules,
 refitted to its shapes and measured within the trial budget."""
+
 from __future__ import annotations
 
 import json
@@ -58,20 +59,23 @@ def cnn_db(tmp_path_factory, tuned_small_cnn):
 def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
     storage, target, prepared, _ = cnn_db
     target_id = storage.get_target(target.key).id
-    convs = [t for t in prepared.partition.tasks
-             if workload_family(t.name) == "fused_conv2d_add_relu"]
+    convs = [
+        t for t in prepared.partition.tasks if workload_family(t.name) == "fused_conv2d_add_relu"
+    ]
     assert len(convs) == 3
     ids = storage.workload_ids([t.key for t in convs])
     rates = {t.key: t.flops / storage.best_record(ids[t.key], target_id).mean_secs for t in convs}
     convs.sort(key=lambda t: rates[t.key])  # the slowest first: it has faster siblings
     database = MetaScheduleDatabase(storage, target)
-    seeds = SiblingSeeds(database,
-                         [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs])
+    seeds = SiblingSeeds(
+        database, [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs]
+    )
     load_tensor_intrinsics("cpu")
     task = convs[0]
     mod = tvm.ir.load_json(storage.get_workload(task.key).mod_json)
-    context = ms.TuneContext(mod=mod, target=target.tvm_target(),
-                             space_generator="post-order-apply", task_name=task.name)
+    context = ms.TuneContext(
+        mod=mod, target=target.tvm_target(), space_generator="post-order-apply", task_name=task.name
+    )
     faster = [t for t in convs[1:] if rates[t.key] > rates[task.key]]
 
     offered = []
@@ -80,18 +84,25 @@ def test_a_task_is_offered_each_faster_sibling_record_once(cnn_db) -> None:
         # A schedule of this task's module, postprocessed, with its scheduled function's
         # arguments (a prepacked weight in the tiled layout its RewriteLayout chose).
         scheduled = ms.arg_info.ArgInfo.from_entry_func(candidate.sch.mod, remove_preproc=True)
-        assert ([str(a.as_json()) for a in candidate.args_info]
-                == [str(a.as_json()) for a in scheduled])
+        assert [str(a.as_json()) for a in candidate.args_info] == [
+            str(a.as_json()) for a in scheduled
+        ]
         assert len(candidate.args_info) == len(ms.arg_info.ArgInfo.from_entry_func(mod))
         assert "sch.enter_postproc()" in str(candidate.sch.trace)
         offered.append(candidate)
     assert len(offered) == len(faster) - seeds.failed >= 1
     assert seeds.offered == len(offered) and seeds.known == 0
     # A schedule stored since (here as a failed measurement) is not offered by a later run.
-    stored = ms.database.TuningRecord(offered[0].sch.trace, ms.database.Workload(mod), None,
-                                      target.tvm_target(), offered[0].args_info)
-    storage.commit_record(db.NewTuningRecord.from_metaschedule_json(
-        ids[task.key], target_id, record_as_json(stored)))
+    stored = ms.database.TuningRecord(
+        offered[0].sch.trace,
+        ms.database.Workload(mod),
+        None,
+        target.tvm_target(),
+        offered[0].args_info,
+    )
+    storage.commit_record(
+        db.NewTuningRecord.from_metaschedule_json(ids[task.key], target_id, record_as_json(stored))
+    )
     again = SiblingSeeds(database, seeds.tasks)
     while again.candidates(0, context):
         pass
@@ -138,12 +149,14 @@ def test_population_gives_siblings_refitted_schedules_through_the_search_databas
 
     storage, target, prepared, _ = cnn_db
     target_id = storage.get_target(target.key).id
-    convs = [t for t in prepared.partition.tasks
-             if workload_family(t.name) == "fused_conv2d_add_relu"]
+    convs = [
+        t for t in prepared.partition.tasks if workload_family(t.name) == "fused_conv2d_add_relu"
+    ]
     ids = storage.workload_ids([t.key for t in convs])
     database = MetaScheduleDatabase(storage, target)
-    seeds = SiblingSeeds(database,
-                         [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs])
+    seeds = SiblingSeeds(
+        database, [SeedTask(ids[t.key], workload_family(t.name), t.flops) for t in convs]
+    )
     view = SiblingPrimedDatabase(database, seeds, share=0.5)
     task = convs[0]
     mod = tvm.ir.load_json(storage.get_workload(task.key).mod_json)
@@ -153,13 +166,14 @@ def test_population_gives_siblings_refitted_schedules_through_the_search_databas
     own = database.get_top_k(workload, 8)
     answer = view.get_top_k(workload, 8)
     siblings = [r for r in answer if r.run_secs is None]  # unmeasured: the siblings' schedules
-    kept = answer[:len(answer) - len(siblings)]
+    kept = answer[: len(answer) - len(siblings)]
     assert 1 <= len(siblings) <= 4  # half the slots at most
-    assert [str(r.trace) for r in kept] == [str(r.trace) for r in own[:len(kept)]]
+    assert [str(r.trace) for r in kept] == [str(r.trace) for r in own[: len(kept)]]
     assert len(answer) == min(8, len(own) + len(siblings))
     load_tensor_intrinsics("cpu")
-    context = ms.TuneContext(mod=mod, target=target.tvm_target(),
-                             space_generator="post-order-apply", task_name=task.name)
+    context = ms.TuneContext(
+        mod=mod, target=target.tvm_target(), space_generator="post-order-apply", task_name=task.name
+    )
     own_traces = {str(r.trace) for r in own}
     for record in siblings:
         assert str(record.trace) not in own_traces

@@ -1,5 +1,6 @@
 """tuner.search_strategy.skip_stored: a run never measures again a schedule the database already
 holds."""
+
 from __future__ import annotations
 
 import pytest

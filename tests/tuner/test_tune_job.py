@@ -6,6 +6,7 @@ task with zero measurements (the first run is the session's ``tuned_mlp``, tests
 ``kill -9`` mid-run and the same command resumes within budget + one batch; bad budgets are
 refused.
 """
+
 from __future__ import annotations
 
 import json
@@ -94,7 +95,10 @@ def test_tune_then_reuse_across_models(tuned_mlp, mlp_storage, example_model, tm
     )
     result = subprocess.run(
         [sys.executable, "-c", code, str(tmp_path / "b" / "model.so")],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "(1, 10)"
@@ -125,8 +129,19 @@ def test_kill_minus_nine_then_resume(tmp_path, example_model) -> None:
     model_path = example_model("mlp", "onnx")
     url = f"sqlite:///{tmp_path / 'resume.db'}"
     budget, batch = 16, 4
-    args = ["tune", str(model_path), "--trials", str(budget), "--db", url, "--population", "16",
-            "-o", str(tmp_path / "out"), "--json"]
+    args = [
+        "tune",
+        str(model_path),
+        "--trials",
+        str(budget),
+        "--db",
+        url,
+        "--population",
+        "16",
+        "-o",
+        str(tmp_path / "out"),
+        "--json",
+    ]
     subprocess.run([*TUNEHUB, "db", "upgrade", "--db", url], cwd=REPO, check=True, timeout=120)
     proc = _cli(*args, start_new_session=True)
     storage = db.open_storage(url)

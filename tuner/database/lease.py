@@ -11,6 +11,7 @@ so :class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` and
 reach the server through the lease's measure callback
 (:class:`tuner.measure_callback.upload_batches.UploadBatches`), not through this database.
 """
+
 from __future__ import annotations
 
 import logging

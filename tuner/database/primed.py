@@ -24,6 +24,7 @@ reached the goal in 113 trials. One run each, and the ResNet-18 runs parted on w
 batch found a fast convolution that the seeds then carried to every sibling, so this says
 "no gain shown", not "harmful" (``bench/results/cost_model_2026-12-01.md``).
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -43,8 +44,9 @@ class SiblingPrimedDatabase(ms.database.PyDatabase):
     records fill the remaining slots (and any the siblings leave free).
     """
 
-    def __init__(self, database: MetaScheduleDatabase, seeds: SiblingSeeds,
-                 share: float = 0.5) -> None:
+    def __init__(
+        self, database: MetaScheduleDatabase, seeds: SiblingSeeds, share: float = 0.5
+    ) -> None:
         super().__init__()
         if not 0.0 <= share <= 1.0:
             raise ValueError(f"share must lie in [0, 1], got {share}")

@@ -6,6 +6,7 @@ to every callback) to ``on_batch`` as :class:`tuner.work.RecordUpload` objects, 
 their error text (:func:`tuner.measurements.outcome`); the worker uploads it. When ``on_batch``
 answers ``False`` (lease lost, job cancelled, worker stopping) tuning stops at once.
 """
+
 from __future__ import annotations
 
 from collections.abc import Callable
@@ -49,15 +50,20 @@ class UploadBatches(ms.measure_callback.PyMeasureCallback):
     def apply(self, task_scheduler, task_id, measure_candidates, builder_results, runner_results):
         workload = ms.database.Workload(task_scheduler.tasks_[task_id].ctx.mod)
         records: list[RecordUpload] = []
-        for candidate, built, ran in zip(measure_candidates, builder_results, runner_results,
-                                         strict=False):
+        for candidate, built, ran in zip(
+            measure_candidates, builder_results, runner_results, strict=False
+        ):
             if built.artifact_path:
                 self.artifacts.append(str(built.artifact_path))
             run_secs, error = outcome(built, ran)
-            trace, _, _, args_info = record_as_json(ms.database.TuningRecord(
-                candidate.sch.trace, workload, None, None, list(candidate.args_info)))
-            records.append(RecordUpload(trace=trace, run_secs=run_secs, args_info=args_info,
-                                        error_text=error))
+            trace, _, _, args_info = record_as_json(
+                ms.database.TuningRecord(
+                    candidate.sch.trace, workload, None, None, list(candidate.args_info)
+                )
+            )
+            records.append(
+                RecordUpload(trace=trace, run_secs=run_secs, args_info=args_info, error_text=error)
+            )
         self.trials += len(records)
         means = [m for r in records if (m := measurement(r.run_secs)[1]) is not None]
         if not self.on_batch(MeasuredBatch(tuple(records), min(means) if means else None)):

@@ -14,6 +14,7 @@ candidate of which the database holds a record (:meth:`MetaScheduleDatabase.hold
 still learns about them through its own state (it marked them measured when it picked them), so
 the next batch differs. A batch can come out empty; the scheduler then simply picks again.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -44,11 +45,16 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
         self._mod = context.mod
         self.inner._initialize_with_tune_context(context)  # noqa: SLF001 - MetaSchedule's hook
 
-    def pre_tuning(self, max_trials, num_trials_per_iter, design_spaces, database=None,
-                   cost_model=None) -> None:
-        self.inner.pre_tuning(max_trials, num_trials_per_iter, design_spaces,
-                              database if self.search_database is None else self.search_database,
-                              cost_model)  # not ``or``: a database with no records is falsy
+    def pre_tuning(
+        self, max_trials, num_trials_per_iter, design_spaces, database=None, cost_model=None
+    ) -> None:
+        self.inner.pre_tuning(
+            max_trials,
+            num_trials_per_iter,
+            design_spaces,
+            database if self.search_database is None else self.search_database,
+            cost_model,
+        )  # not ``or``: a database with no records is falsy
 
     def post_tuning(self) -> None:
         self.inner.post_tuning()

@@ -12,6 +12,7 @@ time the scheduler picks the task, so it is measured, stored and reported (uploa
 worker) like any candidate and counts as one trial. Tasks that already have a valid record for
 this target are left alone (no new measurement).
 """
+
 from __future__ import annotations
 
 import logging
@@ -31,9 +32,14 @@ def default_schedule(mod: tvm.IRModule, target: tvm.target.Target) -> Any | None
     its trace), or ``None`` when no DLight rule applies or the schedule cannot be made."""
     from tvm.s_tir import dlight as dl  # noqa: PLC0415 - GPU targets only
 
-    rules = (dl.gpu.Matmul(), dl.gpu.GEMV(), dl.gpu.Reduction(), dl.gpu.GeneralReduction(),
-             dl.gpu.Fallback())
-    (gvar, func), = mod.functions.items()
+    rules = (
+        dl.gpu.Matmul(),
+        dl.gpu.GEMV(),
+        dl.gpu.Reduction(),
+        dl.gpu.GeneralReduction(),
+        dl.gpu.Fallback(),
+    )
+    ((gvar, func),) = mod.functions.items()
     if not isinstance(func, tvm.tirx.PrimFunc):
         return None
     with target:
@@ -77,5 +83,8 @@ class DefaultScheduleSeeds:
         self.measured += len(results)
         for result in results:
             if mean_run_secs(result) is None:
-                logger.warning("default schedule of task %d failed: %s", task_index,
-                               str(result.error_msg or "")[-300:])
+                logger.warning(
+                    "default schedule of task %d failed: %s",
+                    task_index,
+                    str(result.error_msg or "")[-300:],
+                )

@@ -19,6 +19,7 @@ first offered its siblings' best schedules, measured and committed before its ba
 the batch's population can start from them. Seeds count as trials: with ``max_trials`` the scheduler
 stops once batches and seeds together reach it (MetaSchedule's own limit counts batches only).
 """
+
 from __future__ import annotations
 
 import random
@@ -69,8 +70,9 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         if results:
             self.trials += len(results)
             history = self._history[task_id]
-            latencies = [_INVALID_MS if (secs := mean_run_secs(r)) is None else secs * 1e3
-                         for r in results]
+            latencies = [
+                _INVALID_MS if (secs := mean_run_secs(r)) is None else secs * 1e3 for r in results
+            ]
             history.append(min([*history[-1:], *latencies]))
 
     def _seed(self, task_id: int) -> None:

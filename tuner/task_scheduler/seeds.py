@@ -9,6 +9,7 @@ callback of the scheduler sees them (database commit, upload, progress, error te
 model learns from them, so the task's next batch can start from them. They count as trials
 (:class:`tuner.task_scheduler.gradient.BatchCommittingGradient`).
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -29,8 +30,12 @@ class Seeder(Protocol):
 
 
 def measure_seeds(
-    scheduler: Any, task_id: int, candidates: Sequence[ms.MeasureCandidate], builder: Any,
-    runner: Any, device: str,
+    scheduler: Any,
+    task_id: int,
+    candidates: Sequence[ms.MeasureCandidate],
+    builder: Any,
+    runner: Any,
+    device: str,
 ) -> list[Any]:
     """Build and run ``candidates`` of ``task_id`` on ``device``, then report them to
     ``scheduler``'s measure callbacks and cost model as a batch of that task.
@@ -49,15 +54,19 @@ def measure_seeds(
         if result.error_msg is not None:
             results.append(ms.runner.RunnerResult(run_secs=None, error_msg=result.error_msg))
             continue
-        (future,) = runner.run([ms.runner.RunnerInput(result.artifact_path, device,
-                                                      candidate.args_info)])
+        (future,) = runner.run(
+            [ms.runner.RunnerInput(result.artifact_path, device, candidate.args_info)]
+        )
         results.append(future.result())
     for callback in scheduler.measure_callbacks_:
         if not isinstance(callback, ms.measure_callback.UpdateCostModel):
             callback.apply(scheduler, task_id, list(candidates), built, results)
     if scheduler.cost_model_ is not None:
-        kept = [(c, r) for c, b, r in zip(candidates, built, results, strict=True)
-                if b.error_msg is None]
+        kept = [
+            (c, r)
+            for c, b, r in zip(candidates, built, results, strict=True)
+            if b.error_msg is None
+        ]
         if kept:
             scheduler.cost_model_.update(context, [c for c, _ in kept], [r for _, r in kept])
     return results
@@ -78,8 +87,9 @@ class SeedChain:
         context = scheduler.tasks_[task_id].ctx
         for seeder in self.seeders:
             candidates = seeder.candidates(task_id, context)
-            measured = measure_seeds(scheduler, task_id, candidates, self.builder, self.runner,
-                                     self.device)
+            measured = measure_seeds(
+                scheduler, task_id, candidates, self.builder, self.runner, self.device
+            )
             if measured:
                 seeder.observe(task_id, measured)
             results.extend(measured)

@@ -24,6 +24,7 @@ The same refitting also feeds the search without measuring: :meth:`SiblingSeeds.
 the top few records of every sibling, refitted, for the initial population of each batch
 (:mod:`tuner.database.primed`), where the cost model scores them and mutation refines them.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -122,19 +123,36 @@ class StorageSiblings:
             self._members[task.family].add(task.workload_id)
 
     def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
-        return faster_siblings(self.storage, self.target_id, workload_id=task.workload_id,
-                               members=self._members[task.family], above_rate=own_rate,
-                               exclude_records=tried)
+        return faster_siblings(
+            self.storage,
+            self.target_id,
+            workload_id=task.workload_id,
+            members=self._members[task.family],
+            above_rate=own_rate,
+            exclude_records=tried,
+        )
 
     def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
         out: list[SiblingSchedule] = []
-        for best in faster_siblings(self.storage, self.target_id, workload_id=task.workload_id,
-                                    members=self._members[task.family], above_rate=-1.0):
-            ids = [i for i, _ in self.storage.top_k_ids(best.workload_id, self.target_id,
-                                                        per_sibling)]
+        for best in faster_siblings(
+            self.storage,
+            self.target_id,
+            workload_id=task.workload_id,
+            members=self._members[task.family],
+            above_rate=-1.0,
+        ):
+            ids = [
+                i for i, _ in self.storage.top_k_ids(best.workload_id, self.target_id, per_sibling)
+            ]
             for row in sorted(self.storage.get_records(ids), key=lambda r: r.mean_secs or 0.0):
-                out.append(dataclasses.replace(best, record_id=row.id, mean_secs=row.mean_secs,
-                                               trace=json.loads(row.trace_json)))
+                out.append(
+                    dataclasses.replace(
+                        best,
+                        record_id=row.id,
+                        mean_secs=row.mean_secs,
+                        trace=json.loads(row.trace_json),
+                    )
+                )
         return out
 
 
@@ -146,8 +164,7 @@ class LeaseSiblings:
         self.context = context
 
     def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
-        return [s for s in self.context.siblings
-                if s.record_id not in tried and s.rate > own_rate]
+        return [s for s in self.context.siblings if s.record_id not in tried and s.rate > own_rate]
 
     def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
         return list(self.context.siblings)
@@ -166,8 +183,9 @@ class SiblingSeeds:
 
     per_sibling = 4  # records of each sibling that :meth:`population` refits
 
-    def __init__(self, database: Any, tasks: list[SeedTask],
-                 source: SiblingSource | None = None) -> None:
+    def __init__(
+        self, database: Any, tasks: list[SeedTask], source: SiblingSource | None = None
+    ) -> None:
         self.database = database
         self.tasks = tasks
         self.source = source or StorageSiblings(database.storage, database.target_record.id, tasks)
@@ -204,8 +222,12 @@ class SiblingSeeds:
                 self.known += 1  # measured before (an earlier or resumed run): nothing to learn
             else:
                 self.offered += 1
-                logger.debug("seeding task %d from workload %d (%.1f GFLOP/s)", task_index,
-                             sibling.workload_id, sibling.rate / 1e9)
+                logger.debug(
+                    "seeding task %d from workload %d (%.1f GFLOP/s)",
+                    task_index,
+                    sibling.workload_id,
+                    sibling.rate / 1e9,
+                )
                 return [candidate]
         return []
 
@@ -216,11 +238,13 @@ class SiblingSeeds:
         """Counts for a run summary: seeds measured (and how many of them ran), sibling
         records that did not replay, seeds skipped because the database already held them,
         sibling schedules put in populations (summed over batches)."""
-        return {"measured": len(self.measured),
-                "valid": sum(secs is not None for _, secs in self.measured),
-                "did_not_replay": self.failed,
-                "already_stored": self.known,
-                "in_populations": self.populated}
+        return {
+            "measured": len(self.measured),
+            "valid": sum(secs is not None for _, secs in self.measured),
+            "did_not_replay": self.failed,
+            "already_stored": self.known,
+            "in_populations": self.populated,
+        }
 
     def _own_rate(self, task: SeedTask, mod: tvm.IRModule) -> float:
         best = self.database.get_top_k(self.database.commit_workload(mod), 1)

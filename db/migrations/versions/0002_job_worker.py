@@ -4,6 +4,7 @@ Revision ID: 0002_job_worker
 Revises: 0001_initial
 Create Date: 2026-11-30
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -9,6 +9,7 @@ Revision ID: 0003_task_leases
 Revises: 0002_job_worker
 Create Date: 2026-12-01
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -53,14 +54,18 @@ def upgrade() -> None:
             ["job_id"], ["jobs.id"], name=op.f("fk_task_leases_job_id_jobs"), ondelete="CASCADE"
         ),
         sa.ForeignKeyConstraint(
-            ["task_id"], ["job_tasks.id"], name=op.f("fk_task_leases_task_id_job_tasks"),
+            ["task_id"],
+            ["job_tasks.id"],
+            name=op.f("fk_task_leases_task_id_job_tasks"),
             ondelete="CASCADE",
         ),
         sa.PrimaryKeyConstraint("id", name=op.f("pk_task_leases")),
     )
     with op.batch_alter_table("task_leases", schema=None) as batch_op:
         batch_op.create_index(
-            "uq_task_leases_active_work", ["work_key"], unique=True,
+            "uq_task_leases_active_work",
+            ["work_key"],
+            unique=True,
             postgresql_where=sa.text("status = 'active'"),
             sqlite_where=sa.text("status = 'active'"),
         )

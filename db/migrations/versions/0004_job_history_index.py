@@ -6,6 +6,7 @@ Revision ID: 0004_job_history_index
 Revises: 0003_task_leases
 Create Date: 2026-11-30
 """
+
 from __future__ import annotations
 
 from alembic import op

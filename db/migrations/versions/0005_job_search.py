@@ -6,6 +6,7 @@ Revision ID: 0005_job_search
 Revises: 0004_job_history_index
 Create Date: 2026-12-01
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

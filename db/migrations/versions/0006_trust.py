@@ -16,6 +16,7 @@ Revision ID: 0006_trust
 Revises: 0005_job_search
 Create Date: 2026-12-01
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -29,11 +30,15 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("tuning_records") as batch:
-        batch.add_column(sa.Column("quarantined", sa.Boolean(), nullable=False,
-                                   server_default=sa.false()))
+        batch.add_column(
+            sa.Column("quarantined", sa.Boolean(), nullable=False, server_default=sa.false())
+        )
     with op.batch_alter_table("workers") as batch:
-        batch.add_column(sa.Column("token_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"),
-                                   nullable=True))
+        batch.add_column(
+            sa.Column(
+                "token_id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), nullable=True
+            )
+        )
         batch.add_column(sa.Column("instance", sa.String(64), nullable=True))
     op.create_table(
         "id_floors",

@@ -9,6 +9,7 @@ Revision ID: 0007_remeasurements
 Revises: 0006_trust
 Create Date: 2026-12-01
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -26,16 +27,18 @@ def upgrade() -> None:
     op.create_table(
         "remeasurements",
         sa.Column("id", _ID, primary_key=True),
-        sa.Column("record_id", _ID, sa.ForeignKey("tuning_records.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "record_id", _ID, sa.ForeignKey("tuning_records.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("job_id", _ID, sa.ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True),
         sa.Column("worker", sa.String(128), nullable=True),
         sa.Column("rounds_json", sa.Text(), nullable=False),
         sa.Column("median_secs", sa.Float(), nullable=False),
         sa.Column("spread", sa.Float(), nullable=False),
         sa.Column("chosen", sa.Boolean(), nullable=False, server_default=sa.false()),
-        sa.Column("measured_at", sa.DateTime(timezone=True), nullable=False,
-                  server_default=sa.func.now()),
+        sa.Column(
+            "measured_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
     )
     op.create_index("ix_remeasurements_record", "remeasurements", ["record_id"])
     op.create_index("ix_remeasurements_job", "remeasurements", ["job_id"])

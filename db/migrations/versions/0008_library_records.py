@@ -10,6 +10,7 @@ Revision ID: 0008_library_records
 Revises: 0007_remeasurements
 Create Date: 2026-12-08
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -27,10 +28,12 @@ def upgrade() -> None:
     op.create_table(
         "library_records",
         sa.Column("id", _ID, primary_key=True),
-        sa.Column("workload_id", _ID, sa.ForeignKey("workloads.id", ondelete="CASCADE"),
-                  nullable=False),
-        sa.Column("target_id", _ID, sa.ForeignKey("targets.id", ondelete="CASCADE"),
-                  nullable=False),
+        sa.Column(
+            "workload_id", _ID, sa.ForeignKey("workloads.id", ondelete="CASCADE"), nullable=False
+        ),
+        sa.Column(
+            "target_id", _ID, sa.ForeignKey("targets.id", ondelete="CASCADE"), nullable=False
+        ),
         sa.Column("library", sa.String(64), nullable=False),
         sa.Column("version", sa.String(128), nullable=False),
         sa.Column("call_json", sa.Text(), nullable=False),
@@ -39,8 +42,9 @@ def upgrade() -> None:
         sa.Column("spread", sa.Float(), nullable=False),
         sa.Column("job_id", _ID, sa.ForeignKey("jobs.id", ondelete="SET NULL"), nullable=True),
         sa.Column("worker", sa.String(128), nullable=True),
-        sa.Column("measured_at", sa.DateTime(timezone=True), nullable=False,
-                  server_default=sa.func.now()),
+        sa.Column(
+            "measured_at", sa.DateTime(timezone=True), nullable=False, server_default=sa.func.now()
+        ),
     )
     op.create_index("ix_library_records_task", "library_records", ["workload_id", "target_id"])
     op.create_index("ix_library_records_job", "library_records", ["job_id"])

@@ -10,6 +10,7 @@ Revision ID: 0009_model_buckets
 Revises: 0008_library_records
 Create Date: 2026-12-09
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa

@@ -12,6 +12,7 @@ Revision ID: 0010_preview_artifacts
 Revises: 0009_model_buckets
 Create Date: 2026-12-02
 """
+
 from __future__ import annotations
 
 import sqlalchemy as sa
@@ -30,15 +31,21 @@ def _lease_kinds(kinds: str) -> None:
     with op.batch_alter_table("task_leases") as batch:
         batch.drop_constraint(op.f("ck_task_leases_kind"), type_="check")
         batch.create_check_constraint(op.f("ck_task_leases_kind"), f"kind IN ({kinds})")
-    op.create_index(_ACTIVE_WORK, "task_leases", ["work_key"], unique=True,
-                    postgresql_where=sa.text("status = 'active'"),
-                    sqlite_where=sa.text("status = 'active'"))
+    op.create_index(
+        _ACTIVE_WORK,
+        "task_leases",
+        ["work_key"],
+        unique=True,
+        postgresql_where=sa.text("status = 'active'"),
+        sqlite_where=sa.text("status = 'active'"),
+    )
 
 
 def upgrade() -> None:
     _lease_kinds("'tune', 'finalize', 'preview'")
-    op.add_column("artifacts", sa.Column("kind", sa.String(16), nullable=False,
-                                         server_default="final"))
+    op.add_column(
+        "artifacts", sa.Column("kind", sa.String(16), nullable=False, server_default="final")
+    )
 
 
 def downgrade() -> None:

@@ -1,5 +1,6 @@
 """``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job,
 and under ``/preview`` those of its zero-trial build, published while the job tunes."""
+
 from __future__ import annotations
 
 from pathlib import Path as FsPath
@@ -68,14 +69,15 @@ def download_preview(
     return _file_response(job_id, artifact, name, prefix="preview-")
 
 
-def _file_response(job_id: int, artifact: db.Artifact, name: str, prefix: str = ""
-                   ) -> FileResponse:
+def _file_response(job_id: int, artifact: db.Artifact, name: str, prefix: str = "") -> FileResponse:
     path = FsPath(artifact.path) / name
     if not path.is_file():
         raise ApiError(404, "artifact_missing", f"the artifact file {name} of job {job_id} is gone")
-    headers = {"ETag": f'"{artifact.sha256}"', "X-Checksum-Sha256": artifact.sha256} if (
-        name == "model.so"
-    ) else None
+    headers = (
+        {"ETag": f'"{artifact.sha256}"', "X-Checksum-Sha256": artifact.sha256}
+        if (name == "model.so")
+        else None
+    )
     return FileResponse(
         path, media_type=_MEDIA[name], filename=f"job-{job_id}-{prefix}{name}", headers=headers
     )

@@ -1,5 +1,6 @@
 """Liveness (``/health``: the process answers) and readiness (``/ready``: the database is
 reachable at the expected schema and the storage directory is writable)."""
+
 from __future__ import annotations
 
 import os
@@ -31,9 +32,14 @@ def ready(state: StateDep):
     try:
         revision = db.current_revision(storage.engine)  # type: ignore[attr-defined]
         ok = revision == db.head_revision() and writable
-        detail = None if ok else (
-            "storage directory not writable" if not writable
-            else f"schema {revision}, expected {db.head_revision()}"
+        detail = (
+            None
+            if ok
+            else (
+                "storage directory not writable"
+                if not writable
+                else f"schema {revision}, expected {db.head_revision()}"
+            )
         )
     except db.StorageError as err:
         revision, ok, detail = None, False, f"database unreachable: {err}"

@@ -5,6 +5,7 @@ and time) come from here: the first read returns the whole history reduced to th
 improved a task, each later poll only what was measured since (see :class:`JobHistoryPublic`).
 Whole reads of recently read jobs cost only their new records (:mod:`service.history_cache`).
 """
+
 from __future__ import annotations
 
 from typing import Annotated

@@ -1,4 +1,5 @@
 """``/jobs``: create (queued; a worker claims it), list, get with per-task progress, cancel."""
+
 from __future__ import annotations
 
 import time
@@ -36,8 +37,12 @@ def job_detail(storage: db.TuningStorage, job_id: int, user) -> JobDetail:
     job = progress.job
     artifact = latest_artifact(progress.artifacts, "final")
     return JobDetail.build(
-        job, list(progress.tasks), artifact if job.status == db.JobStatus.SUCCEEDED else None,
-        target_key=progress.target_key, prefix=API_PREFIX, model_tasks=progress.model_tasks,
+        job,
+        list(progress.tasks),
+        artifact if job.status == db.JobStatus.SUCCEEDED else None,
+        target_key=progress.target_key,
+        prefix=API_PREFIX,
+        model_tasks=progress.model_tasks,
         preview=latest_artifact(progress.artifacts, "preview"),
     )
 
@@ -129,14 +134,16 @@ def cancel_job(job_id: JobId, state: StateDep, user: CurrentUser) -> JobDetail:
     job = owned_job(storage, user, job_id)
     if job.status in db.JobStatus.TERMINAL:
         raise ApiError(
-            409, "job_finished",
+            409,
+            "job_finished",
             f"job {job_id} already {job.status}; only queued or running jobs can be cancelled",
         )
     try:
         job = storage.transition_job(job_id, db.JobStatus.CANCELLED, error="cancelled by the user")
     except db.InvalidTransitionError as err:
         raise ApiError(
-            409, "job_finished",
+            409,
+            "job_finished",
             f"job {job_id} is {err.current} now; only queued or running jobs can be cancelled",
         ) from None
     state.job_cache.pop(job_id, None)

@@ -1,4 +1,5 @@
 """``/models``: upload (multipart, streamed, validated, deduplicated), list, get, delete."""
+
 from __future__ import annotations
 
 import json
@@ -79,9 +80,11 @@ async def _validate_in_slot(settings, work):
             await limiter.acquire()
     except TimeoutError:
         raise ApiError(
-            503, "validation_busy",
+            503,
+            "validation_busy",
             f"every model validation slot stayed busy for {settings.validation_queue_secs:g} s; "
-            "retry later", {"Retry-After": "10"},
+            "retry later",
+            {"Retry-After": "10"},
         ) from None
     try:
         return await anyio.to_thread.run_sync(work)
@@ -98,18 +101,28 @@ def _check_same_buckets(existing, buckets: dict[str, BucketSpec]) -> None:
     stored_json = json.loads(existing.buckets_json) if existing.buckets_json else {}
     stored = stored_json.get("symbols", {})
     histograms = stored_json.get("histograms") or {}
-    same = set(buckets) <= set(stored) and all(
-        histograms.get(name) == spec.describe() if isinstance(spec, SizeHistogram)
-        else name not in histograms and stored[name] == sorted(set(spec))
-        for name, spec in buckets.items()
-    ) and set(stored) <= set(buckets)
+    same = (
+        set(buckets) <= set(stored)
+        and all(
+            histograms.get(name) == spec.describe()
+            if isinstance(spec, SizeHistogram)
+            else name not in histograms and stored[name] == sorted(set(spec))
+            for name, spec in buckets.items()
+        )
+        and set(stored) <= set(buckets)
+    )
     if not same:
-        have = "none" if not stored else " ".join(
-            f"{k}~{histograms[k]}" if k in histograms else f"{k}={','.join(map(str, v))}"
-            for k, v in stored.items()
+        have = (
+            "none"
+            if not stored
+            else " ".join(
+                f"{k}~{histograms[k]}" if k in histograms else f"{k}={','.join(map(str, v))}"
+                for k, v in stored.items()
+            )
         )
         raise ApiError(
-            409, "buckets_conflict",
+            409,
+            "buckets_conflict",
             f"this model was already uploaded as model {existing.id} with buckets {have}; "
             f"delete it (DELETE /models/{existing.id}) to upload it with other buckets",
         )
@@ -186,7 +199,8 @@ async def upload_model(
         temp.unlink(missing_ok=True)
         if fmt is not None and existing.format != fmt:
             raise ApiError(
-                415, "wrong_format",
+                415,
+                "wrong_format",
                 f"the file was declared as {fmt} but its content is {existing.format}",
             )
         _check_same_buckets(existing, buckets)
@@ -196,9 +210,15 @@ async def upload_model(
 
     def work():
         row = intake.validate_and_store(
-            storage, files, upload, owner=user.name, target=target,
-            expected_format=fmt, limits=settings.model_limits(),
-            process_limits=settings.validation_limits(), buckets=buckets,
+            storage,
+            files,
+            upload,
+            owner=user.name,
+            target=target,
+            expected_format=fmt,
+            limits=settings.model_limits(),
+            process_limits=settings.validation_limits(),
+            buckets=buckets,
         )
         return model_detail(storage, row)
 

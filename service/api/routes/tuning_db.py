@@ -3,6 +3,7 @@
 Workloads and records are shared by every user (that is how one model's tuning helps the next);
 filtering by ``model_id`` is limited to your own models.
 """
+
 from __future__ import annotations
 
 from typing import Annotated
@@ -121,22 +122,31 @@ def list_records(
         workload_id = found.id
     target_id = _target_id(storage, target)
     rows = storage.list_records(
-        target_id=target_id, workload_id=workload_id, job_id=job_id, valid=valid,
-        after_id=after, limit=limit,
+        target_id=target_id,
+        workload_id=workload_id,
+        job_id=job_id,
+        valid=valid,
+        after_id=after,
+        limit=limit,
     )
     total = storage.count_records(
         target_id=target_id, workload_id=workload_id, valid=valid, job_id=job_id
     )
     library = (  # the task's library calls measured as candidates (issue 21): not paged
         storage.list_library_records(workload_key=workload, target_key=target, job_id=job_id)
-        if (workload is not None or job_id is not None) and valid is not False else []
+        if (workload is not None or job_id is not None) and valid is not False
+        else []
     )
     again: dict[int, list[db.Remeasurement]] = {}
     for item in storage.list_remeasurements(record_ids=[r.id for r in rows]) if rows else ():
         again.setdefault(item.record_id, []).append(item)
     return RecordsPublic(
-        data=[RecordPublic.from_row(r, include_trace=include_trace,
-                                    remeasurements=again.get(r.id, [])) for r in rows],
+        data=[
+            RecordPublic.from_row(
+                r, include_trace=include_trace, remeasurements=again.get(r.id, [])
+            )
+            for r in rows
+        ],
         count=total,
         next_after=rows[-1].id if len(rows) == limit else None,
         library_records=[LibraryRecordPublic.from_row(r) for r in library],

@@ -6,6 +6,7 @@ batches, heartbeats, ends its lease, and for a finalize lease downloads the mode
 verified artifact. The routes only translate HTTP; the rules live in :mod:`tuner.coordinator`
 (and the storage it calls), which workers on the database call the same way.
 """
+
 from __future__ import annotations
 
 import json
@@ -109,7 +110,9 @@ def list_leases(
 
 
 @router.post(
-    "/register", response_model=WorkerPublic, responses=_OWNED,
+    "/register",
+    response_model=WorkerPublic,
+    responses=_OWNED,
     summary="Register (or re-register) a worker; its earlier leases are released",
 )
 def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAuth) -> WorkerPublic:
@@ -123,12 +126,17 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
                 if not isinstance(json.loads(text), dict):
                     raise ValueError
             except ValueError:
-                raise ApiError(422, "invalid_request", "target_json and fingerprint_json must be "
-                               "JSON objects") from None
+                raise ApiError(
+                    422, "invalid_request", "target_json and fingerprint_json must be JSON objects"
+                ) from None
         from compiler.target import TargetSpec  # noqa: PLC0415 - the API process stays free of TVM
 
-        spec = TargetSpec(body.target.kind, body.target.target_json, body.target.fingerprint_json,
-                          body.target.tvm_version)
+        spec = TargetSpec(
+            body.target.kind,
+            body.target.target_json,
+            body.target.fingerprint_json,
+            body.target.tvm_version,
+        )
         target = TargetInfo.of(spec)
     elif body.target_key is not None:
         row = storage.get_target(body.target_key)
@@ -136,8 +144,9 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
             raise not_found("target", body.target_key)
         target = coordinator.target_info(row)
     try:
-        worker = coordinator.register(storage, body.name, target, fingerprint,
-                                      token_id=_worker.token_id)
+        worker = coordinator.register(
+            storage, body.name, target, fingerprint, token_id=_worker.token_id
+        )
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
     key = None if target is None else target.key
@@ -146,17 +155,23 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
 
 
 @router.post(
-    "/{name}/heartbeat", response_model=WorkerHeartbeatReply, responses=_OWNED,
+    "/{name}/heartbeat",
+    response_model=WorkerHeartbeatReply,
+    responses=_OWNED,
     summary="Stamp a worker's heartbeat (database clock) and renew its leases",
 )
 def heartbeat(
-    name: WorkerName, body: WorkerHeartbeat, storage: StorageDep, settings: SettingsDep,
+    name: WorkerName,
+    body: WorkerHeartbeat,
+    storage: StorageDep,
+    settings: SettingsDep,
     _worker: WorkerAuth,
 ) -> WorkerHeartbeatReply:
     try:
         coordinator.owned_worker(storage, name, _worker.token_id)
-        row, leases = coordinator.heartbeat(storage, name, settings.lease_policy(),
-                                            status=body.status, instance=body.instance)
+        row, leases = coordinator.heartbeat(
+            storage, name, settings.lease_policy(), status=body.status, instance=body.instance
+        )
     except db.NotFoundError:
         raise not_found("worker", name) from None
     except coordinator.Forbidden as err:
@@ -166,29 +181,38 @@ def heartbeat(
 
 
 @router.post(
-    "/{name}/lease", response_model=LeaseOffer, responses=_OWNED,
+    "/{name}/lease",
+    response_model=LeaseOffer,
+    responses=_OWNED,
     summary="Lease the next piece of work for this worker's target (null when there is none)",
 )
 def lease(
-    name: WorkerName, storage: StorageDep, settings: SettingsDep, _worker: WorkerAuth,
+    name: WorkerName,
+    storage: StorageDep,
+    settings: SettingsDep,
+    _worker: WorkerAuth,
     instance: Annotated[str | None, Query(max_length=64)] = None,
 ) -> LeaseOffer:
     try:
         coordinator.owned_worker(storage, name, _worker.token_id)
-        offer, pending = coordinator.lease_work(storage, name, settings.lease_policy(),
-                                                instance=instance)
+        offer, pending = coordinator.lease_work(
+            storage, name, settings.lease_policy(), instance=instance
+        )
     except db.NotFoundError:
         raise not_found("worker", name) from None
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
     if offer is not None and offer.kind in coordinator.BUILD_KINDS:
         offer = offer.model_copy(
-            update={"model_url": f"{API_PREFIX}/workers/jobs/{offer.job_id}/model"})
+            update={"model_url": f"{API_PREFIX}/workers/jobs/{offer.job_id}/model"}
+        )
     return LeaseOffer(lease=offer, pending_jobs=pending)
 
 
 @router.get(
-    "/records", response_model=SeedRecords, responses=_NOT_FOUND,
+    "/records",
+    response_model=SeedRecords,
+    responses=_NOT_FOUND,
     summary="The best records of a workload on a target (a lease's starting point)",
 )
 def seed_records(
@@ -206,7 +230,9 @@ def seed_records(
 
 
 @router.get(
-    "/cost-model", responses=_NOT_FOUND, response_class=Response,
+    "/cost-model",
+    responses=_NOT_FOUND,
+    response_class=Response,
     summary="The target's newest transferred cost model for a TVM version (binary)",
 )
 def cost_model_blob(
@@ -221,16 +247,21 @@ def cost_model_blob(
     if found is None:
         raise not_found("cost model for target", target)
     model_id, blob = found
-    return Response(blob, media_type="application/octet-stream",
-                    headers={"X-Cost-Model-Id": str(model_id)})
+    return Response(
+        blob, media_type="application/octet-stream", headers={"X-Cost-Model-Id": str(model_id)}
+    )
 
 
 @router.get(
-    "/leases/{lease_id}/context", response_model=LeaseContext, responses=_OWNED,
+    "/leases/{lease_id}/context",
+    response_model=LeaseContext,
+    responses=_OWNED,
     summary="What a tune lease's search starts from: best records, stored schedules, siblings",
 )
 def lease_context(
-    lease_id: LeaseId, storage: StorageDep, _worker: WorkerAuth,
+    lease_id: LeaseId,
+    storage: StorageDep,
+    _worker: WorkerAuth,
     k: Annotated[int, Query(ge=1, le=4096)] = 256,
 ) -> LeaseContext:
     try:
@@ -240,17 +271,27 @@ def lease_context(
 
 
 @router.post(
-    "/leases/{lease_id}/records", response_model=BatchAck,
+    "/leases/{lease_id}/records",
+    response_model=BatchAck,
     responses={**_OWNED, 422: {"model": ErrorBody}},
     summary="Upload one measured batch of a tune lease (idempotent by batch number)",
 )
 def upload_batch(
-    lease_id: LeaseId, body: BatchUpload, storage: StorageDep, settings: SettingsDep,
+    lease_id: LeaseId,
+    body: BatchUpload,
+    storage: StorageDep,
+    settings: SettingsDep,
     _worker: WorkerAuth,
 ) -> BatchAck:
     try:
-        return coordinator.accept_batch(storage, lease_id, body.batch, list(body.records),
-                                        settings.lease_policy(), token_id=_worker.token_id)
+        return coordinator.accept_batch(
+            storage,
+            lease_id,
+            body.batch,
+            list(body.records),
+            settings.lease_policy(),
+            token_id=_worker.token_id,
+        )
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
     except (TypeError, ValueError) as err:
@@ -258,17 +299,28 @@ def upload_batch(
 
 
 @router.post(
-    "/leases/{lease_id}/finish", response_model=LeaseEnd, responses=_OWNED,
+    "/leases/{lease_id}/finish",
+    response_model=LeaseEnd,
+    responses=_OWNED,
     summary="End a lease: done, returned (given back), failed (with the error) or cancelled",
 )
 def finish_lease(
-    lease_id: LeaseId, body: LeaseFinish, storage: StorageDep, settings: SettingsDep,
+    lease_id: LeaseId,
+    body: LeaseFinish,
+    storage: StorageDep,
+    settings: SettingsDep,
     _worker: WorkerAuth,
 ) -> LeaseEnd:
     try:
-        return coordinator.end_lease(storage, lease_id, body.outcome, settings.lease_policy(),
-                                     error=body.error, search=body.search,
-                                     token_id=_worker.token_id)
+        return coordinator.end_lease(
+            storage,
+            lease_id,
+            body.outcome,
+            settings.lease_policy(),
+            error=body.error,
+            search=body.search,
+            token_id=_worker.token_id,
+        )
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
     except db.InvalidTransitionError as err:
@@ -276,11 +328,15 @@ def finish_lease(
 
 
 @router.get(
-    "/jobs/{job_id}/model", responses=_OWNED, response_class=FileResponse,
+    "/jobs/{job_id}/model",
+    responses=_OWNED,
+    response_class=FileResponse,
     summary="The model file of a job (for its finalize or preview lease)",
 )
 def job_model(
-    job_id: Annotated[int, Path(ge=1, le=MAX_ID)], storage: StorageDep, files: FilesDep,
+    job_id: Annotated[int, Path(ge=1, le=MAX_ID)],
+    storage: StorageDep,
+    files: FilesDep,
     _worker: WorkerAuth,
 ) -> FileResponse:
     job = storage.get_job(job_id)
@@ -299,7 +355,8 @@ def job_model(
 
 
 @router.post(
-    "/leases/{lease_id}/artifact", response_model=LeaseEnd,
+    "/leases/{lease_id}/artifact",
+    response_model=LeaseEnd,
     responses={**_CONFLICT, 413: {"model": ErrorBody}, 422: {"model": ErrorBody}},
     summary="Upload the verified artifact of a finalize lease (completes the job) or of a "
     "preview lease (the job's zero-trial preview; the job goes on)",
@@ -325,8 +382,13 @@ def upload_artifact(
         _save(manifest, staged / MANIFEST_NAME, MANIFEST_LIMIT)
         try:
             coordinator.accept_artifact(
-                storage, lease_id, staged, files.artifact_dir(lease_row.job_id),
-                token_id=_worker.token_id, check=_server_check(storage, files))
+                storage,
+                lease_id,
+                staged,
+                files.artifact_dir(lease_row.job_id),
+                token_id=_worker.token_id,
+                check=_server_check(storage, files),
+            )
         except db.InvalidTransitionError as err:
             raise _lease_lost(err) from None
         except db.ConflictError as err:
@@ -349,8 +411,12 @@ def _server_check(storage, files):
         target = None if job is None else storage.get_target_by_id(job.target_id)
         if model is None or target is None:
             raise db.ConflictError("the job's model is gone: nothing to verify the artifact with")
-        return check_artifact_in_child(files.model_path(model.content_hash), library,
-                                       target.target_json, buckets_json=model.buckets_json)
+        return check_artifact_in_child(
+            files.model_path(model.content_hash),
+            library,
+            target.target_json,
+            buckets_json=model.buckets_json,
+        )
 
     return check
 

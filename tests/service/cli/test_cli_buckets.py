@@ -3,6 +3,7 @@ length is symbolic: default buckets said so in the JSON, explicit ones compiled 
 verified library (a function per bucket) and tuned as one job over their tasks; a bad spec exits
 2 with a message and writes nothing.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,14 +28,22 @@ def test_inspect_defaults_and_bad_specs(dynamic_gpt2, tmp_path, capsys) -> None:
     assert "default" in buckets["description"]
     assert summary["model"]["inputs"][0]["shape"] == [1, 128]
     # --input-shape pins one shape and wins over buckets.
-    code, pinned = run_cli("inspect", str(dynamic_gpt2), "--input-shape", "input_ids=1,20",
-                           "--buckets", "seq=16", "--json")
+    code, pinned = run_cli(
+        "inspect",
+        str(dynamic_gpt2),
+        "--input-shape",
+        "input_ids=1,20",
+        "--buckets",
+        "seq=16",
+        "--json",
+    )
     assert code == 0 and "buckets" not in pinned["model"]
     # Buckets from a histogram file of expected lengths (one per line, or "SIZE COUNT").
     lengths = tmp_path / "lengths.txt"
     lengths.write_text("# request lengths\n8\n8\n30 2\n\n8 6\n")
-    code, derived = run_cli("inspect", str(dynamic_gpt2), "--bucket-histogram",
-                            f"seq={lengths}:2", "--json")
+    code, derived = run_cli(
+        "inspect", str(dynamic_gpt2), "--bucket-histogram", f"seq={lengths}:2", "--json"
+    )
     assert code == 0
     assert derived["model"]["buckets"]["symbols"] == {"seq": [8, 30]}
     assert derived["model"]["buckets"]["shares"] == {"seq": [0.8, 0.2]}
@@ -61,27 +70,44 @@ def test_inspect_defaults_and_bad_specs(dynamic_gpt2, tmp_path, capsys) -> None:
 
 def test_compile_and_tune_with_buckets(dynamic_gpt2, tmp_path, monkeypatch) -> None:
     out = tmp_path / "compiled"
-    code, summary = run_cli("compile", str(dynamic_gpt2), "--buckets", "seq=16,32", "-o",
-                            str(out), "--json")
+    code, summary = run_cli(
+        "compile", str(dynamic_gpt2), "--buckets", "seq=16,32", "-o", str(out), "--json"
+    )
     assert code == 0
     assert summary["verification"]["passed"]
     assert [b["function"] for b in summary["verification"]["buckets"]] == [
-        "main_seq_16", "main_seq_32"
+        "main_seq_16",
+        "main_seq_32",
     ]
     manifest = json.loads((out / "manifest.json").read_text())
     assert manifest["model"]["buckets"]["symbols"] == {"seq": [16, 32]}
     # GPT-2 is causal: the probes found padding exact, and the summary says so.
-    assert summary["padding"]["allowed"] and summary["padding"] == manifest["model"][
-        "buckets"]["padding"]
+    assert (
+        summary["padding"]["allowed"]
+        and summary["padding"] == manifest["model"]["buckets"]["padding"]
+    )
     assert [p.split(":")[0] for p in summary["padding"]["probes"]] == [
-        "seq=8 padded to main_seq_16", "seq=24 padded to main_seq_32"]
+        "seq=8 padded to main_seq_16",
+        "seq=24 padded to main_seq_32",
+    ]
 
     monkeypatch.setenv("TUNEHUB_HOME", str(tmp_path / "home"))
     monkeypatch.setenv("TUNEHUB_REMEASURE_TOP", "1")
     monkeypatch.setenv("TUNEHUB_REMEASURE_ROUNDS", "1")
     tuned = tmp_path / "tuned"
-    code, summary = run_cli("tune", str(dynamic_gpt2), "--buckets", "seq=16,32", "--trials",
-                            "2", "--population", "8", "-o", str(tuned), "--json")
+    code, summary = run_cli(
+        "tune",
+        str(dynamic_gpt2),
+        "--buckets",
+        "seq=16,32",
+        "--trials",
+        "2",
+        "--population",
+        "8",
+        "-o",
+        str(tuned),
+        "--json",
+    )
     assert code == 0
     assert summary["buckets"]["symbols"] == {"seq": [16, 32]}
     assert summary["verification"]["passed"]

@@ -4,6 +4,7 @@ Every example compiles (untuned), the library verifies against ONNX Runtime or t
 and the ONNX and ``.pt2`` exports of one network share the task keys of their convolutions and
 weight matmuls. Every bad input exits 2 with a message on stderr and leaves no output directory.
 """
+
 from __future__ import annotations
 
 import io
@@ -115,10 +116,14 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
         (_write(tmp_path / "garbage.onnx", bytes(range(256)) * 4), "not a valid ONNX"),
         (_write(tmp_path / "empty.onnx", b""), "empty"),
         (_write(tmp_path / "zip.pt2", b"PK\x03\x04" + b"junk" * 64), "pt2"),
-        (_write(tmp_path / "huge.onnx", relu_model([100000, 100000, 64]).SerializeToString()),
-         "over the limit"),
-        (_write(tmp_path / "ops.onnx", unsupported_ops_model().SerializeToString()),
-         "unsupported operator(s): Celu, Det"),
+        (
+            _write(tmp_path / "huge.onnx", relu_model([100000, 100000, 64]).SerializeToString()),
+            "over the limit",
+        ),
+        (
+            _write(tmp_path / "ops.onnx", unsupported_ops_model().SerializeToString()),
+            "unsupported operator(s): Celu, Det",
+        ),
         (tmp_path / "missing.onnx", "cannot read model file"),
     ]
     for model, expected in cases:
@@ -131,8 +136,10 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
             dst.writestr(item, src.read(item.filename))
         root = src.namelist()[0].split("/")[0]
         payload = (
-            b"\x80\x02cos\nsystem\nq\x00X" + len(f"touch {marker}").to_bytes(4, "little")
-            + f"touch {marker}".encode() + b"q\x01\x85q\x02Rq\x03."
+            b"\x80\x02cos\nsystem\nq\x00X"
+            + len(f"touch {marker}").to_bytes(4, "little")
+            + f"touch {marker}".encode()
+            + b"q\x01\x85q\x02Rq\x03."
         )
         dst.writestr(f"{root}/data/sample_inputs/extra.pkl", payload)
     _assert_refused(capsys, tmp_path, evil, "forbidden global os.system")
@@ -143,8 +150,9 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
     monkeypatch.delenv("TUNEHUB_MAX_MODEL_BYTES")
     # A symbolic input: a bad bucket spec is refused; pinned by --input-shape it is one shape.
     sym = _write(tmp_path / "sym.onnx", matmul_model(rows="batch").SerializeToString())
-    _assert_refused(capsys, tmp_path, sym, "not a symbolic dimension of the model",
-                    "--buckets", "rows=4")
+    _assert_refused(
+        capsys, tmp_path, sym, "not a symbolic dimension of the model", "--buckets", "rows=4"
+    )
     code, summary = run_cli(
         "inspect", str(tmp_path / "sym.onnx"), "--input-shape", "x=3,16", "--json"
     )
