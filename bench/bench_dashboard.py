@@ -92,7 +92,7 @@ def load_page(browser, url: str, token: str, trials: int) -> dict:
     try:
         page.goto(url)
         page.wait_for_selector(f"#charts[data-trials='{trials}']", timeout=60_000)
-        page.wait_for_function("performance.getEntriesByName('tunehub:plot').length > 0")
+        page.wait_for_function("() => performance.getEntriesByName('tunehub:plot').length > 0")
         return page.evaluate(READ_TIMINGS)
     finally:
         context.close()

@@ -24,11 +24,13 @@ import tvm
 from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
+from compiler.llm.verify import verify_generation
 from compiler.model_spec import LoadedModel
 from compiler.peers import library_for, library_unavailable_reason, peer_library
 from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec
 from compiler.verify import VerificationResult, bucket_padding, verify
+from compiler.weights import PARAMS_NAME
 
 MANIFEST_VERSION = 1
 
@@ -114,12 +116,16 @@ def publish_artifact(
     extra: dict[str, Any] | Callable[[LoadedLibrary], dict[str, Any]] | None = None,
     force: bool = False,
     link_peers: bool = False,
+    not_run_because: str | None = None,
 ) -> dict[str, Any]:
     """Export, verify from disk, write the manifest and move the directory into place.
 
     ``extra`` adds manifest fields (or is called with the loaded library, e.g. to time it).
     ``link_peers``: the executable calls library peers (``build(..., peers=...)``); the shim and
     OpenBLAS are linked into ``model.so``.
+    ``not_run_because``: this machine cannot run ``target``'s code (another CPU, no GPU), so the
+    library is built and written but neither loaded nor verified; the manifest's
+    ``verification`` says it did not pass and why, and ``extra`` must be a mapping.
     Returns the manifest. Raises :class:`VerificationError` (nothing written) when the library's
     outputs do not match the reference, :class:`ModelError` for a bad ``out_dir``.
     """
@@ -131,16 +137,38 @@ def publish_artifact(
         library_path = export_library(
             executable, staging / LIBRARY_NAME, link_peers=link_peers, target=target
         )
-        library = LoadedLibrary(
-            library_path, target.device, buckets=[b.to_json() for b in model.buckets]
+        weights = staging / PARAMS_NAME  # a large model's weights, beside the library
+        extra_weights = (
+            {"weights": {"file": PARAMS_NAME, "bytes": weights.stat().st_size}}
+            if weights.is_file()
+            else {}
         )
-        verification = verify(model, library.run, device=target.device)
+        if not_run_because is not None:
+            manifest = build_manifest(model, target, tasks, _NOT_RUN, extra)  # type: ignore[arg-type]
+            manifest.update(extra_weights)
+            manifest["verification"]["message"] = f"not run: {not_run_because}"
+            (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
+            _move_into_place(staging, out_dir)
+            return manifest
+        library = LoadedLibrary(
+            library_path,
+            target.device,
+            buckets=[b.to_json() for b in model.buckets],
+            state=model.state,
+        )
+        verification = verify(model, library.run_fresh, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")
-        if model.bucket_spec is not None:  # measured: may inputs between buckets be padded?
+        generation = verify_generation(model, library) if model.state else None
+        if generation is not None and not generation.passed:
+            raise VerificationError(f"artifact not published: the library's {generation.message}")
+        if model.bucket_spec is not None and not model.state:  # may inputs be padded?
             library.padding = bucket_padding(model, library, device=target.device)
         extra_fields = extra(library) if callable(extra) else extra
         manifest = build_manifest(model, target, tasks, verification, extra_fields)
+        if generation is not None:
+            manifest["generation"] = generation.to_json()
+        manifest.update(extra_weights)
         if library.padding is not None:
             manifest["model"]["buckets"]["padding"] = library.padding.to_json()
         (staging / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
@@ -149,6 +177,10 @@ def publish_artifact(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+#: The verification of a library that was built but not run here (``not_run_because``).
+_NOT_RUN = VerificationResult(False, "none", 0.0, (), "not run")
 
 
 def _move_into_place(staging: Path, out_dir: Path) -> None:

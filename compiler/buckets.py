@@ -55,6 +55,9 @@ MAX_BUCKET_VALUE = 1 << 20
 DEFAULT_HISTOGRAM_BUCKETS = 4
 #: At most this many distinct sizes in a histogram.
 MAX_HISTOGRAM_SIZES = 4096
+#: A histogram's counts sum to at most this (far more requests than any log holds): the
+#: dynamic programme multiplies counts by bucket sizes, which must stay finite.
+MAX_HISTOGRAM_TOTAL = 1e15
 #: At most this many candidate buckets enter the dynamic programme (work ~ buckets x this^2).
 MAX_BUCKET_CANDIDATES = 256
 
@@ -85,8 +88,18 @@ def histogram_buckets(
     :data:`MAX_BUCKET_CANDIDATES` candidates), within ``minimum..maximum``; the largest bucket
     covers the largest size.
     Solved exactly by dynamic programming over those candidates. Raises
-    ``ModelError("bad_buckets")`` for a size outside ``minimum..maximum``.
+    ``ModelError("bad_buckets")`` for a size outside ``minimum..maximum``, or counts that are
+    not finite or do not sum to a positive total of at most :data:`MAX_HISTOGRAM_TOTAL`.
     """
+    counts = [c for _, c in histogram.counts]
+    if not all(math.isfinite(c) and c >= 0 for c in counts) or not (
+        0 < sum(counts) <= MAX_HISTOGRAM_TOTAL
+    ):
+        raise ModelError(
+            "bad_buckets",
+            f"histogram counts must be finite, non-negative and sum to a positive total of "
+            f"at most {MAX_HISTOGRAM_TOTAL:g}",
+        )
     sizes = [v for v, _ in histogram.counts]
     outside = [v for v in sizes if v < minimum or v > maximum]
     if outside:
@@ -255,12 +268,13 @@ def _parse_histogram_option(text: str) -> tuple[str, SizeHistogram]:
     if (
         not all(1 <= v <= MAX_BUCKET_VALUE for v in counts)
         or not all(math.isfinite(c) and c >= 0 for c in counts.values())
-        or not sum(counts.values()) > 0
+        or not 0 < sum(counts.values()) <= MAX_HISTOGRAM_TOTAL
     ):
         raise ModelError(
             "bad_buckets",
             f"invalid histogram {text!r}: sizes must be between 1 and {MAX_BUCKET_VALUE}, "
-            "counts non-negative and not all zero",
+            f"counts finite, non-negative, not all zero and summing to at most "
+            f"{MAX_HISTOGRAM_TOTAL:g}",
         )
     if len(counts) > MAX_HISTOGRAM_SIZES or not 1 <= max_buckets <= MAX_SPECIALIZATIONS:
         raise ModelError(

@@ -30,6 +30,7 @@ from compiler.peers import (
     peers_supported,
 )
 from compiler.target import TargetSpec
+from compiler.weights import PARAMS_NAME, ExternalWeights, save_params
 
 
 def build(
@@ -79,7 +80,9 @@ def build_zero_trial(
 def export_library(
     executable: Any, path: Path, *, link_peers: bool = False, target: TargetSpec | None = None
 ) -> Path:
-    """Write the executable as a shared library at ``path`` atomically (temp file + rename).
+    """Write the executable as a shared library at ``path`` atomically (temp file + rename);
+    an :class:`compiler.weights.ExternalWeights` also writes its weights as ``params.bin``
+    beside it.
     ``link_peers``: link the peer shim and its library in (an executable built with ``peers``
     for ``target``, default a CPU target: OpenBLAS; CUDA: cuBLAS and cuDNN); raises
     :class:`CompileError` when this machine has no peer library for it."""
@@ -95,6 +98,17 @@ def export_library(
             )
             raise CompileError(f"the artifact uses library peers: {reason}")
         kwargs = {"addons": [str(library.object_file)], "options": library.link_options()}
+    weights = executable.params if isinstance(executable, ExternalWeights) else ()
+    if weights:  # beside the library, written first: a library never lacks its weights
+        fd, params_tmp = tempfile.mkstemp(suffix=".bin", prefix=".tmp-", dir=path.parent)
+        os.close(fd)
+        try:
+            save_params(weights, params_tmp)
+            os.replace(params_tmp, path.parent / PARAMS_NAME)
+        except BaseException:
+            Path(params_tmp).unlink(missing_ok=True)
+            raise
+        executable = executable.executable
     fd, tmp_name = tempfile.mkstemp(suffix=".so", prefix=".tmp-", dir=path.parent)
     os.close(fd)
     try:

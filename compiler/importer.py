@@ -195,7 +195,7 @@ def _decompose(program):
 
 def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     """The program's Relax module as TVM translates it, symbolic dimensions still symbolic."""
-    from compiler.pt2_loader import check_pure_program  # noqa: PLC0415 - torch, .pt2 only
+    from compiler.llm.state import classify_state, lift_state  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_ops import translate  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
     # Checked before torch decomposes anything, and again on what TVM translates (the
@@ -204,11 +204,11 @@ def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
     program = _decompose(model.source)
-    check_pure_program(program)
+    state, _ = classify_state(program)  # refuses what it cannot keep; the rest is dropped
     missing = unsupported_torch_ops(program, decomposed=True)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
-    return translate(program)
+    return translate(lift_state(program, state), frozenset(s.name for s in state))
 
 
 def _bind_symbols(mod: tvm.IRModule, model: LoadedModel) -> tvm.IRModule:

@@ -60,7 +60,7 @@ def read_model_file(path: Path, limits: ModelLimits) -> bytes:
 
 def _load_programs(data: bytes, limits: ModelLimits, display_name: str) -> dict[str, Any]:
     """The archive's ``ExportedProgram`` s by name (one, ``model``, unless it was packaged with
-    several), each within the graph limits."""
+    other names or several; at most ``limits.max_programs``), each within the graph limits."""
     from compiler.pt2_loader import check_pt2_graph_limits  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_safety import load_exported_programs  # noqa: PLC0415 - torch, for .pt2 files only
 
@@ -69,7 +69,10 @@ def _load_programs(data: bytes, limits: ModelLimits, display_name: str) -> dict[
         with os.fdopen(fd, "wb") as handle:
             handle.write(data)
         programs = load_exported_programs(
-            Path(name), max_uncompressed_bytes=2 * limits.max_bytes, display_name=display_name
+            Path(name),
+            max_uncompressed_bytes=2 * limits.max_bytes,
+            max_programs=limits.max_programs,
+            display_name=display_name,
         )
     finally:
         os.unlink(name)
@@ -101,8 +104,11 @@ def _several_programs(
             f"{display_name} holds several programs ({names}); --input-shape and --buckets "
             "apply to a single program: export each program with static shapes instead",
         )
+    from compiler.llm.state import program_state  # noqa: PLC0415 - torch, .pt2 only
+
     functions: list[Bucket] = []
     seen: dict[tuple[tuple[int, ...], ...], str] = {}
+    states: dict[str, tuple] = {}
     for name, program in programs.items():
         if not name.isidentifier():
             raise ModelError(
@@ -125,8 +131,16 @@ def _several_programs(
                 "shapes; the compiled library picks a program by its inputs' shapes",
             )
         seen[shapes] = name
-        functions.append(
-            Bucket(name, (), LoadedModel("pt2", sha256, size, specs, program, bindings))
+        states[name] = program_state(program)
+        model = LoadedModel("pt2", sha256, size, specs, program, bindings, state=states[name])
+        functions.append(Bucket(name, (), model))
+    if len({tuple(states[n]) for n in states}) > 1:
+        raise ModelError(
+            "bad_pt2",
+            f"{display_name}: its programs keep different state ("
+            + "; ".join(f"{n}: {', '.join(s.name for s in v) or 'none'}" for n, v in states.items())
+            + "); the programs of one decoder share one KV cache: export them from one model "
+            "with the same cache",
         )
     first = functions[0].model
     return replace(first, buckets=tuple(functions), programs=tuple(programs))
@@ -239,6 +253,7 @@ def load_model(
             model, specs = specialize_onnx(proto, limits=limits, input_shapes=bucket_shapes)
             loaded.append((values, LoadedModel("onnx", sha256, len(data), specs, model, values)))
         return _bucketed(loaded, spec, dims, proto)
+    from compiler.llm.state import program_state  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
     programs = _load_programs(data, limits, display_name or "<upload>")
@@ -247,9 +262,11 @@ def load_model(
             programs, limits, sha256, len(data), shapes, wanted, display_name or "<upload>"
         )
     (program,) = programs.values()
+    state = program_state(program)
     dims, declared = pt2_symbolic_dims(program)
     spec, plans = _specializations(dims, declared, shapes, wanted)
     for values, bucket_shapes in plans:
         specs, bindings = pt2_input_specs(program, bucket_shapes, limits)
-        loaded.append((values, LoadedModel("pt2", sha256, len(data), specs, program, bindings)))
+        model = LoadedModel("pt2", sha256, len(data), specs, program, bindings, state=state)
+        loaded.append((values, model))
     return _bucketed(loaded, spec, dims, program)

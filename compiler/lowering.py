@@ -43,6 +43,7 @@ from compiler.fast_math import fast_math
 from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
+from compiler.weights import ExternalWeights, lift_weights
 
 
 def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
@@ -102,7 +103,8 @@ def build_with_database(
     """Compile the normalized ``mod`` for ``target`` with the best schedules of ``database``
     and the library peers of the tasks keyed in ``peers`` (non-legacy CPU targets only).
 
-    Returns TVM's ``Executable``; TVM errors propagate (the caller maps them).
+    Returns TVM's ``Executable``, or :class:`compiler.weights.ExternalWeights` for a model whose
+    weights are too large to link into the library; TVM errors propagate (the caller maps them).
     """
     from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only the paths that need them
 
@@ -118,7 +120,7 @@ def build_with_database(
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
     from tvm.relax.backend.cpu_generic import pipeline as cpu_pipeline  # noqa: PLC0415 - only the paths that need them
 
-    scheduled = lower_with_database(mod, target, database, peers)
+    scheduled, weights = lift_weights(lower_with_database(mod, target, database, peers))
     late = tvm.ir.transform.Sequential(
         [
             *cpu_pipeline.dataflow_lower_passes(tvm_target),
@@ -126,7 +128,8 @@ def build_with_database(
         ]
     )
     with tvm_target, tvm.transform.PassContext(opt_level=3):
-        return relax.build(scheduled, target=tvm_target, relax_pipeline=late)
+        executable = relax.build(scheduled, target=tvm_target, relax_pipeline=late)
+    return ExternalWeights(executable, weights) if weights else executable
 
 
 def _cuda_with_peers(

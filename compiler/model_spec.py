@@ -38,7 +38,9 @@ class ModelLimits:
     could materialize at compile time (initializers, ``Constant`` nodes and anything computed only
     from them, such as a ``ConstantOfShape``/``Expand``/``Tile``/``Range`` on constant operands):
     checked on the ONNX graph before TVM folds anything, and on the Relax module after each folding
-    step (so they bound weights too: raise them with ``max_bytes``).
+    step (so they bound weights too: raise them with ``max_bytes``). ``max_programs`` bounds the
+    programs of a ``.pt2`` archive (each is loaded, tuned and verified), checked before any is
+    loaded.
     """
 
     max_bytes: int = 512 * 1024 * 1024
@@ -47,6 +49,7 @@ class ModelLimits:
     max_nodes: int = 20_000
     max_constant_elements: int = 1 << 27
     max_constant_bytes: int = 1 << 29
+    max_programs: int = 8
     min_onnx_opset: int = 7
     max_onnx_opset: int = 23
 
@@ -83,6 +86,9 @@ class LoadedModel:
     #: that picks the function by its inputs' shapes, and verified one by one. This model's
     #: ``inputs`` are the first program's.
     programs: tuple[str, ...] = ()
+    #: What a stateful program keeps between calls (a decoder's KV cache, written in place:
+    #: :mod:`compiler.llm.state`), passed to the compiled function after ``inputs``.
+    state: tuple[Any, ...] = ()
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -93,6 +99,8 @@ class LoadedModel:
         }
         if self.buckets:
             described["buckets"] = buckets_json(self)
+        if self.state:
+            described["state"] = [spec.to_json() for spec in self.state]
         return described
 
 

@@ -11,6 +11,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
+from torch.export.graph_signature import InputKind, TensorArgument
 
 from compiler.buckets import SymbolicDim
 from compiler.errors import ModelError
@@ -20,6 +21,17 @@ from compiler.onnx_loader import check_input_sizes
 
 def _dtype_name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
+
+
+def tensor_user_inputs(program: torch.export.ExportedProgram) -> list[str]:
+    """The names of the program's user inputs that are tensors, in order. A constant argument
+    the program was exported with (``use_cache=True``, a ``None``) is part of its graph, not an
+    input of the compiled function."""
+    return [
+        spec.arg.name
+        for spec in program.graph_signature.input_specs
+        if spec.kind == InputKind.USER_INPUT and isinstance(spec.arg, TensorArgument)
+    ]
 
 
 def pt2_input_specs(
@@ -32,7 +44,7 @@ def pt2_input_specs(
     Every symbolic dimension must be given by ``input_shapes`` (input name → full shape); the same
     symbol must get the same value everywhere. Raises :class:`ModelError` otherwise.
     """
-    user_inputs = list(program.graph_signature.user_inputs)
+    user_inputs = tensor_user_inputs(program)
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     unknown = set(input_shapes) - set(user_inputs)
     if unknown:
@@ -97,7 +109,7 @@ def pt2_symbolic_dims(
     placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
     dims: list[SymbolicDim] = []
     declared: dict[str, list[int | None]] = {}
-    for name in program.graph_signature.user_inputs:
+    for name in tensor_user_inputs(program):
         value: Any = placeholders[name].meta.get("val") if name in placeholders else None
         if not isinstance(value, torch.Tensor):
             continue  # refused by pt2_input_specs
@@ -195,30 +207,3 @@ def check_pt2_graph_limits(program: torch.export.ExportedProgram, limits: ModelL
                     f"{limits.max_constant_elements} elements and {limits.max_constant_bytes} "
                     "bytes for a tensor built at compile time",
                 )
-
-
-def check_pure_program(program: torch.export.ExportedProgram) -> None:
-    """Refuse (``ModelError("mutates_state")``) a *decomposed* program (``run_decompositions``:
-    only its signature records the updates) that updates an input or a buffer in place:
-    TuneHub compiles pure functions of the inputs (TVM's translation would drop the update).
-    In-place operators on a program's own intermediates are fine (torch rewrote them into
-    pure ones)."""
-    signature = program.graph_signature
-    inputs = sorted(set(signature.user_inputs_to_mutate.values()))
-    buffers = sorted(set(signature.buffers_to_mutate.values()))
-    if not inputs and not buffers:
-        return
-    what = "; ".join(
-        part
-        for part in (
-            f"input(s) {', '.join(inputs)}" if inputs else "",
-            f"buffer(s) {', '.join(buffers)}" if buffers else "",
-        )
-        if part
-    )
-    raise ModelError(
-        "mutates_state",
-        f"the torch.export program updates {what} in place; TuneHub compiles pure functions: "
-        "return the updated tensor as an output instead (e.g. clone the input and update the "
-        "clone)",
-    )

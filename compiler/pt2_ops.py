@@ -277,14 +277,44 @@ def input_free_values(program: Any) -> dict[fx.Node, torch.Tensor]:
     }
 
 
-def translate(program: Any) -> Any:
+def without_constant_inputs(program: Any) -> Any:
+    """``program`` without placeholders for the constant arguments it was exported with
+    (``use_cache=True``, ``None``: ``ConstantArgument`` user inputs, which TVM's translator takes
+    for tensors): each use is replaced by its value. Unchanged when it has none."""
+    from torch.export.graph_signature import ConstantArgument, ExportGraphSignature  # noqa: PLC0415
+
+    signature = program.graph_signature
+    constants = [s for s in signature.input_specs if isinstance(s.arg, ConstantArgument)]
+    if not constants:
+        return program
+    module = program.graph_module
+    placeholders = {n.name: n for n in module.graph.nodes if n.op == "placeholder"}
+    for spec in constants:
+        node = placeholders.get(spec.arg.name)
+        if node is None:
+            continue
+        for user in list(node.users):
+            user.args, user.kwargs = fx.node.map_aggregate(
+                (user.args, user.kwargs), lambda a, n=node, v=spec.arg.value: v if a is n else a
+            )
+        module.graph.erase_node(node)
+    module.recompile()
+    kept = [s for s in signature.input_specs if not isinstance(s.arg, ConstantArgument)]
+    return program._update(module, ExportGraphSignature(kept, list(signature.output_specs)))  # noqa: SLF001
+
+
+def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
     """TVM's translation of the decomposed ``program`` (``from_exported_program``, with
     :data:`CONVERTERS` in place of TVM's converters of those operators), every
-    :func:`input_free_values` node a constant of torch's value (see the module docstring)."""
+    :func:`input_free_values` node a constant of torch's value (see the module docstring).
+    ``state``: the placeholders of the program's state inputs (:func:`compiler.llm.state.
+    lift_state`), whose ``index_put`` updates are in-place writes
+    (:func:`compiler.llm.cache_write.convert_state_write`)."""
     from tvm.relax.frontend.torch.exported_program_translator import (  # noqa: PLC0415 - the torch frontend, for .pt2 files only
         ExportedProgramImporter,
     )
 
+    program = without_constant_inputs(program)
     constants = input_free_values(program)
     importer = ExportedProgramImporter()
 
@@ -300,6 +330,17 @@ def translate(program: Any) -> Any:
     table = dict(importer.convert_map)
     for name, convert in CONVERTERS.items():
         table[name] = functools.partial(convert, importer=importer)
+    if state:
+        from compiler.llm.cache_write import convert_state_write  # noqa: PLC0415
+
+        others = table["index_put.default"]
+
+        def index_put(node: Any) -> relax.Expr:
+            if getattr(node.args[0], "name", None) in state:
+                return convert_state_write(node, importer)
+            return others(node)
+
+        table["index_put.default"] = index_put
     importer.convert_map = {name: folded(convert) for name, convert in table.items()}
     return importer.from_exported_program(
         program,

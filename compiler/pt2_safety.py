@@ -59,11 +59,19 @@ What this module does about it
    :func:`_hardened_torch_loading`, which for the duration of the call forces ``torch.load`` to
    ``weights_only=True`` (so the ``weights_only=False`` call sites and the fallback above reach only
    the weights-only unpickler), makes ``pickle.loads`` in ``_package`` /
-   ``torch._C._pickle_load_obj`` / ``torch.jit.load`` / AOTInductor loading raise, and re-validates
-   every string handed to ``sympy.sympify`` by the deserializer. So if the scanner had a gap,
-   torch's weights-only unpickler is a second barrier for pickles (the tests check both layers
-   separately). The patches are process-wide while a load runs (loads are serialized by a lock);
-   other threads' ``torch.load`` calls in that window are weights-only too.
+   ``torch._C._pickle_load_obj`` / ``torch.jit.load`` / AOTInductor loading raise, re-validates
+   every string handed to ``sympy.sympify`` by the deserializer, and never reads the sample
+   inputs (``data/sample_inputs/``: torch is handed empty ones, so the program's
+   ``example_inputs`` is ``None``). Nothing needs them to compile, and a genuine archive's may
+   pickle objects that are not tensors (``transformers``' ``export_with_dynamic_cache`` pickles a
+   ``DynamicCache``): they are accepted as bytes that are never unpickled, whatever they hold.
+   A pytree type of the program's signature that this process does not know (that same
+   ``DynamicCache``) is deserialized as an opaque stand-in (the graph is flat tensors), and a
+   pytree context that names an enum (which torch would import by name) is refused. So if the
+   scanner had a gap, torch's weights-only unpickler is a second barrier for pickles (the tests
+   check both layers separately). The patches are process-wide while a load runs (loads are
+   serialized by a lock); other threads' ``torch.load`` calls in that window are weights-only
+   too.
 
 ``tests/compiler/test_pt2_safety.py`` shows plain ``torch.export.load`` executing payloads through
 the sample-inputs fallback, a ``use_pickle`` weight, an opaque constant and an ``expr_str``, and the
@@ -73,7 +81,8 @@ Error codes (all :class:`~compiler.errors.ModelError`)
 ------------------------------------------------------
 ``bad_pt2`` not a zip / corrupt / malformed pickle or JSON / torch failed to load it;
 ``pt2_truncated`` the archive is cut short; ``pt2_too_large`` sizes over the limits or a zip bomb;
-``pt2_too_many_members``; ``pt2_bad_member_name`` absolute path, ``..``, duplicate or otherwise
+``pt2_too_many_members``; ``pt2_too_many_programs`` more programs than the limit (checked before
+any is loaded); ``pt2_bad_member_name`` absolute path, ``..``, duplicate or otherwise
 unsafe member name; ``pt2_symlink``; ``unsafe_pickle`` a pickle that references a global outside the
 allowlist or uses a non-data opcode; ``unsafe_pt2`` code-bearing content that is not a pickle
 (AOTInductor library, TorchScript, executable expressions in the JSON).
@@ -113,6 +122,7 @@ if TYPE_CHECKING:  # torch is imported lazily: inspecting a file must not need i
 __all__ = [
     "ALLOWED_GLOBALS",
     "DEFAULT_MAX_MEMBERS",
+    "DEFAULT_MAX_PROGRAMS",
     "DEFAULT_MAX_UNCOMPRESSED_BYTES",
     "PickleScan",
     "Pt2ArchiveReport",
@@ -127,6 +137,9 @@ __all__ = [
 
 DEFAULT_MAX_UNCOMPRESSED_BYTES = 4 * 1024**3
 DEFAULT_MAX_MEMBERS = 20_000
+#: Programs one archive may hold (a decoder's prefill, decode and step, and a few buckets of
+#: them): each is loaded, imported, tuned and verified, so their number bounds all that work.
+DEFAULT_MAX_PROGRAMS = 8
 #: a member larger than this whose compression ratio exceeds MAX_COMPRESSION_RATIO is a zip bomb
 #: (torch.export.save stores members uncompressed, so genuine archives have ratio 1).
 ZIP_BOMB_MIN_BYTES = 1024 * 1024
@@ -1024,7 +1037,7 @@ def _payload_members(config: Any, shown: str, directory: str) -> tuple[set[str],
 
 
 def _is_pickle_location(rel: str) -> bool:
-    return rel.startswith(SAMPLE_INPUTS_DIR) or rel.endswith((".pt", ".pth", ".pkl", ".pickle"))
+    return rel.endswith((".pt", ".pth", ".pkl", ".pickle"))
 
 
 def _scan_payload(
@@ -1168,6 +1181,9 @@ def _inspect_fileobj(
             elif rel in raw:
                 _read_member(zf, info, info.filename, keep=False)  # CRC/size check only
                 kind = "raw_tensor"
+            elif rel.startswith(SAMPLE_INPUTS_DIR) and rel not in pickled:
+                _read_member(zf, info, info.filename, keep=False)  # never unpickled: see above
+                kind = "sample_inputs"
             else:
                 content = _read_member(zf, info, info.filename, keep=True)
                 required = rel in pickled or _is_pickle_location(rel)
@@ -1205,8 +1221,9 @@ def inspect_pt2_archive(
     ``max_uncompressed_bytes`` in total, all under one top folder, with safe relative names and no
     symlinks; it is a ``torch.export.save`` archive (``archive_format`` is ``pt2``) without
     AOTInductor / ExecuTorch payloads or non-tensor constants; every member torch could unpickle
-    (sample inputs, ``use_pickle`` payloads, ``*.pt``/``*.pkl``, anything that looks like a pickle,
-    the ``data.pkl`` of nested ``torch.save`` zips) references only :data:`ALLOWED_GLOBALS` with
+    (``use_pickle`` payloads, ``*.pt``/``*.pkl``, anything that looks like a pickle, the
+    ``data.pkl`` of nested ``torch.save`` zips; not the sample inputs, which TuneHub never lets
+    torch read: kind ``sample_inputs``) references only :data:`ALLOWED_GLOBALS` with
     data-only opcodes; and every ``expr_str`` / ``guards_code`` string in ``models/*.json`` is a
     plain symbolic-shape expression.
 
@@ -1309,8 +1326,43 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
         mmap = kwargs.pop("mmap", None)
         return real_load(f, map_location=map_location, weights_only=True, mmap=mmap)
 
+    import torch.utils._pytree as pytree
+
+    real_read_bytes = package_mod.PT2ArchiveReader.read_bytes
+    real_json_to_treespec = pytree._json_to_treespec  # noqa: SLF001
+
+    def json_to_treespec(schema: Any) -> Any:
+        name = schema.get("type") if isinstance(schema, dict) else None
+        known = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE
+        if not isinstance(name, str) or _torchs_own(known.get(name)):
+            return real_json_to_treespec(schema)
+        saved = known.get(name)
+        known[name] = _stand_in(pytree, name)  # for this node only: see _StandIn
+        try:
+            return real_json_to_treespec(schema)
+        finally:
+            if saved is None:
+                known.pop(name, None)
+            else:
+                known[name] = saved
+
+    def treespec_loads(serialized: str) -> Any:
+        protocol, schema = json.loads(serialized)
+        if protocol != 1:
+            raise _Refused(f"a pytree spec of protocol {str(protocol)[:20]!r}")
+        return json_to_treespec(schema)
+
+    def read_bytes(reader: Any, name: str) -> bytes:
+        if name.startswith(SAMPLE_INPUTS_DIR):
+            return b""  # never deserialized: the program's example_inputs are None
+        return real_read_bytes(reader, name)
+
     patches: list[tuple[Any, str, Any]] = [
         (torch, "load", weights_only_load),
+        (package_mod.PT2ArchiveReader, "read_bytes", read_bytes),
+        (pytree, "_json_to_treespec", json_to_treespec),
+        (serialize_mod, "treespec_loads", treespec_loads),
+        (pytree, "enum_object_hook", _refuse_enum_reference),
         (package_mod, "pickle", _RefusingPickleModule()),
         (package_mod, "_load_aoti", _refuse("loading an AOTInductor library")),
         (torch._C, "_pickle_load_obj", _refuse("torch._C._pickle_load_obj")),  # noqa: SLF001
@@ -1333,6 +1385,66 @@ def _hardened_torch_loading() -> Iterator[_CaptureSwallowedError]:
             export_logger.removeFilter(capture)
             for obj, attr, value in reversed(saved):
                 setattr(obj, attr, value)
+
+
+class _StandIn:
+    """A pytree node of a type that is not Python's or torch's (e.g. ``transformers``'
+    ``DynamicCache`` in a program's input or output spec): its children and its context, kept
+    as the JSON it was saved with. The graph takes and returns flat tensors, which is what
+    TuneHub compiles; the type's own code (which this process may not have, and which the file
+    does not choose) is never used."""
+
+    def __init__(self, children: list[Any], context: Any) -> None:
+        self.children = list(children)
+        self.context = context
+
+
+_STAND_INS: dict[str, type] = {}
+
+
+def _torchs_own(cls: Any) -> bool:
+    """Whether ``cls`` (a registered pytree node type) is Python's or torch's own."""
+    module = getattr(cls, "__module__", "") or ""
+    return cls is not None and module.split(".")[0] in ("builtins", "collections", "torch")
+
+
+def _stand_in(pytree: Any, name: str) -> type:
+    """The :class:`_StandIn` subclass for the serialized type ``name``, registered as a pytree
+    node (once) without taking the name over: a type of that name this process registers
+    itself (``transformers``' ``DynamicCache``) keeps it. Its context is never parsed."""
+    if not re.fullmatch(r"[A-Za-z_][\w.]{0,200}", name):
+        raise _Refused(f"a pytree type named {name[:100]!r} in the program's signature")
+    cls = _STAND_INS.get(name)
+    if cls is not None:
+        return cls
+    cls = _STAND_INS[name] = type(f"StandIn[{name}]", (_StandIn,), {})
+    saved = pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.get(name)
+    pytree.register_pytree_node(
+        cls,
+        lambda node: (node.children, node.context),
+        lambda children, context: cls(children, context),
+        flatten_with_keys_fn=lambda node: (
+            [(pytree.SequenceKey(i), child) for i, child in enumerate(node.children)],
+            node.context,
+        ),
+        serialized_type_name=name,
+        to_dumpable_context=lambda context: context,
+        from_dumpable_context=lambda context: context,
+    )
+    if saved is None:
+        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE.pop(name, None)
+    else:
+        pytree.SERIALIZED_TYPE_TO_PYTHON_TYPE[name] = saved
+    return cls
+
+
+def _refuse_enum_reference(obj: dict[str, Any]) -> Any:
+    """torch's JSON hook for pytree contexts imports the module an ``"__enum__"`` object names
+    (``torch.utils._pytree.enum_object_hook``): a file must not choose what this process
+    imports."""
+    if "__enum__" in obj:
+        raise _Refused(f"an enum reference to {str(obj.get('fqn'))[:100]!r} in a pytree context")
+    return obj
 
 
 def _describe_load_failure(exc: BaseException) -> str:
@@ -1433,14 +1545,27 @@ def load_exported_program(
     return next(iter(programs.values()))
 
 
-def _program_count(fh: BinaryIO) -> int:
-    """How many programs (``<root>/models/<name>.json`` members) the checked archive holds."""
+def _program_names(fh: BinaryIO) -> tuple[str, ...]:
+    """The programs (``<root>/models/<name>.json`` members) of the checked archive, by name."""
     fh.seek(0)
     with zipfile.ZipFile(fh) as archive:
-        return sum(
-            1
-            for name in archive.namelist()
-            if name.partition("/")[2].startswith(MODELS_DIR) and not name.endswith("/")
+        return tuple(
+            sorted(
+                rel[len(MODELS_DIR) :].removesuffix(".json")
+                for rel in (name.partition("/")[2] for name in archive.namelist())
+                if rel.startswith(MODELS_DIR) and not rel.endswith("/")
+            )
+        )
+
+
+def _check_program_count(names: tuple[str, ...], max_programs: int, display: str) -> None:
+    """Refuse (``ModelError("pt2_too_many_programs")``) an archive of more than
+    ``max_programs`` programs, before any of them is loaded."""
+    if len(names) > max_programs:
+        raise ModelError(
+            "pt2_too_many_programs",
+            f".pt2 file {display!r} holds {len(names)} programs, over the limit of "
+            f"{max_programs} programs per model (TUNEHUB_MAX_PT2_PROGRAMS)",
         )
 
 
@@ -1449,24 +1574,29 @@ def load_exported_programs(
     *,
     max_uncompressed_bytes: int = DEFAULT_MAX_UNCOMPRESSED_BYTES,
     max_members: int = DEFAULT_MAX_MEMBERS,
+    max_programs: int = DEFAULT_MAX_PROGRAMS,
     display_name: str | None = None,
 ) -> dict[str, torch.export.ExportedProgram]:
     """Load an untrusted ``.pt2`` file as its ``ExportedProgram`` s, by name, without executing
     code from it.
 
     An archive of ``torch.export.save`` holds one program (named ``model``); one written by
-    ``torch.export.pt2_archive._package.package_pt2(f, exported_programs={...})`` holds several
-    (e.g. a decoder's ``prefill`` and ``decode``), returned in the archive's order.
+    ``torch.export.pt2_archive._package.package_pt2(f, exported_programs={...})`` holds one or
+    several under any names (e.g. a decoder's ``prefill`` and ``decode``), returned in the
+    archive's order. At most ``max_programs``: an archive with more is refused after the
+    inspection, before anything is loaded.
 
     Opens the file once, runs :func:`inspect_pt2_archive` on it, then hands the same open file to
-    ``torch.export.load`` (one program) or ``load_pt2`` (several; ``torch.export.load`` reads only
-    the one named ``model``) inside :func:`_hardened_torch_loading` (weights-only ``torch.load``;
-    pickle, TorchScript, AOTInductor loaders disabled; sympify inputs validated), and finally
-    checks that every graph node calls an operator and that the guard code is a plain expression.
+    ``torch.export.load`` (one program named ``model``) or ``load_pt2`` (any other: several, or one
+    under another name, since ``torch.export.load`` reads only the one named ``model``) inside
+    :func:`_hardened_torch_loading` (weights-only ``torch.load``; pickle, TorchScript,
+    AOTInductor loaders disabled; sympify inputs validated), and finally checks that every graph
+    node calls an operator and that the guard code is a plain expression.
 
-    Raises :class:`~compiler.errors.ModelError`: the inspection's codes, or ``bad_pt2`` with a
-    one-line, user-facing message if torch fails to load the checked file (the torch exception is
-    chained as ``__cause__`` for server logs). Messages name the file ``display_name`` (default: the
+    Raises :class:`~compiler.errors.ModelError`: the inspection's codes,
+    ``pt2_too_many_programs``, or ``bad_pt2`` with a one-line, user-facing message if torch
+    fails to load the checked file (the torch exception is chained as ``__cause__`` for server
+    logs). Messages name the file ``display_name`` (default: the
     path's file name), so a caller loading a temp copy never shows its temp name.
     """
     display = display_name or os.path.basename(os.fspath(path))
@@ -1481,7 +1611,9 @@ def load_exported_programs(
             max_members=max_members,
             display_name=display,
         )
-        several = _program_count(fh) > 1
+        names = _program_names(fh)
+        _check_program_count(names, max_programs, display)
+        plain = names == ("model",)  # what torch.export.save writes
         fh.seek(0)
         import torch
         from torch.export.pt2_archive._package import load_pt2
@@ -1489,9 +1621,9 @@ def load_exported_programs(
         with _hardened_torch_loading() as capture:
             try:
                 programs = (
-                    dict(load_pt2(fh).exported_programs)
-                    if several
-                    else {"model": torch.export.load(fh)}
+                    {"model": torch.export.load(fh)}
+                    if plain
+                    else dict(load_pt2(fh).exported_programs)
                 )
             except ModelError:
                 raise

@@ -21,6 +21,7 @@ from tvm import relax
 from compiler.artifact_layout import MANIFEST_NAME
 from compiler.errors import ModelError
 from compiler.padding import PaddingRule, cut_outputs, fitting_bucket, pad_inputs
+from compiler.weights import PARAMS_NAME, ExternalWeights, load_params
 
 
 @dataclass(frozen=True)
@@ -66,17 +67,22 @@ class LoadedLibrary:
         device: str = "cpu",
         buckets: Sequence[Mapping[str, Any]] | None = None,
         padding: PaddingRule | None = None,
+        state: Sequence[Any] | None = None,
     ) -> None:
         self.device = tvm.device(device, 0)
         self.module = tvm.runtime.load_module(str(path))
         self.vm = relax.VirtualMachine(self.module, self.device)
-        stored = _manifest_buckets(path)
+        model = _manifest_model(path)
+        stored = model.get("buckets") or {}
         self.buckets = _dispatch_table(
             buckets if buckets is not None else stored.get("functions", [])
         )
         self.padding = (
             padding if padding is not None else PaddingRule.from_json(stored.get("padding"))
         )
+        self._own_state(state if state is not None else _state_specs(model.get("state")))
+        params = Path(path).parent / PARAMS_NAME
+        self.weights = load_params(params, self.device) if params.is_file() else []
 
     @classmethod
     def from_executable(
@@ -84,14 +90,34 @@ class LoadedLibrary:
         executable: Any,
         device: str = "cpu",
         buckets: Sequence[Mapping[str, Any]] | None = None,
+        state: Sequence[Any] = (),
     ) -> LoadedLibrary:
         self = cls.__new__(cls)
         self.device = tvm.device(device, 0)
+        self.weights = []
+        if isinstance(executable, ExternalWeights):
+            self.weights = [p.copyto(self.device) for p in executable.params]
+            executable = executable.executable
         self.module = executable
         self.vm = relax.VirtualMachine(executable, self.device)
         self.buckets = _dispatch_table(buckets or ())
         self.padding = None
+        self._own_state(state)
         return self
+
+    def _own_state(self, specs: Sequence[Any]) -> None:
+        """Allocate the state a stateful library keeps between calls (``specs``:
+        :class:`compiler.llm.state.StateSpec`), zeroed: every call is given these tensors after
+        its inputs, and its kernels update them in place."""
+        self.state = tuple(specs)
+        self.state_tensors = [
+            tvm.runtime.tensor(np.zeros(spec.shape, spec.dtype), self.device) for spec in self.state
+        ]
+
+    def reset_state(self) -> None:
+        """Zero the state (a new generation starts from an empty cache)."""
+        for tensor, spec in zip(self.state_tensors, self.state):
+            tensor.copyfrom(np.zeros(spec.shape, spec.dtype))
 
     def function_for(self, inputs: Sequence[np.ndarray]) -> str:
         """The VM function that runs ``inputs``: ``main``, the bucket of their exact shapes, or
@@ -143,7 +169,10 @@ class LoadedLibrary:
         return _flatten(self.vm[function](*self._to_device(list(inputs))))
 
     def _to_device(self, inputs: list[np.ndarray]) -> list[Any]:
-        return [tvm.runtime.tensor(array, self.device) for array in inputs]
+        """``inputs`` on the device, followed by the library's state tensors and weights (a
+        library whose weights are beside it, :mod:`compiler.weights`), if any."""
+        arrays = [tvm.runtime.tensor(array, self.device) for array in inputs]
+        return arrays + list(self.state_tensors) + list(self.weights)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
         """Run ``main`` (or the inputs' bucket, padded to it where allowed) once; outputs as a
@@ -155,6 +184,12 @@ class LoadedLibrary:
         outputs = self.run_function(function, pad_inputs(inputs, padded))
         values = self.padding.values_of([np.shape(a) for a in inputs])
         return cut_outputs(outputs, self.padding.cuts, values)
+
+    def run_fresh(self, inputs: list[np.ndarray]) -> list[np.ndarray]:
+        """:meth:`run` from a zeroed state (a stateful library: one call of a fresh decoder,
+        what a reference framework's new module computes); the same as :meth:`run` otherwise."""
+        self.reset_state()
+        return self.run(inputs)
 
     def time(
         self,
@@ -185,16 +220,25 @@ class LoadedLibrary:
         return Timing(float(np.median(results)), float(results.min()), float(results.max()), repeat)
 
 
-def _manifest_buckets(path: Path) -> dict[str, Any]:
-    """The ``model.buckets`` of the artifact ``path`` belongs to (its ``manifest.json``): the
-    bucket table (``functions``) and the padding rule (``padding``); ``{}`` if none."""
+def _manifest_model(path: Path) -> dict[str, Any]:
+    """The ``model`` of the artifact ``path`` belongs to (its ``manifest.json``): its
+    ``buckets`` (the bucket table ``functions`` and the padding rule ``padding``) and
+    ``state``; ``{}`` if none."""
     manifest = Path(path).parent / MANIFEST_NAME
     try:
         data = json.loads(manifest.read_text())
     except (OSError, ValueError):
         return {}
-    buckets = data.get("model", {}).get("buckets", {}) if isinstance(data, dict) else {}
-    return buckets if isinstance(buckets, dict) else {}
+    model = data.get("model", {}) if isinstance(data, dict) else {}
+    return model if isinstance(model, dict) else {}
+
+
+def _state_specs(entries: Any) -> tuple[Any, ...]:
+    if not entries:
+        return ()
+    from compiler.llm.state import StateSpec  # noqa: PLC0415
+
+    return tuple(StateSpec.from_json(entry) for entry in entries)
 
 
 def _dispatch_table(

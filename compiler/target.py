@@ -242,3 +242,37 @@ def resolve_target(
     raise ModelError(
         "bad_target", f"unknown target {name!r}: supported targets are 'cpu' and 'cuda'"
     )
+
+
+def not_buildable_here(target: TargetSpec) -> str | None:
+    """Why this machine cannot compile code for ``target`` (``None``: it can). CPU targets
+    always build (LLVM cross-compiles for any ``mcpu``); CUDA targets need ``nvcc``, which TVM
+    calls to compile kernels."""
+    if target.kind != "cuda":
+        return None
+    import shutil  # noqa: PLC0415
+
+    return None if shutil.which("nvcc") else "no CUDA compiler (nvcc) on this machine"
+
+
+def not_runnable_here(target: TargetSpec) -> str | None:
+    """Why this machine cannot run code built for ``target`` (``None``: it can): a CPU target
+    of another architecture or ``mcpu`` (its instructions may not exist here), a CUDA target
+    without a GPU of the same compute capability here."""
+    fingerprint = target.fingerprint
+    if target.kind == "cuda":
+        gpu = detect_gpu()
+        if gpu is None:
+            return "no CUDA GPU on this machine"
+        if gpu.compute_version != fingerprint.get("compute_capability"):
+            return f"this machine's GPU is compute {gpu.compute_version}, the target's " + str(
+                fingerprint.get("compute_capability")
+            )
+        return None
+    here = str(tvm.target.codegen.llvm_get_system_cpu())
+    if fingerprint.get("arch") != platform.machine() or fingerprint.get("mcpu") != here:
+        return (
+            f"this machine is {platform.machine()} {here}, the target "
+            f"{fingerprint.get('arch')} {fingerprint.get('mcpu')}"
+        )
+    return None

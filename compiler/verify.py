@@ -76,11 +76,54 @@ def reference_outputs(
 
     torch_device = _torch_device(device)
     module = model.source.module()
+    if model.state:  # its buffers are the program's: a copy starts from the exported (empty) cache
+        import copy
+
+        module = copy.deepcopy(module)
     if torch_device != "cpu":
         module = module.to(torch_device)
     with torch.no_grad(), _strict_float32():
-        result = module(*[torch.from_numpy(array).to(torch_device) for array in inputs])
+        tensors = [torch.from_numpy(array).to(torch_device) for array in inputs]
+        result = call_program(model.source, module, tensors)
     return [t.detach().cpu().numpy() for t in _flatten_torch(result)]
+
+
+def call_program(program: Any, module: Any, tensors: list[Any]) -> Any:
+    """``module`` (``program.module()``) called on ``tensors``, the user inputs in order: as
+    positional arguments, or by keyword where the program was exported with keyword inputs
+    (``transformers``' ``convert_and_export_with_cache`` takes ``input_ids=``,
+    ``cache_position=``)."""
+    spec = program.call_spec.in_spec
+    if spec is None or spec.num_children != 2:
+        return module(*tensors)
+    if spec.num_leaves != len(tensors):  # also constants or objects (a DynamicCache)
+        return _call_graph(program, tensors)
+    positional = spec.child(0).num_leaves
+    names = list(spec.child(1).context or ())
+    return module(*tensors[:positional], **dict(zip(names, tensors[positional:])))
+
+
+def _call_graph(program: Any, tensors: list[Any]) -> list[Any]:
+    """The user outputs of ``program``'s graph on the user input ``tensors``, its parameters,
+    buffers and constants (and the constant arguments it was exported with) passed as its
+    placeholders take them: what the module computes, without its input and output structure
+    (``transformers``' ``export_with_dynamic_cache`` takes and returns a ``DynamicCache``, which
+    this process may not know)."""
+    from torch.export.graph_signature import ConstantArgument, InputKind, OutputKind
+
+    stored = {**program.state_dict, **program.constants}
+    given = iter(tensors)
+    args = []
+    for spec in program.graph_signature.input_specs:
+        if spec.kind != InputKind.USER_INPUT:
+            args.append(stored[spec.target])
+        elif isinstance(spec.arg, ConstantArgument):
+            args.append(spec.arg.value)
+        else:
+            args.append(next(given))
+    outputs = program.graph_module(*args)
+    specs = program.graph_signature.output_specs
+    return [o for o, s in zip(outputs, specs) if s.kind == OutputKind.USER_OUTPUT]
 
 
 def _torch_device(device: str) -> str:
@@ -295,11 +338,15 @@ def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None 
         if threads:
             torch.set_num_threads(threads)
         module = model.source.module()
+        if model.state:  # its own copy of the cache: the program's buffers stay as exported
+            import copy
+
+            module = copy.deepcopy(module)
         tensors = [torch.from_numpy(array) for array in inputs]
 
         def call() -> None:
             with torch.no_grad():
-                module(*tensors)
+                call_program(model.source, module, tensors)
 
     call()
     samples = []

@@ -22,6 +22,7 @@ from db.config import DATABASE_URL_ENV, default_database_url, resolve_database_u
 from db.errors import (
     ConflictError,
     InvalidTransitionError,
+    LeaseHeldError,
     NotFoundError,
     SchemaOutdatedError,
     StorageError,
@@ -93,6 +94,7 @@ __all__ = [
     "JobStatus",
     "JobTask",
     "LeaseBatchResult",
+    "LeaseHeldError",
     "LeaseStatus",
     "LibraryRecord",
     "MetaScheduleDatabase",

@@ -19,6 +19,20 @@ class ConflictError(StorageError):
     """A uniqueness or foreign-key constraint rejected the change (e.g. an unknown workload id)."""
 
 
+class LeaseHeldError(ConflictError):
+    """The worker already holds an active lease: a worker (name) holds one at a time.
+
+    ``lease_id``: the lease it holds (``None`` when it ended before it could be read)."""
+
+    def __init__(self, worker: str, lease_id: int | None) -> None:
+        held = f"lease {lease_id}" if lease_id is not None else "a lease"
+        super().__init__(
+            f"worker {worker} already holds {held}: a worker holds one lease at a time"
+        )
+        self.worker = worker
+        self.lease_id = lease_id
+
+
 class NotFoundError(StorageError):
     """The row asked for does not exist."""
 

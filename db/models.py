@@ -174,6 +174,9 @@ class LibraryRecordRow(Base):
     measured_at: Mapped[datetime] = mapped_column(
         DateTime(timezone=True), nullable=False, server_default=func.now()
     )
+    #: Held as implausible (issue 31, migration 0012): never a best library record.
+    quarantined: Mapped[bool] = mapped_column(Boolean, nullable=False, server_default=false())
+    held_reason: Mapped[str | None] = mapped_column(String(512))
 
 
 class IdFloorRow(Base):
@@ -276,7 +279,8 @@ class TaskLeaseRow(Base):
 
     ``work_key`` names the work (``task:<id>`` / ``finalize:<job id>`` / ``preview:<job id>``);
     at most one *active*
-    lease per work key (partial unique index), so two claimers can never both hold it.
+    lease per work key (partial unique index), so two claimers can never both hold it; and at
+    most one *active* lease per worker (another), so a worker holds one piece of work at a time.
     ``expires_at`` moves forward with the worker's heartbeats and uploads (database clock).
     """
 
@@ -290,6 +294,13 @@ class TaskLeaseRow(Base):
         Index(
             "uq_task_leases_active_work",
             "work_key",
+            unique=True,
+            postgresql_where=text("status = 'active'"),
+            sqlite_where=text("status = 'active'"),
+        ),
+        Index(
+            "uq_task_leases_active_worker",
+            "worker",
             unique=True,
             postgresql_where=text("status = 'active'"),
             sqlite_where=text("status = 'active'"),

@@ -276,6 +276,7 @@ LIBRARY_VERSION_MAX_CHARS: Final = 128
 LIBRARY_CALL_MAX_BYTES: Final = 4096
 LIBRARY_MAX_RUNS: Final = 64
 WORKER_MAX_CHARS: Final = 128
+HELD_REASON_MAX_CHARS: Final = 512
 
 
 def canonical_call_json(call: object) -> str:
@@ -318,9 +319,11 @@ class NewLibraryRecord:
     ``workload_key`` and ``target_key`` name an existing workload and target (``workloads.key``,
     ``targets.key``); ``library`` (1..64 characters) and ``version`` (1..128) say what was
     called, ``call`` (a JSON object, at most 4096 bytes as canonical JSON) how; ``run_secs``
-    holds 1..64 finite, positive times, one per measurement round. Checked on construction
-    (``ValueError``); ``call`` is kept as the plain ``dict`` its canonical JSON reads back as
-    (what will be stored) and ``run_secs`` as a tuple of floats.
+    holds 1..64 finite, positive times, one per measurement round. ``held_reason`` (1..512
+    characters): the record is stored *held* (``quarantined``: implausible, never a best) and
+    why; ``None``: not held. Checked on construction (``ValueError``); ``call`` is kept as the
+    plain ``dict`` its canonical JSON reads back as (what will be stored) and ``run_secs`` as a
+    tuple of floats.
     """
 
     workload_key: str
@@ -331,6 +334,7 @@ class NewLibraryRecord:
     run_secs: tuple[float, ...]
     job_id: int | None = None
     worker: str | None = None
+    held_reason: str | None = None
 
     def __post_init__(self) -> None:
         for name in ("workload_key", "target_key"):  # an unknown key: ConflictError on add
@@ -341,6 +345,8 @@ class NewLibraryRecord:
         _bounded_text("version", self.version, LIBRARY_VERSION_MAX_CHARS)
         if self.worker is not None:
             _bounded_text("worker", self.worker, WORKER_MAX_CHARS)
+        if self.held_reason is not None:
+            _bounded_text("held_reason", self.held_reason, HELD_REASON_MAX_CHARS)
         if self.job_id is not None and (
             isinstance(self.job_id, bool) or not isinstance(self.job_id, int)
         ):
@@ -363,6 +369,11 @@ class NewLibraryRecord:
         object.__setattr__(self, "run_secs", values)
 
     @property
+    def quarantined(self) -> bool:
+        """Whether it is stored held (it has a ``held_reason``)."""
+        return self.held_reason is not None
+
+    @property
     def call_json(self) -> str:
         """``call`` as stored (:func:`canonical_call_json`)."""
         return canonical_call_json(self.call)
@@ -380,7 +391,8 @@ class NewLibraryRecord:
 @dataclass(frozen=True)
 class LibraryRecord:
     """A stored library record (see :class:`NewLibraryRecord`): ``median_secs`` is the median of
-    ``run_secs``, ``spread`` their ``(max - min) / median``."""
+    ``run_secs``, ``spread`` their ``(max - min) / median``; ``quarantined``: held (never a
+    best library record), ``held_reason`` why."""
 
     id: int
     workload_key: str
@@ -394,6 +406,8 @@ class LibraryRecord:
     job_id: int | None
     worker: str | None
     measured_at: datetime
+    quarantined: bool = False
+    held_reason: str | None = None
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,6 @@ import contextlib
 import gc
 import logging
 import threading
-import time
 
 import anyio.to_thread
 from fastapi import FastAPI, Request
@@ -23,14 +22,15 @@ from service import validation
 from service.api.deps import API_PREFIX, ServiceState
 from service.api.errors import install_error_handlers
 from service.api.main import api_router
+from service.api.request_guard import BodyLimits, RequestGuard
 from service.dashboard import install_dashboard
 from service.files import FileStore
 from service.history_cache import HistoryCache
 from service.metrics import Metrics
+from service.security_headers import SecurityHeaders
 from service.settings import Settings
 
 logger = logging.getLogger("tunehub.service")
-STALE_UPLOAD_SECS = 3600
 VALIDATION_ERROR_SCHEMA = {
     "title": "ValidationErrorBody",
     "type": "object",
@@ -61,14 +61,6 @@ def open_service_storage(settings: Settings) -> db.TuningStorage:
     return db.open_storage(url, upgrade=embedded, pool_size=settings.api_threads + 2)
 
 
-def _clean_stale_uploads(files: FileStore) -> None:
-    cutoff = time.time() - STALE_UPLOAD_SECS
-    for entry in files.tmp.iterdir():
-        with contextlib.suppress(OSError):
-            if entry.is_file() and entry.stat().st_mtime < cutoff:
-                entry.unlink()
-
-
 class _MetricsMiddleware:
     def __init__(self, app, metrics: Metrics) -> None:
         self.app = metrics.middleware(app)
@@ -84,7 +76,11 @@ def create_app(
     owns = storage is None
     storage = storage or open_service_storage(settings)
     files = FileStore(settings.resolved_storage_dir()).ensure()
-    _clean_stale_uploads(files)
+    # What interrupted requests of a dead server left (kill -9 included); live processes'
+    # folders are kept (service.files).
+    swept = files.sweep_tmp()
+    if swept:
+        logger.info("removed %d abandoned temporary entries from %s", swept, files.tmp)
     metrics = Metrics(storage, settings.stale_after_secs)
 
     @contextlib.asynccontextmanager
@@ -126,7 +122,16 @@ def create_app(
     install_error_handlers(app)
     app.include_router(api_router)
     install_dashboard(app)
+    # Outermost last: security headers on every answer; metrics count the guard's refusals;
+    # the guard checks tokens and bounds bodies before any route reads one.
+    app.add_middleware(
+        RequestGuard,
+        state=app.state.tunehub,
+        routes=lambda: app.routes,
+        limits=BodyLimits.from_settings(settings),
+    )
     app.add_middleware(_MetricsMiddleware, metrics=metrics)
+    app.add_middleware(SecurityHeaders)
 
     def openapi() -> dict:
         if app.openapi_schema is None:

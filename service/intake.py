@@ -69,6 +69,7 @@ def validate_and_store(
             display_name=upload.filename,
             process_limits=process_limits,
             buckets=buckets,
+            tmp_root=files.scratch,
         )
     except BaseException:
         upload.path.unlink(missing_ok=True)

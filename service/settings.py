@@ -5,6 +5,7 @@ One class for the CLI, the service and the workers, so a limit set once applies 
 
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +30,19 @@ class Settings(BaseSettings):
     )
     max_constant_bytes: int = Field(
         1 << 29, gt=0, description="bytes of any tensor built at compile time (folded constants)"
+    )
+    max_pt2_programs: int = Field(
+        8,
+        gt=0,
+        le=256,
+        description="programs one .pt2 archive may hold (each is loaded, tuned and verified)",
+    )
+    local_max_model_bytes: int = Field(
+        16 << 30,
+        gt=0,
+        description="largest model file the CLI (inspect, compile, tune) reads from local disk, "
+        "and its largest compile-time constant: the machine's own user, not an upload (a "
+        "1.2 B-parameter fp32 decoder is ~5 GB, its embedding ~0.5 GB)",
     )
     validation_timeout_secs: float = Field(
         120.0, gt=0, description="an upload's validation is stopped (and refused) after this long"
@@ -74,6 +88,26 @@ class Settings(BaseSettings):
         64, ge=0, description="jobs whose whole tuning history is kept between reads (0: none)"
     )
 
+    # -- request bodies (service.api.request_guard; model uploads: max_upload_bytes) -----------
+    max_json_body_bytes: int = Field(
+        1 << 20,
+        gt=0,
+        description="largest request body of every route but the uploads below (JSON bodies "
+        "of a few KiB: jobs, registrations, heartbeats, lease ends)",
+    )
+    max_batch_body_bytes: int = Field(
+        16 << 20,
+        gt=0,
+        description="largest measured batch a worker uploads (POST /workers/leases/{id}/records); "
+        "a batch of 64 records is about 0.15 MiB, 1.5 MiB with the longest error texts",
+    )
+    max_artifact_body_bytes: int | None = Field(
+        None,
+        gt=0,
+        description="largest artifact upload (POST /workers/leases/{id}/artifact: model.so and "
+        "manifest.json); default: the upload limit plus 4 MiB for the manifest",
+    )
+
     # -- workers -------------------------------------------------------------------------------
     search_population: int = Field(
         512, ge=4, description="evolutionary-search population per task (smaller: faster)"
@@ -111,6 +145,26 @@ class Settings(BaseSettings):
     worker_retry_secs: float = Field(
         300.0, gt=0, description="how long a worker retries an unreachable server before giving up"
     )
+    max_workers_per_token: int = Field(
+        64,
+        ge=1,
+        description="worker names one worker token may register (`tunehub worker --concurrency "
+        "N` registers N)",
+    )
+
+    # -- a remote worker's artifact (tuner.artifact_review) ------------------------------------
+    server_build: bool = Field(
+        True,
+        description="build a remote worker's artifact on the server from the stored records "
+        "(where the server can build for the target); off: check the worker's library in a "
+        "sandbox instead",
+    )
+    artifact_review_secs: float = Field(
+        600.0, gt=0, description="the server's build or sandboxed check of an artifact stops here"
+    )
+    artifact_review_memory_bytes: int = Field(
+        8 << 30, gt=0, description="address space of the server's build or check process"
+    )
 
     def lease_policy(self):
         from tuner.coordinator import LeasePolicy  # noqa: PLC0415 - settings stay free of TVM
@@ -129,6 +183,19 @@ class Settings(BaseSettings):
             max_nodes=self.max_model_nodes,
             max_constant_elements=self.max_constant_elements,
             max_constant_bytes=self.max_constant_bytes,
+            max_programs=self.max_pt2_programs,
+        )
+
+    def local_model_limits(self) -> ModelLimits:
+        """:meth:`model_limits` for a model file the CLI reads from local disk: sizes up to
+        ``local_max_model_bytes`` (file and constants), the other limits as for uploads."""
+        limits = self.model_limits()
+        size = max(limits.max_bytes, self.local_max_model_bytes)
+        return dataclasses.replace(
+            limits,
+            max_bytes=size,
+            max_constant_bytes=max(limits.max_constant_bytes, size),
+            max_constant_elements=max(limits.max_constant_elements, size // 4),
         )
 
     def validation_limits(self):
@@ -141,6 +208,13 @@ class Settings(BaseSettings):
     @property
     def upload_limit(self) -> int:
         return min(self.max_upload_bytes, self.max_model_bytes)
+
+    @property
+    def artifact_body_limit(self) -> int:
+        """Bytes an artifact upload's whole multipart body may have."""
+        if self.max_artifact_body_bytes is not None:
+            return self.max_artifact_body_bytes
+        return self.upload_limit + (4 << 20) + (64 << 10)
 
     def home_dir(self) -> Path:
         if self.home is not None:

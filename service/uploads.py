@@ -37,6 +37,8 @@ MODEL_PART_TYPES = frozenset(
 MAX_FIELD_BYTES = 1024
 MAX_FIELDS = 8
 FLUSH_BYTES = 1 << 20
+#: What a whole multipart body may have beyond the file: boundaries, part headers, the fields.
+MULTIPART_OVERHEAD = 64 * 1024
 
 
 @dataclass
@@ -178,7 +180,7 @@ async def receive_upload(
     if not boundary:
         raise ApiError(400, "bad_multipart", "the multipart/form-data content type has no boundary")
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > limit + 64 * 1024:
+    if declared is not None and declared.isdigit() and int(declared) > limit + MULTIPART_OVERHEAD:
         raise too_large(limit)
     parser_state = _Parser(limit, file_field)
     parser = MultipartParser(boundary, parser_state.callbacks())

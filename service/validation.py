@@ -18,6 +18,9 @@ validation runs in a child process:
   kind and is enforced the same way on every Linux; a cgroup would need privileges the service
   does not have. glibc's per-thread malloc arenas (64 MiB of address space each) are capped at 2
   so that thread count does not eat the budget.
+* **dies with the server.** The child gets SIGKILL when the fork server ends
+  (``PR_SET_PDEATHSIG``), and the fork server ends when the API process does, even by
+  ``kill -9``: no validation outlives its server.
 * **time limit.** The parent waits at most ``timeout_secs`` from the child's start (not counting
   a fork server still starting up) and then kills the child (SIGKILL).
 * **bounded concurrency** is the caller's (``service.api.routes.models``: at most
@@ -33,6 +36,7 @@ from __future__ import annotations
 
 import ctypes
 import multiprocessing
+import os
 import resource
 import shutil
 import signal
@@ -51,6 +55,7 @@ from compiler.errors import ModelError
 from compiler.model_spec import ModelFormat, ModelLimits
 from compiler.target import TargetSpec
 from compiler.validation import ValidatedModel
+from tuner.process_limits import die_with_parent
 
 _PRELOAD = ["compiler.validation", "compiler.prepare", "compiler.pt2_loader", "compiler.pt2_safety"]
 _M_ARENA_MAX = -8  # glibc mallopt parameter
@@ -99,7 +104,9 @@ def _limit_memory(memory_bytes: int) -> None:
 
 
 def _child(conn: Connection, memory_bytes: int, tmp: str, job: tuple) -> None:
-    """Body of the validation process: limit memory, validate, send one message, exit."""
+    """Body of the validation process: die with the fork server (which ends with the API
+    process), limit memory, validate, send one message, exit."""
+    die_with_parent(os.getppid())
     path, target, limits, expected_format, display_name, buckets = job
     try:
         tempfile.tempdir = tmp
@@ -145,6 +152,7 @@ def validate_in_child(
     display_name: str,
     process_limits: ValidationLimits,
     buckets: Mapping[str, BucketSpec] | None = None,
+    tmp_root: Path | None = None,
 ) -> ValidatedModel:
     """Validate the file at ``path`` in a child process and return what it found (``buckets``:
     the shape buckets of a model with symbolic dimensions, :mod:`compiler.buckets`).
@@ -154,7 +162,7 @@ def validate_in_child(
     time limit, or crashing the validator) or :class:`ValidationCrashed` (TuneHub's fault).
     Leaves no process and no temp file behind. Callers bound how many run at once.
     """
-    tmp = tempfile.mkdtemp(prefix="tunehub-validate-")
+    tmp = tempfile.mkdtemp(prefix="tunehub-validate-", dir=tmp_root)
     try:
         return _Run(process_limits).run(
             path,

@@ -212,7 +212,12 @@ class Worker:
                 return self._preview(current)
             return self._finalize(current)
         except WorkerApiError as err:
-            logger.warning("lease %s ended by the coordinator: %s", offer.lease_id, err.detail)
+            # A refusal (a 4xx: a refused upload or artifact) ends the lease failed, so that it
+            # is not offered to this worker again (a worker's lease is offered again while it
+            # is active); a lease already gone answers 409 and stays lost.
+            logger.warning("lease %s refused by the coordinator: %s", offer.lease_id, err.detail)
+            with contextlib.suppress(Exception):
+                return self._end(offer, "failed", f"refused by the server: {err.detail}")
             return "lost"
         except ServerUnavailable as err:
             logger.warning(
@@ -248,7 +253,7 @@ class Worker:
         context = self.client.context(offer.lease_id, SEED_RECORDS)
         cost_model = self._transferred_cost_model(offer)
         batch_no = 0
-        verdict = {"reason": None}
+        verdict: dict[str, str | None] = {"reason": None}
 
         def on_batch(batch) -> bool:
             nonlocal batch_no
@@ -259,6 +264,8 @@ class Worker:
                     "lease %s: upload of batch %d failed: %s", offer.lease_id, batch_no, err
                 )
                 verdict["reason"] = "lost"
+                if isinstance(err, WorkerApiError):  # refused: end the lease, see work()
+                    verdict["refused"] = f"batch {batch_no} refused by the server: {err.detail}"
                 return False
             batch_no += 1
             logger.info(
@@ -294,6 +301,8 @@ class Worker:
             logger.exception("lease %s failed", offer.lease_id)
             return self._end(offer, "failed", f"{type(err).__name__}: {err}")
         reason = verdict["reason"]
+        if verdict.get("refused"):
+            return self._end(offer, "failed", verdict["refused"], search=tuned.report)
         if reason == "cancelled":
             return self._end(offer, "cancelled", search=tuned.report)
         if reason == "lost":

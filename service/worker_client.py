@@ -104,6 +104,10 @@ class WorkClient(Protocol):
 
 
 # -- HTTP --------------------------------------------------------------------------------------
+#: How long a worker waits for the server's answer to an artifact upload (seconds).
+ARTIFACT_SECS = 1800.0
+
+
 class HttpClient:
     """The coordinator behind ``tunehub serve``'s REST API, with a worker token.
 
@@ -261,7 +265,11 @@ class HttpClient:
             ),
         }
         try:
-            reply = self._call("POST", f"/workers/leases/{lease_id}/artifact", files=files)
+            # The server builds the artifact again (or checks it in a sandbox) before it
+            # answers: minutes for a large model (tuner.artifact_review).
+            reply = self._call(
+                "POST", f"/workers/leases/{lease_id}/artifact", files=files, timeout=ARTIFACT_SECS
+            )
         finally:
             shutil.rmtree(staged, ignore_errors=True)
         return LeaseEnd.model_validate(reply.json())
@@ -365,7 +373,7 @@ class DirectClient:
         return path
 
     def staging_dir(self) -> Path:
-        return Path(tempfile.mkdtemp(prefix="artifact-", dir=self.files.tmp))
+        return self.files.new_temp_dir("artifact-")
 
     def publish(self, lease_id: int, staged: Path) -> LeaseEnd:
         lease = self.storage.get_lease(lease_id)

@@ -52,6 +52,7 @@ from db import (
     InvalidTransitionError,
     Job,
     JobStatus,
+    LeaseHeldError,
     LeaseStatus,
     NewTuningRecord,
     NotFoundError,
@@ -60,6 +61,7 @@ from db import (
     TuningStorage,
     Worker,
 )
+from tuner import plausibility
 from tuner.planning import plan_job, record_search
 from tuner.remeasure_store import store_remeasurements
 from tuner.work import (
@@ -105,6 +107,10 @@ class Forbidden(Exception):
     """A worker token reached for a worker name or a lease that is not its own (HTTP 403)."""
 
 
+class TooManyWorkers(Exception):
+    """A worker token registering a new name already holds as many as it may (HTTP 409)."""
+
+
 def register(
     storage: TuningStorage,
     name: str,
@@ -112,6 +118,7 @@ def register(
     fingerprint_json: str,
     *,
     token_id: int | None = None,
+    max_names: int | None = None,
 ) -> Worker:
     """Register ``name`` for ``target`` (created if new) and expire what an earlier process of the
     same name still held: it is gone, and its work goes back to the queue.
@@ -120,13 +127,25 @@ def register(
     and an earlier one's heartbeats and lease requests are refused (:func:`check_instance`), so
     two processes never share a name. ``token_id``: the worker token registering over HTTP. A
     name belongs to the token that registered it first: another token (while that one is not
-    revoked) or a name of an in-process worker is :class:`Forbidden`."""
+    revoked) or a name of an in-process worker is :class:`Forbidden`. ``max_names``: how many
+    names one token may hold; a new name past it is :class:`TooManyWorkers` (nothing stored;
+    requests racing each other may pass it by at most their number less one)."""
     if token_id is not None:
         current = next((w for w in storage.list_workers() if w.name == name), None)
         if current is not None and current.token_id != token_id:
             live = {t.id for t in storage.list_api_tokens() if not t.revoked}
             if current.token_id is None or current.token_id in live:
                 raise Forbidden(f"worker name {name} belongs to another worker token")
+        new_name = current is None or current.token_id != token_id
+        if (
+            new_name
+            and max_names is not None
+            and storage.count_workers(token_id=token_id) >= max_names
+        ):
+            raise TooManyWorkers(
+                f"this worker token already registered {max_names} worker names, the limit "
+                "(TUNEHUB_MAX_WORKERS_PER_TOKEN): register again under one of them"
+            )
     target_id = None
     if target is not None:
         target_id = storage.ensure_target(target.spec()).id
@@ -216,6 +235,11 @@ def lease_work(
     Order: expire silent workers' leases; finalize a job whose tasks are all done; build the
     preview of a running job that has none; lease a queued task of a running job (priority,
     age, heaviest task); else start the next queued job and lease its preview or first task.
+
+    A worker holds one lease at a time: while it holds an active one, that lease is offered
+    again (idempotent, so a worker whose answer was lost goes on with its lease rather than
+    leaking it), also to requests racing each other (the storage's unique index settles who
+    claims; the others get the winner's lease).
     """
     worker = find_worker(storage, name)
     check_instance(worker, instance)
@@ -227,17 +251,28 @@ def lease_work(
     if reaped:
         logger.warning("expired leases %s (their workers stopped heartbeating)", reaped)
     storage.heartbeat(worker.id)
-    lease = _claim(storage, name, target.id, policy)
-    if lease is None:
-        for job in _queued_jobs(storage, target.id):
-            if plan_job(storage, job) is not None:
-                lease = _claim(storage, name, target.id, policy)
-                if lease is not None:
-                    break
+    lease = _held_lease(storage, name)
+    try:
+        if lease is None:
+            lease = _claim(storage, name, target.id, policy)
+        if lease is None:
+            for job in _queued_jobs(storage, target.id):
+                if plan_job(storage, job) is not None:
+                    lease = _claim(storage, name, target.id, policy)
+                    if lease is not None:
+                        break
+    except LeaseHeldError:  # a concurrent request of this worker claimed first
+        lease = _held_lease(storage, name)
     pending = storage.count_open_jobs(target_id=target.id)
     if lease is None:
         return None, pending
     return offer_for(storage, lease, target, policy), pending
+
+
+def _held_lease(storage: TuningStorage, name: str) -> TaskLease | None:
+    """Worker ``name``'s active lease (it holds at most one), or ``None``."""
+    held = storage.list_leases(worker=name, status=LeaseStatus.ACTIVE, limit=1)
+    return held[0] if held else None
 
 
 def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy):
@@ -302,11 +337,22 @@ def offer_for(
             mod_json=workload.mod_json,
         )
     model = storage.get_model(job.model_id) if job.model_id is not None else None
-    keys = {
-        w.id: w.key
-        for w in _workloads(storage, [t.workload_id for t in storage.list_job_tasks(job.id)])
-    }
-    tasks = tuple(
+    return WorkOffer(
+        **common,
+        model_id=None if model is None else model.id,
+        model_sha256=None if model is None else model.content_hash,
+        model_format=None if model is None else model.format,
+        model_filename=None if model is None else model.filename,
+        model_buckets=None if model is None else model.buckets_json,
+        tasks=job_task_infos(storage, job.id),
+    )
+
+
+def job_task_infos(storage: TuningStorage, job_id: int) -> tuple[JobTaskInfo, ...]:
+    """The tasks of job ``job_id`` as a finalize step reports them (its artifact's manifest)."""
+    rows = storage.list_job_tasks(job_id)
+    keys = {w.id: w.key for w in _workloads(storage, [t.workload_id for t in rows])}
+    return tuple(
         JobTaskInfo(
             workload_key=keys.get(t.workload_id, ""),
             name=t.name,
@@ -316,16 +362,7 @@ def offer_for(
             trials_done=t.trials_done,
             best_mean_secs=t.best_mean_secs,
         )
-        for t in storage.list_job_tasks(job.id)
-    )
-    return WorkOffer(
-        **common,
-        model_id=None if model is None else model.id,
-        model_sha256=None if model is None else model.content_hash,
-        model_format=None if model is None else model.format,
-        model_filename=None if model is None else model.filename,
-        model_buckets=None if model is None else model.buckets_json,
-        tasks=tasks,
+        for t in rows
     )
 
 
@@ -401,8 +438,6 @@ def _schedule_keys(storage: TuningStorage, workload_id: int, target_id: int) -> 
     ]
 
 
-#: Generous FLOP/s ceilings by target kind: a record claiming more is held, not trusted.
-PEAK_FLOPS = {"cpu": 50e12, "cuda": 2e15}
 #: A record this many times faster than the best of the workload's other workers is held.
 IMPLAUSIBLE_SPEEDUP = 20.0
 
@@ -428,17 +463,24 @@ def check_records(
     no measuring) and its argument info must be its scheduled function's (a prepacked weight's
     shape is its tiled layout's); a failed one's trace must at least have a trace's shape. Any
     refusal raises :class:`RecordRefused`.
-    A valid record faster than :data:`PEAK_FLOPS` allows or :data:`IMPLAUSIBLE_SPEEDUP` times
-    faster than the workload's best record of another worker is stored **held**
-    (``quarantined``: no best-record query uses it). Records are attributed to ``worker``."""
+    A valid record whose mean is faster than a physical limit of its task allows
+    (:func:`tuner.plausibility.check`: its FLOPs, the bytes it must write, any kernel call) or
+    :data:`IMPLAUSIBLE_SPEEDUP` times faster than the workload's best record of another worker
+    is stored **held** (``quarantined``, the reason in ``error_text``: no best-record query
+    uses it). Records are attributed to ``worker``."""
     from db.metaschedule_database import describe_error, replay  # noqa: PLC0415
     from tuner.finalize import expected_args_info, tvm_module  # noqa: PLC0415
+    from tuner.workload_bytes import workload_output_bytes  # noqa: PLC0415
 
     if not records:
         raise RecordRefused("an empty batch: upload at least one record")
     mod = _workload_module(workload, tvm_module)
     expected = expected_args_info(mod)
-    peak = PEAK_FLOPS.get(target.kind, PEAK_FLOPS["cuda"])
+    bounds = plausibility.TaskBounds(
+        kind=target.kind,
+        flops=workload.flops,
+        min_bytes=workload_output_bytes(workload.id, workload.mod_json, module=lambda: mod),
+    )
     others = [r for r in storage.top_k(workload.id, target.id, 64) if r.worker != worker]
     best_other = others[0].mean_secs if others else None
     out = []
@@ -487,13 +529,9 @@ def check_records(
                     f"schedule's {str(own)[:200]}"
                 )
             mean = new.mean_secs
-            held = None
-            if workload.flops and workload.flops / mean > peak:
-                held = (
-                    f"{workload.flops / mean:.3g} FLOP/s is above the {target.kind} limit "
-                    f"{peak:.3g}"
-                )
-            elif best_other is not None and mean * IMPLAUSIBLE_SPEEDUP < best_other:
+            hold = plausibility.check(mean, bounds)
+            held = None if hold is None else hold.reason
+            if held is None and best_other is not None and mean * IMPLAUSIBLE_SPEEDUP < best_other:
                 held = (
                     f"{best_other / mean:.0f}x faster than the best record of other workers "
                     f"({best_other:.3g} s)"
@@ -564,10 +602,12 @@ def accept_batch(
     (:class:`RecordRefused`, nothing stored). The records are stored whatever the lease's state
     (a late upload from an expired lease is still evidence; duplicates keep the better
     measurement), attributed to the lease's worker (the caller: ``token_id`` must own it) and
-    job; they count only while the lease is active and its job running. Raises
+    job; they count only while the lease is active and its job running, and no more trials
+    than the lease was allotted (``lease.trials``; a batch past it counts what is left). Raises
     :class:`db.NotFoundError` (no lease), :class:`Forbidden` (another worker's lease),
-    :class:`db.ConflictError` (a finalize lease, or a batch number ahead of the next expected:
-    checked before anything is stored, so a refused batch stores nothing).
+    :class:`db.ConflictError` (a finalize lease, a batch number ahead of the next expected, or
+    a new batch of a lease whose allotted trials are all counted: checked before anything is
+    stored, so a refused batch stores nothing).
     """
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
@@ -584,6 +624,16 @@ def accept_batch(
         raise ConflictError(
             f"batch {batch} of lease {lease_id} arrived before batch "
             f"{lease.batches_done}: upload batches in order"
+        )
+    if (
+        lease.status == LeaseStatus.ACTIVE
+        and job.status == JobStatus.RUNNING
+        and batch == lease.batches_done
+        and lease.trials_done >= lease.trials
+    ):  # a search measures at most its lease's trials: more is not this lease's work
+        raise ConflictError(
+            f"lease {lease_id} has counted all {lease.trials} trials it was allotted: "
+            "end it and ask for another lease"
         )
     workload = storage.get_workload_by_id(task.workload_id)
     target = storage.get_target_by_id(job.target_id)
@@ -664,7 +714,7 @@ def accept_artifact(
     destination: Path,
     *,
     token_id: int | None = None,
-    check=None,
+    review=None,
 ) -> Path:
     """Publish a finalize lease's verified artifact and complete its job, or a preview lease's
     as the job's preview (the job goes on).
@@ -673,9 +723,14 @@ def accept_artifact(
     the reference framework); it is moved to ``destination`` (on the same file system; a
     preview to ``destination``'s sibling ``<name>-preview``) and the job becomes ``succeeded``
     (a finalize lease). Refused (:class:`db.ConflictError`, nothing published) when the
-    manifest does not say the verification passed, the library is missing or ``check`` refuses
-    it (:func:`tuner.finalize.check_artifact_in_child`, what the REST route passes: the server
-    re-verifies what a remote worker publishes). ``token_id``: the worker token, which must own
+    manifest does not say the verification passed, the library is missing or ``review``
+    refuses it. ``review(lease, staged, manifest)`` is the server's review of a remote worker's
+    artifact (what the REST route passes: :func:`tuner.artifact_review.review_artifact`): it
+    may replace ``staged``'s library and manifest with the server's own build, raises
+    ConflictError to refuse, and returns a :class:`tuner.artifact_review.Review`, recorded as
+    the manifest's ``server_review`` (who built the library, whether the server verified it).
+    Without it (a worker of this installation, on the database) the worker's verified artifact
+    is published as it is. ``token_id``: the worker token, which must own
     the lease (:class:`Forbidden`). Raises :class:`db.InvalidTransitionError` when the lease or
     the job is no longer active.
     """
@@ -695,17 +750,11 @@ def accept_artifact(
     if not library.is_file():
         raise ConflictError(f"the artifact has no {LIBRARY_NAME}")
     verified = True
-    if check is not None:
-        # The worker's word is not enough: ``check(library, job)`` loads the library in a fresh
-        # process and compares it with the reference (raises ConflictError when it does not);
-        # it returns false where it could only check that the library loads (a CUDA library
-        # on a server without a GPU): published, but not marked verified.
-        job = storage.get_job(lease.job_id)
-        verified = bool(check(library, job))
-        manifest["server_verification"] = {
-            "passed": verified,
-            "kind": "reference" if verified else "load_only",
-        }
+    if review is not None:  # the worker's word is not enough: see ``review`` above
+        outcome = review(lease, staged, manifest)
+        manifest = json.loads((staged / MANIFEST_NAME).read_text(encoding="utf-8"))
+        manifest["server_review"] = outcome.to_json()
+        verified = outcome.verified
         (staged / MANIFEST_NAME).write_text(json.dumps(manifest, indent=2) + "\n")
     digest = hashlib.sha256(library.read_bytes()).hexdigest()
     size = library.stat().st_size

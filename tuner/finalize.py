@@ -227,28 +227,33 @@ def publish_tuned(
     force: bool = False,
     remeasured: list[dict[str, Any]] | None = None,
     peers: Collection[str] = (),
-) -> tuple[dict[str, Any], Timing]:
+    not_run_because: str | None = None,
+) -> tuple[dict[str, Any], Timing | None]:
     """Build ``prepared`` with ``database``'s best schedules and the library peers of the tasks
     keyed in ``peers`` (:attr:`Winners.peers`), verify and time it, write ``out_dir``
     (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes``, ``estimated_ms``
     :func:`estimated_secs` of them, ``remeasured`` what :meth:`Winners.to_json` reported and
-    ``peers`` the library the artifact needs); return the manifest and the timing."""
+    ``peers`` the library the artifact needs); return the manifest and the timing.
+    ``not_run_because``: this machine cannot run the target's code; the library is built and
+    written, not verified or timed (:func:`compiler.artifact.publish_artifact`), timing ``None``."""
     timing: dict[str, Timing] = {}
-    schedules = [o.to_json() for o in outcomes]
     estimate = estimated_secs(outcomes)
+    extra = {
+        "tuned": True,
+        "job_id": job_id,
+        "trials_measured": trials_measured,
+        "schedules": [o.to_json() for o in outcomes],
+        "estimated_ms": None if estimate is None else estimate * 1e3,
+        "remeasured": remeasured or [],
+        "peers": peers_manifest(peers, prepared.target),
+    }
 
     def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
         timing["t"] = library.time(random_inputs(prepared.model.inputs))
         return {
-            "tuned": True,
-            "job_id": job_id,
-            "trials_measured": trials_measured,
-            "schedules": schedules,
-            "estimated_ms": None if estimate is None else estimate * 1e3,
+            **extra,
             "measured": timing["t"].to_json(),
             "reference": reference_timing(prepared),
-            "remeasured": remeasured or [],
-            "peers": peers_manifest(peers, prepared.target),
         }
 
     executable = build(prepared.mod, prepared.target, database, peers=peers)
@@ -258,22 +263,29 @@ def publish_tuned(
         prepared.target,
         out_dir,
         tasks=[t.to_json() for t in prepared.partition.tasks],
-        extra=timed_extra,
+        extra=extra if not_run_because else timed_extra,
         force=force,
         link_peers=bool(peers),
+        not_run_because=not_run_because,
     )
-    return manifest, timing["t"]
+    return manifest, timing.get("t")
 
 
 def publish_zero_trial(
-    prepared: PreparedModel, out_dir: Path, *, job_id: int | None = None, force: bool = False
+    prepared: PreparedModel,
+    out_dir: Path,
+    *,
+    job_id: int | None = None,
+    force: bool = False,
+    not_run_because: str | None = None,
 ) -> dict[str, Any]:
     """The zero-trial library of ``prepared``: every task with a library peer on it, the others
     on TVM's default schedules (:func:`compiler.build.build_zero_trial`), no records; verified,
     timed and written to ``out_dir`` like every artifact (:func:`publish_artifact`: nothing is
     written when the verification fails, :class:`compiler.errors.VerificationError`). The
     manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
-    and, for a job's preview, its ``job_id``. Returns the manifest."""
+    and, for a job's preview, its ``job_id``. Returns the manifest. ``not_run_because``: built,
+    not verified or timed (as :func:`publish_tuned`)."""
     tasks = [
         (t.key, e.dispatched[0])
         for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
@@ -297,9 +309,10 @@ def publish_zero_trial(
         prepared.target,
         out_dir,
         tasks=[t.to_json() for t in prepared.partition.tasks],
-        extra=timed_extra,
+        extra=extra if not_run_because else timed_extra,
         force=force,
         link_peers=bool(peers),
+        not_run_because=not_run_because,
     )
 
 
@@ -333,99 +346,3 @@ def finalize_outcomes(
             )
         )
     return outcomes
-
-
-#: How long the server's check of an uploaded artifact may run (seconds).
-ARTIFACT_CHECK_SECS = 300.0
-#: Address-space limit of the checking process (bytes).
-ARTIFACT_CHECK_MEMORY = 8 << 30
-
-
-def check_artifact_in_child(
-    model_path: Path,
-    library: Path,
-    target_json: str,
-    *,
-    timeout: float = ARTIFACT_CHECK_SECS,
-    buckets_json: str | None = None,
-) -> bool:
-    """Check an uploaded library on the server, in a fresh process under a time and memory
-    limit (the API process never loads a worker's library): it must load, and its outputs must
-    match the reference framework's on the job's seeded inputs (:func:`compiler.verify.verify`).
-    Returns true when verified; false when only loading could be checked (a CUDA library on a
-    server without a GPU). A model with symbolic dimensions is checked at every shape bucket
-    it was uploaded with (``buckets_json``, the model row's). Raises :class:`db.ConflictError`
-    with the reason otherwise."""
-    import subprocess  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from db import ConflictError  # noqa: PLC0415
-
-    code = "from tuner.finalize import _check_artifact_main; _check_artifact_main()"
-    try:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-c",
-                code,
-                str(model_path),
-                str(library),
-                target_json,
-                buckets_json or "",
-            ],
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            preexec_fn=_limit_memory,
-            cwd=str(Path(__file__).resolve().parents[1]),
-        )
-    except subprocess.TimeoutExpired:
-        raise ConflictError(f"the artifact's check ran past {timeout:.0f} s") from None
-    last = (done.stdout.strip().splitlines() or [""])[-1]
-    if done.returncode == 0 and last in ("verified", "load_only"):
-        return last == "verified"
-    detail = (done.stdout + done.stderr).strip().splitlines()
-    raise ConflictError(
-        "the artifact failed the server's check: "
-        + (detail[-1][:500] if detail else f"exit {done.returncode}")
-    )
-
-
-def _limit_memory() -> None:  # pragma: no cover - runs in the child
-    import resource  # noqa: PLC0415
-
-    resource.setrlimit(resource.RLIMIT_AS, (ARTIFACT_CHECK_MEMORY, ARTIFACT_CHECK_MEMORY))
-
-
-def _check_artifact_main() -> None:  # pragma: no cover - runs in the child
-    import json  # noqa: PLC0415
-    import sys  # noqa: PLC0415
-
-    from compiler.buckets import bucket_values  # noqa: PLC0415
-    from compiler.loader import load_model  # noqa: PLC0415
-    from compiler.runner import LoadedLibrary  # noqa: PLC0415
-    from compiler.verify import bucket_padding, verify  # noqa: PLC0415
-
-    model_path, library, target_json = sys.argv[1], sys.argv[2], sys.argv[3]
-    buckets = bucket_values(sys.argv[4] if len(sys.argv) > 4 else None)
-    kind = json.loads(target_json).get("kind", "llvm")
-    device = "cuda" if kind == "cuda" else "cpu"
-    if device == "cuda" and not tvm.cuda(0).exist:
-        tvm.runtime.load_module(library)
-        print("load_only")
-        return
-    model = load_model(Path(model_path), allow_external_data=False, buckets=buckets)
-    loaded = LoadedLibrary(Path(library), device)
-    result = verify(model, loaded.run, device=device)
-    if not result.passed:
-        print(f"the library {result.message}")
-        sys.exit(1)
-    if loaded.padding is not None and loaded.padding.allowed:  # the worker's word is not enough
-        rule = bucket_padding(model, loaded, device=device)
-        if not rule.allowed:
-            print(
-                f"the manifest allows padding between buckets, which the server's check "
-                f"refuses: {rule.reason}"
-            )
-            sys.exit(1)
-    print("verified")

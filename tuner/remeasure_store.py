@@ -5,20 +5,33 @@ it measured into the manifest (:func:`tuner.remeasure.remeasurements_json`). Bot
 finishes store them through :func:`store_remeasurements`: a job run in one process right after its
 build, and the server when it accepts a worker's artifact (the manifest is then the worker's
 word: every entry is checked, and one that does not name a stored valid record of one of the
-job's tasks, or whose times are not finite and positive, is dropped and counted). A candidate
-that is a library peer (``"peer"``, :mod:`compiler.peers`) is stored as a library record of its
-task (:class:`db.NewLibraryRecord`), checked the same way; so is TVM's default schedule
-(``"default"``: library ``tvm``, kind ``default``). TVM-free: the API process runs it.
+job's tasks, or whose times are not finite and positive, is dropped and counted; so is a second
+entry for a task). A candidate that is a library peer (``"peer"``, :mod:`compiler.peers`) is
+stored as a library record of its task (:class:`db.NewLibraryRecord`), checked the same way; so
+is TVM's default schedule (``"default"``: library ``tvm``, kind ``default``).
+
+Every candidate's median of rounds is checked against the physical limits of its task
+(:func:`tuner.plausibility.check`, the rule tuning records are checked by): an implausible
+library record is stored *held* (never a best library record, the reason kept); an implausible
+re-measurement is dropped and counted (it never changes its record's measurement, and a held
+copy would only show a false time beside it). TVM-free to import: the task's output bytes are
+read from its TIR (:mod:`tuner.workload_bytes`) on first use.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
-from collections.abc import Mapping
+import statistics
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from db import NewLibraryRecord, NewRemeasurement, TuningStorage
+from tuner.plausibility import TaskBounds, check
+
+#: A task's physical limits by workload id (:func:`stored_bounds`).
+BoundsOf = Callable[[int], TaskBounds]
 
 logger = logging.getLogger("tunehub.remeasure")
 
@@ -40,6 +53,50 @@ def _rounds_secs(candidate: dict[str, Any]) -> tuple[float, ...] | None:
     return secs
 
 
+def stored_bounds(storage: TuningStorage, target_id: int) -> BoundsOf:
+    """The physical limits of a stored workload on target ``target_id`` (its kind), by workload
+    id, each read once: its FLOPs from its row, the bytes it must write from its TIR
+    (:func:`tuner.workload_bytes.workload_output_bytes`, which imports TVM). An unknown
+    workload or target gets the bounds of an unknown task (the call floor of the most generous
+    kind). Never raises."""
+    target = storage.get_target_by_id(target_id)
+    kind = target.kind if target is not None else ""
+    found: dict[int, TaskBounds] = {}
+
+    def bounds_of(workload_id: int) -> TaskBounds:
+        if workload_id not in found:
+            from tuner.workload_bytes import workload_output_bytes  # noqa: PLC0415 - TVM
+
+            workload = storage.get_workload_by_id(workload_id)
+            found[workload_id] = (
+                TaskBounds(kind)
+                if workload is None
+                else TaskBounds(
+                    kind, workload.flops, workload_output_bytes(workload.id, workload.mod_json)
+                )
+            )
+        return found[workload_id]
+
+    return bounds_of
+
+
+def unique_entries(entries: list[Any]) -> tuple[list[Any], int]:
+    """``entries`` without a second (or later) entry for a task key already seen, and how many
+    were left out: one entry per task, so one manifest stores at most ``MAX_CANDIDATES``
+    candidates of a task. Entries that are not objects are kept (they are dropped later)."""
+    seen: set[Any] = set()
+    out, repeated = [], 0
+    for entry in entries:
+        key = entry.get("key") if isinstance(entry, dict) else None
+        if isinstance(key, str) and key in seen:
+            repeated += 1
+            continue
+        if isinstance(key, str):
+            seen.add(key)
+        out.append(entry)
+    return out, repeated
+
+
 def parse_remeasurements(
     storage: TuningStorage,
     entries: Any,
@@ -48,14 +105,17 @@ def parse_remeasurements(
     job_id: int,
     workload_ids: Mapping[str, int],
     worker: str | None,
+    bounds: BoundsOf | None = None,
 ) -> tuple[list[NewRemeasurement], int]:
     """The re-measurements of manifest ``entries`` that name a valid stored record on
     ``target_id`` of one of the job's tasks (``workload_ids``: task key to workload id), and how
-    many entries were dropped. Never raises for a bad entry."""
+    many entries or candidates were dropped (malformed, unknown, a task's second entry, or,
+    given ``bounds``, a median faster than the task's limits allow). Never raises for a bad
+    entry."""
     if not isinstance(entries, list):
         return [], 0 if entries is None else 1
     out: list[NewRemeasurement] = []
-    dropped = 0
+    entries, dropped = unique_entries(entries)
     for entry in entries:
         workload_id = workload_ids.get(entry.get("key")) if isinstance(entry, dict) else None
         candidates = entry.get("candidates") if isinstance(entry, dict) else None
@@ -80,6 +140,16 @@ def parse_remeasurements(
                 else None
             )
             if record is None or not record.is_valid:
+                dropped += 1
+                continue
+            hold = None if bounds is None else check(statistics.median(secs), bounds(workload_id))
+            if hold is not None:
+                logger.warning(
+                    "job %s: a re-measurement of record %s dropped: %s",
+                    job_id,
+                    record.id,
+                    hold.reason,
+                )
                 dropped += 1
                 continue
             out.append(
@@ -134,13 +204,17 @@ def parse_library_records(
     job_id: int,
     workload_ids: Mapping[str, int],
     worker: str | None,
+    bounds: BoundsOf | None = None,
 ) -> tuple[list[NewLibraryRecord], int]:
-    """The library-peer candidates of manifest ``entries`` (of the job's tasks, keyed in
-    ``workload_ids``) as library records of ``target_key``, and how many were dropped
-    (malformed, not timed, or of a task that is not the job's). Never raises for a bad entry."""
+    """The library-peer and default-schedule candidates of manifest ``entries`` (of the job's
+    tasks, keyed in ``workload_ids``; a task's first entry only) as library records of
+    ``target_key``, and how many were dropped (malformed, not timed, or of a task that is not
+    the job's). Given ``bounds``, one whose median is faster than its task's limits allow is
+    returned held (``held_reason`` set: stored, never a best). Never raises for a bad entry."""
     out: list[NewLibraryRecord] = []
     dropped = 0
-    for entry in entries if isinstance(entries, list) else ():
+    unique = unique_entries(entries)[0] if isinstance(entries, list) else []
+    for entry in unique:
         candidates = entry.get("candidates") if isinstance(entry, dict) else None
         if not isinstance(candidates, list) or len(candidates) > MAX_CANDIDATES:
             continue  # counted by parse_remeasurements
@@ -156,8 +230,22 @@ def parse_library_records(
             )
             if item is None:
                 dropped += bool(candidate.get("rounds_ms"))
-            else:
-                out.append(item)
+                continue
+            hold = (
+                None
+                if bounds is None
+                else check(item.median_secs, bounds(workload_ids[entry["key"]]))
+            )
+            if hold is not None:
+                logger.warning(
+                    "job %s: library record %s of task %s held: %s",
+                    job_id,
+                    item.library,
+                    item.workload_key,
+                    hold.reason,
+                )
+                item = dataclasses.replace(item, held_reason=f"held: {hold.reason}"[:512])
+            out.append(item)
     return out, dropped
 
 
@@ -169,10 +257,15 @@ def store_remeasurements(
     job_id: int,
     workload_ids: Mapping[str, int],
     worker: str | None,
+    bounds: BoundsOf | None = None,
 ) -> int:
     """Parse (:func:`parse_remeasurements`, :func:`parse_library_records`) and store
-    ``entries``; return how many re-measurements and library records were stored. A storage
-    error is logged, not raised: the artifact they describe is published anyway."""
+    ``entries``, every candidate checked against its task's physical limits (``bounds``;
+    default :func:`stored_bounds` of ``target_id``); return how many re-measurements and
+    library records were stored (held ones included). A storage error is logged, not raised:
+    the artifact they describe is published anyway."""
+    if bounds is None:
+        bounds = stored_bounds(storage, target_id)
     items, dropped = parse_remeasurements(
         storage,
         entries,
@@ -180,6 +273,7 @@ def store_remeasurements(
         job_id=job_id,
         workload_ids=workload_ids,
         worker=worker,
+        bounds=bounds,
     )
     target = storage.get_target_by_id(target_id)
     peers, peers_dropped = parse_library_records(
@@ -188,12 +282,13 @@ def store_remeasurements(
         job_id=job_id,
         workload_ids=workload_ids,
         worker=worker,
+        bounds=bounds,
     )
     dropped += peers_dropped
     if dropped:
         logger.warning(
             "job %s: %d re-measurement entries dropped (not a stored valid record "
-            "of the job's tasks, or malformed)",
+            "of the job's tasks, a task's second entry, implausible, or malformed)",
             job_id,
             dropped,
         )

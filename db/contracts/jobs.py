@@ -19,8 +19,11 @@ Task leases (distributed workers)
     (:meth:`renew_leases`); any process may expire stale ones (:meth:`reap_expired_leases`,
     compare-and-set): their work goes back to the queue with the trials already counted kept. At
     most one lease per piece of work is active (a partial unique index), so work is never
-    assigned twice. A task whose leases expired or failed ``max_attempts`` times fails instead of
-    going back; so does a finalize step (failing its job).
+    assigned twice; and at most one lease per worker (another partial unique index): a claim for
+    a worker that already holds an active lease raises :class:`db.errors.LeaseHeldError`
+    (a :class:`~db.errors.ConflictError`) and claims nothing, whatever the interleaving. A task
+    whose leases expired or failed ``max_attempts`` times fails instead of going back; so does a
+    finalize step (failing its job).
 
 Cancellation
     The job's user may cancel it in ``queued`` or ``running`` (``-> cancelled``, final) without
@@ -35,7 +38,7 @@ Allowed state transitions (jobs and job tasks; see :class:`db.types.JobStatus`)
 from __future__ import annotations
 
 import abc
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 
 from db.types import (
     Artifact,
@@ -67,6 +70,10 @@ class JobStorage(abc.ABC):
     @abc.abstractmethod
     def get_job(self, job_id: int) -> Job | None:
         """The job, or ``None``."""
+
+    @abc.abstractmethod
+    def owned_job_ids(self, owner: str, job_ids: Collection[int]) -> set[int]:
+        """Those of ``job_ids`` whose job ``owner`` owns (one query, whatever their number)."""
 
     @abc.abstractmethod
     def list_jobs(
@@ -172,14 +179,16 @@ class JobStorage(abc.ABC):
         Order: job priority, job age, heaviest task (FLOPs x weight). The lease covers
         ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the task's
         trial budget) and expires ``lease_secs`` from now unless renewed. ``None`` when no task
-        is waiting.
+        is waiting. Raises :class:`db.errors.LeaseHeldError` (nothing claimed) when ``worker``
+        already holds an active lease of any kind.
         """
 
     @abc.abstractmethod
     def claim_finalize_lease(
         self, worker: str, *, target_id: int, lease_secs: float
     ) -> TaskLease | None:
-        """Lease the finalize step of a running job whose tasks are all finished, or ``None``."""
+        """Lease the finalize step of a running job whose tasks are all finished, or ``None``.
+        Raises :class:`db.errors.LeaseHeldError` when ``worker`` already holds an active lease."""
 
     @abc.abstractmethod
     def claim_preview_lease(
@@ -190,7 +199,8 @@ class JobStorage(abc.ABC):
         preview artifact, and with fewer than ``max_attempts`` preview leases so far, whatever
         became of them (one at a time; a preview is a convenience: a lease that failed, expired
         or was returned is tried again, but never for long). ``None`` when there is no such
-        job."""
+        job. Raises :class:`db.errors.LeaseHeldError` when ``worker`` already holds an active
+        lease."""
 
     @abc.abstractmethod
     def get_lease(self, lease_id: int) -> TaskLease | None:
@@ -203,10 +213,12 @@ class JobStorage(abc.ABC):
         job_id: int | None = None,
         worker: str | None = None,
         status: str | None = None,
+        owner: str | None = None,
         after_id: int = 0,
         limit: int = 100,
     ) -> list[TaskLease]:
-        """Leases in id order (keyset pages: ``id > after_id``), filtered as given."""
+        """Leases in id order (keyset pages: ``id > after_id``), filtered as given (``owner``:
+        only leases of jobs that user owns)."""
 
     @abc.abstractmethod
     def renew_leases(self, worker: str, *, lease_secs: float) -> list[TaskLease]:
@@ -225,7 +237,8 @@ class JobStorage(abc.ABC):
         """Count batch number ``batch`` (0, 1, ...) of a tune lease: ``trials`` on the lease, its
         task and its job, the task's best latency, and renew the lease. Counted at most once: a
         repeated batch number, a lease no longer active or a job no longer running counts
-        nothing (``counted`` false).
+        nothing (``counted`` false). A lease counts no more trials than it was allotted
+        (``TaskLease.trials``): a batch past the allotment counts only what is left of it.
         The records themselves are committed separately (:meth:`commit_records`).
 
         Raises:

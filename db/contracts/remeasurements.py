@@ -25,7 +25,12 @@ class RemeasurementStorage(abc.ABC):
 
     @abc.abstractmethod
     def list_remeasurements(
-        self, *, job_id: int | None = None, record_ids: Sequence[int] | None = None
+        self,
+        *,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+        latest: int | None = None,
     ) -> list[Remeasurement]:
         """Re-measurements of ``job_id``, or of the records ``record_ids`` (either filter or
-        both; none: all), oldest first."""
+        both; none: all), oldest first; given ``latest``, at most the ``latest`` newest of each
+        record (bounded in the query; 0 or less: none)."""

@@ -28,5 +28,12 @@ class WorkerStorage(abc.ABC):
         """Stamp ``last_heartbeat`` with the database clock (and set ``status`` if given)."""
 
     @abc.abstractmethod
-    def list_workers(self) -> list[Worker]:
-        """All workers, by id."""
+    def list_workers(
+        self, *, token_id: int | None = None, limit: int | None = None, offset: int = 0
+    ) -> list[Worker]:
+        """Workers by id: all of them, or those ``token_id`` registered; a page of at most
+        ``limit`` (``None``: no limit) after skipping ``offset``."""
+
+    @abc.abstractmethod
+    def count_workers(self, *, token_id: int | None = None) -> int:
+        """How many workers there are (those ``token_id`` registered, when given)."""

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from sqlalchemy import case, func, or_, select, update
@@ -87,6 +87,17 @@ class JobSQL(SQLBase, JobStorage):
         with self._session() as session:
             row = session.get(JobRow, job_id)
             return None if row is None else frozen(Job, row)
+
+    def owned_job_ids(self, owner: str, job_ids: Collection[int]) -> set[int]:
+        wanted = sorted({int(i) for i in job_ids})
+        if not wanted:
+            return set()
+        with self._session() as session:
+            return set(
+                session.scalars(
+                    select(JobRow.id).where(JobRow.owner == owner, JobRow.id.in_(wanted))
+                )
+            )
 
     def list_jobs(
         self,

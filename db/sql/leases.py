@@ -1,7 +1,8 @@
 """Task leases on SQL, granting side: job starts, tune and finalize leases, renewals, batches.
 
 Claims are compare-and-sets (``FOR UPDATE SKIP LOCKED`` on PostgreSQL, the write lock on SQLite);
-a partial unique index keeps one active lease per piece of work.
+a partial unique index keeps one active lease per piece of work, and another one active lease
+per worker: a claim for a worker that holds one raises :class:`db.errors.LeaseHeldError`.
 """
 
 from __future__ import annotations
@@ -9,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from sqlalchemy import case, func, not_, or_, select, update
+from sqlalchemy import case, exc, func, not_, or_, select, update
 
 from db.contracts.jobs import JobStorage
-from db.errors import ConflictError, NotFoundError
+from db.errors import ConflictError, LeaseHeldError, NotFoundError
 from db.models import ArtifactRow, JobRow, JobTaskRow, TaskLeaseRow
 from db.sql.base import SQLBase, frozen
 from db.sql.jobs import job_task_row
@@ -29,6 +30,22 @@ def _unfinished_tasks() -> Any:
         )
         .exists()
     )
+
+
+def _held_lease(session, worker: str) -> int | None:
+    """The id of ``worker``'s active lease, or ``None`` (what this transaction sees)."""
+    return session.scalar(
+        select(TaskLeaseRow.id)
+        .where(TaskLeaseRow.worker == worker, TaskLeaseRow.status == LeaseStatus.ACTIVE)
+        .limit(1)
+    )
+
+
+def _refuse_if_held(session, worker: str) -> None:
+    """Raise :class:`LeaseHeldError` when ``worker`` already holds an active lease."""
+    held = _held_lease(session, worker)
+    if held is not None:
+        raise LeaseHeldError(worker, held)
 
 
 class LeaseSQL(SQLBase, JobStorage):
@@ -101,6 +118,7 @@ class LeaseSQL(SQLBase, JobStorage):
             .with_for_update(skip_locked=True, of=JobTaskRow)  # PostgreSQL; SQLite: write lock
         )
         with self._session(write=True) as session:
+            _refuse_if_held(session, worker)
             while True:
                 row = session.execute(candidate).one_or_none()
                 if row is None:
@@ -134,8 +152,15 @@ class LeaseSQL(SQLBase, JobStorage):
                     trials=max(1, min(remaining, int(cap(budget)))),
                     expires_at=self._db_now_plus(lease_secs),
                 )
-                session.add(lease)
-                session.flush()
+                try:
+                    # The task's compare-and-set above rules out another lease of the task: a
+                    # conflict here is the worker's own lease, claimed meanwhile (PostgreSQL:
+                    # this insert waited for that claim to commit). Raising undoes the claim.
+                    with session.begin_nested():
+                        session.add(lease)
+                        session.flush()
+                except exc.IntegrityError:
+                    raise LeaseHeldError(worker, _held_lease(session, worker)) from None
                 session.refresh(lease)
                 return frozen(TaskLease, lease)
 
@@ -184,9 +209,8 @@ class LeaseSQL(SQLBase, JobStorage):
     ) -> TaskLease | None:
         """A ``kind`` lease (``finalize``/``preview``: one per job, work key ``kind:<job id>``)
         of the first running job of ``target_id`` (priority, then age) that meets
-        ``conditions``, for ``worker``; ``None`` when no job does."""
-        from sqlalchemy import exc  # noqa: PLC0415
-
+        ``conditions``, for ``worker``; ``None`` when no job does. Raises
+        :class:`LeaseHeldError` when ``worker`` holds an active lease."""
         candidates = (
             select(JobRow.id)
             .where(JobRow.status == JobStatus.RUNNING, JobRow.target_id == target_id, *conditions)
@@ -194,6 +218,7 @@ class LeaseSQL(SQLBase, JobStorage):
             .limit(5)
         )
         with self._session(write=True) as session:
+            _refuse_if_held(session, worker)
             for job_id in list(session.scalars(candidates)):
                 lease = TaskLeaseRow(
                     job_id=job_id,
@@ -212,6 +237,7 @@ class LeaseSQL(SQLBase, JobStorage):
                         session.add(lease)
                         session.flush()
                 except exc.IntegrityError:
+                    _refuse_if_held(session, worker)  # the worker's own lease, claimed meanwhile
                     continue
                 session.refresh(lease)
                 return frozen(TaskLease, lease)
@@ -228,10 +254,13 @@ class LeaseSQL(SQLBase, JobStorage):
         job_id: int | None = None,
         worker: str | None = None,
         status: str | None = None,
+        owner: str | None = None,
         after_id: int = 0,
         limit: int = 100,
     ) -> list[TaskLease]:
         stmt = select(TaskLeaseRow).where(TaskLeaseRow.id > after_id)
+        if owner is not None:
+            stmt = stmt.join(JobRow, JobRow.id == TaskLeaseRow.job_id).where(JobRow.owner == owner)
         if job_id is not None:
             stmt = stmt.where(TaskLeaseRow.job_id == job_id)
         if worker is not None:
@@ -294,6 +323,12 @@ class LeaseSQL(SQLBase, JobStorage):
     def _count_batch(
         self, session, lease, trials: int, best: float | None, lease_secs: float
     ) -> bool:
+        """Count one batch of ``lease`` (a compare-and-set on its batch number): at most the
+        trials left of its allotment (``lease.trials``), never more; ``False`` when another
+        upload of the same batch counted first."""
+        # trials_done moves only with batches_done, so the compare-and-set on batches_done
+        # below also guarantees the trials_done read with it.
+        trials = max(0, min(int(trials), lease.trials - lease.trials_done))
         moved = session.execute(
             update(TaskLeaseRow)
             .where(

@@ -10,9 +10,9 @@ import json
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import func, insert, select
+from sqlalchemy import false, func, insert, select
 
-from db.contracts.library_records import LibraryRecordStorage
+from db.contracts.library_records import MAX_LIBRARY_PAGE, LibraryRecordStorage
 from db.errors import ConflictError
 from db.models import JobRow, LibraryRecordRow, TargetRow, WorkloadRow
 from db.sql.base import SQLBase, utc
@@ -37,6 +37,8 @@ _COLUMNS = (
     LIB.c.job_id,
     LIB.c.worker,
     LIB.c.measured_at,
+    LIB.c.quarantined,
+    LIB.c.held_reason,
 )
 
 
@@ -63,7 +65,28 @@ def _frozen(row: Any) -> LibraryRecord:
         job_id=m["job_id"],
         worker=m["worker"],
         measured_at=utc(m["measured_at"]),
+        quarantined=bool(m["quarantined"]),
+        held_reason=m["held_reason"],
     )
+
+
+def _filtered(
+    stmt: Any,
+    workload_key: str | None,
+    target_key: str | None,
+    job_id: int | None,
+    quarantined: bool | None,
+) -> Any:
+    """``stmt`` (over :func:`_joined`) with the listing filters that are given."""
+    if workload_key is not None:
+        stmt = stmt.where(WL.c.key == workload_key)
+    if target_key is not None:
+        stmt = stmt.where(TG.c.key == target_key)
+    if job_id is not None:
+        stmt = stmt.where(LIB.c.job_id == job_id)
+    if quarantined is not None:
+        stmt = stmt.where(LIB.c.quarantined == bool(quarantined))
+    return stmt
 
 
 def _ids(session: Any, column: Any, key: Any, wanted: set) -> dict:
@@ -114,6 +137,8 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
                     "spread": item.spread,
                     "job_id": item.job_id,
                     "worker": item.worker,
+                    "quarantined": item.quarantined,
+                    "held_reason": item.held_reason,
                 }
                 for item, call_json in prepared
             ]
@@ -135,6 +160,8 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
                 job_id=item.job_id,
                 worker=item.worker,
                 measured_at=utc(row.measured_at),
+                quarantined=item.quarantined,
+                held_reason=item.held_reason,
             )
             for (item, call_json), row in zip(prepared, stored, strict=True)
         ]
@@ -156,7 +183,11 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
                 )
                 ranked = (
                     _joined(*_COLUMNS, rank)
-                    .where(TG.c.key == target_key, WL.c.key.in_(keys[start : start + _CHUNK]))
+                    .where(
+                        TG.c.key == target_key,
+                        WL.c.key.in_(keys[start : start + _CHUNK]),
+                        LIB.c.quarantined == false(),  # a held record is never a best
+                    )
                     .subquery()
                 )
                 rows = conn.execute(select(ranked).where(ranked.c.rank == 1))
@@ -169,13 +200,33 @@ class LibraryRecordSQL(SQLBase, LibraryRecordStorage):
         workload_key: str | None = None,
         target_key: str | None = None,
         job_id: int | None = None,
+        quarantined: bool | None = None,
+        after_id: int = 0,
+        limit: int = MAX_LIBRARY_PAGE,
     ) -> list[LibraryRecord]:
-        stmt = _joined(*_COLUMNS).order_by(LIB.c.id)
-        if workload_key is not None:
-            stmt = stmt.where(WL.c.key == workload_key)
-        if target_key is not None:
-            stmt = stmt.where(TG.c.key == target_key)
-        if job_id is not None:
-            stmt = stmt.where(LIB.c.job_id == job_id)
+        limit = min(int(limit), MAX_LIBRARY_PAGE)
+        if limit <= 0:
+            return []
+        stmt = _filtered(
+            _joined(*_COLUMNS).where(LIB.c.id > int(after_id)),
+            workload_key,
+            target_key,
+            job_id,
+            quarantined,
+        )
         with self._connection() as conn:
-            return [_frozen(row) for row in conn.execute(stmt)]
+            return [_frozen(row) for row in conn.execute(stmt.order_by(LIB.c.id).limit(limit))]
+
+    def count_library_records(
+        self,
+        *,
+        workload_key: str | None = None,
+        target_key: str | None = None,
+        job_id: int | None = None,
+        quarantined: bool | None = None,
+    ) -> int:
+        stmt = _filtered(
+            _joined(func.count(LIB.c.id)), workload_key, target_key, job_id, quarantined
+        )
+        with self._connection() as conn:
+            return int(conn.execute(stmt).scalar_one())

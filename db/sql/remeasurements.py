@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from collections.abc import Sequence
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from db.contracts.remeasurements import RemeasurementStorage
 from db.models import RemeasurementRow
@@ -48,12 +48,32 @@ class RemeasurementSQL(SQLBase, RemeasurementStorage):
             )
 
     def list_remeasurements(
-        self, *, job_id: int | None = None, record_ids: Sequence[int] | None = None
+        self,
+        *,
+        job_id: int | None = None,
+        record_ids: Sequence[int] | None = None,
+        latest: int | None = None,
     ) -> list[Remeasurement]:
-        stmt = select(RemeasurementRow).order_by(RemeasurementRow.id)
+        where = []
         if job_id is not None:
-            stmt = stmt.where(RemeasurementRow.job_id == job_id)
+            where.append(RemeasurementRow.job_id == job_id)
         if record_ids is not None:
-            stmt = stmt.where(RemeasurementRow.record_id.in_(list(record_ids)))
+            where.append(RemeasurementRow.record_id.in_(list(record_ids)))
+        stmt = select(RemeasurementRow).where(*where)
+        if latest is not None:
+            if latest <= 0:
+                return []
+            rank = (
+                func.row_number()
+                .over(
+                    partition_by=RemeasurementRow.record_id,
+                    order_by=RemeasurementRow.id.desc(),
+                )
+                .label("rank")
+            )
+            ranked = select(RemeasurementRow.id, rank).where(*where).subquery()
+            stmt = stmt.where(
+                RemeasurementRow.id.in_(select(ranked.c.id).where(ranked.c.rank <= int(latest)))
+            )
         with self._session() as session:
-            return [_frozen(row) for row in session.scalars(stmt)]
+            return [_frozen(row) for row in session.scalars(stmt.order_by(RemeasurementRow.id))]

@@ -68,7 +68,20 @@ class WorkerSQL(SQLBase, WorkerStorage):
                 raise NotFoundError(f"worker {worker_id} does not exist")
             return frozen(Worker, session.get(WorkerRow, worker_id, populate_existing=True))
 
-    def list_workers(self) -> list[Worker]:
+    def list_workers(
+        self, *, token_id: int | None = None, limit: int | None = None, offset: int = 0
+    ) -> list[Worker]:
+        stmt = select(WorkerRow).order_by(WorkerRow.id).offset(max(0, int(offset)))
+        if token_id is not None:
+            stmt = stmt.where(WorkerRow.token_id == token_id)
+        if limit is not None:
+            stmt = stmt.limit(max(0, int(limit)))
         with self._session() as session:
-            rows = session.scalars(select(WorkerRow).order_by(WorkerRow.id))
-            return [frozen(Worker, r) for r in rows]
+            return [frozen(Worker, r) for r in session.scalars(stmt)]
+
+    def count_workers(self, *, token_id: int | None = None) -> int:
+        stmt = select(func.count()).select_from(WorkerRow)
+        if token_id is not None:
+            stmt = stmt.where(WorkerRow.token_id == token_id)
+        with self._session() as session:
+            return int(session.execute(stmt).scalar_one())

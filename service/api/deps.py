@@ -16,6 +16,7 @@ from typing import Annotated
 import anyio
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from fastapi.security.utils import get_authorization_scheme_param
 
 import db
 from service.api.errors import ApiError
@@ -93,36 +94,70 @@ bearer = HTTPBearer(
 )
 
 
+#: Where :mod:`service.api.request_guard` leaves the principal it resolved (``request.state``),
+#: so that the route's dependency does not look the token up a second time.
+GUARD_PRINCIPAL = "tunehub_principal"
+MISSING_TOKEN = "missing API token: send 'Authorization: Bearer <token>'"
+INVALID_TOKEN = "invalid or revoked API token"
+
+
 def _unauthorized(detail: str) -> ApiError:
     return ApiError(401, "unauthorized", detail, {"WWW-Authenticate": "Bearer"})
 
 
+def bearer_token(authorization: str | None) -> str | None:
+    """The token of an ``Authorization: Bearer <token>`` header as :data:`bearer` reads it;
+    ``None`` when the header is absent, empty or of another scheme."""
+    scheme, token = get_authorization_scheme_param(authorization)
+    if not (authorization and scheme and token) or scheme.lower() != "bearer":
+        return None
+    return token
+
+
+async def authenticate(state: ServiceState, token: str | None) -> Principal:
+    """The principal of ``token``; raises :class:`ApiError` 401 (with ``WWW-Authenticate:
+    Bearer``) for a missing, unknown or revoked one. Only a token-cache miss reads the database,
+    in a worker thread: the event loop never waits on it."""
+    if not token:
+        raise _unauthorized(MISSING_TOKEN)
+    principal = state.cached_principal(token)
+    if principal is _MISS:
+        principal = await anyio.to_thread.run_sync(state.principal, token)
+    if principal is None:
+        raise _unauthorized(INVALID_TOKEN)
+    return principal  # type: ignore[return-value]
+
+
+def require_kind(principal: Principal, kind: str) -> Principal:
+    """``principal`` when its token is of ``kind`` (``user`` or ``worker``); else
+    :class:`ApiError` 403."""
+    if principal.kind == kind:
+        return principal
+    if kind == "user":
+        raise ApiError(403, "forbidden", f"a {principal.kind} token cannot use the user API")
+    raise ApiError(403, "forbidden", f"this endpoint needs a {kind} token")
+
+
 async def get_principal(
+    request: Request,
     state: StateDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)],
 ) -> Principal:
     # Dependencies are async so that a request makes one thread hop (its endpoint), not one per
-    # dependency; only a token-cache miss reads the database, in a worker thread.
-    if credentials is None or not credentials.credentials:
-        raise _unauthorized("missing API token: send 'Authorization: Bearer <token>'")
-    principal = state.cached_principal(credentials.credentials)
-    if principal is _MISS:
-        principal = await anyio.to_thread.run_sync(state.principal, credentials.credentials)
-    if principal is None:
-        raise _unauthorized("invalid or revoked API token")
-    return principal
+    # dependency. The request guard has usually resolved the token already (before the body
+    # was read); it is the same header.
+    resolved = getattr(request.state, GUARD_PRINCIPAL, None)
+    if resolved is not None:
+        return resolved
+    return await authenticate(state, credentials.credentials if credentials else None)
 
 
 async def get_current_user(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-    if principal.kind != "user":
-        raise ApiError(403, "forbidden", f"a {principal.kind} token cannot use the user API")
-    return principal
+    return require_kind(principal, "user")
 
 
 async def get_worker(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
-    if principal.kind != "worker":
-        raise ApiError(403, "forbidden", "this endpoint needs a worker token")
-    return principal
+    return require_kind(principal, "worker")
 
 
 CurrentUser = Annotated[Principal, Depends(get_current_user)]

@@ -1,12 +1,14 @@
 """One error body for every failure: ``{"detail": "<message for people>", "code": "<stable>"}``.
 
 Routes raise :class:`ApiError`; the handlers installed by :func:`install_error_handlers` also turn
-FastAPI's own errors (validation, 404/405), model-validation errors, storage errors and anything
-unexpected into that shape, so clients can always read ``code``.
+FastAPI's own errors (validation, 404/405), model-validation errors, storage errors, a full disk
+(507 ``storage_full``) and anything unexpected into that shape, so clients can always read
+``code``.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 
 from fastapi import FastAPI, Request
@@ -31,7 +33,11 @@ _STATUS_CODES = {
     415: "unsupported_media_type",
     422: "invalid_request",
     503: "unavailable",
+    507: "storage_full",
 }
+
+#: ``OSError`` numbers of a full disk or an exhausted quota.
+_DISK_FULL = frozenset({errno.ENOSPC, errno.EDQUOT})
 
 #: ModelError codes that are not "422 Unprocessable Content".
 _MODEL_ERROR_STATUS = {"too_large": 413, "wrong_format": 415, "not_found": 404}
@@ -54,6 +60,33 @@ def not_found(kind: str, ident: object) -> ApiError:
 
 def model_error(err: ModelError) -> ApiError:
     return ApiError(_MODEL_ERROR_STATUS.get(err.code, 422), err.code, err.message)
+
+
+def is_disk_full(err: BaseException | None) -> bool:
+    """Whether ``err`` (or the error it was raised from) is a full disk or an exhausted quota."""
+    seen = 0
+    while err is not None and seen < 8:
+        if isinstance(err, OSError) and err.errno in _DISK_FULL:
+            return True
+        err, seen = err.__cause__ or err.__context__, seen + 1
+    return False
+
+
+def storage_full() -> ApiError:
+    """The answer to a request that could not be stored because the disk is full (507)."""
+    return ApiError(
+        507,
+        "storage_full",
+        "the server's storage is full: nothing of this request was kept; retry later",
+        {"Retry-After": "60"},
+    )
+
+
+def storage_unavailable() -> ApiError:
+    """The answer while the tuning database cannot be reached (503, retry in a few seconds)."""
+    return ApiError(
+        503, "unavailable", "the tuning database is unavailable, retry later", {"Retry-After": "5"}
+    )
 
 
 def error_response(status: int, code: str, detail: str, headers=None, **extra) -> JSONResponse:
@@ -86,8 +119,24 @@ def install_error_handlers(app: FastAPI) -> None:
         ]
         return error_response(422, "invalid_request", _validation_message(err), errors=errors)
 
+    def _storage_full(request: Request, err: BaseException) -> JSONResponse:
+        # Receiving an upload, staging an artifact: the route has removed what it wrote.
+        logger.error("storage full in %s %s: %s", request.method, request.url.path, err)
+        full = storage_full()
+        return error_response(full.status, full.code, full.detail, full.headers)
+
+    @app.exception_handler(OSError)
+    async def _os_error(request: Request, err: OSError) -> JSONResponse:
+        if is_disk_full(err):
+            return _storage_full(request, err)
+        raise err  # any other OSError is unexpected: the 500 below, logged with its traceback
+
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_request: Request, err: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, err: StarletteHTTPException) -> JSONResponse:
+        if err.status_code == 400 and is_disk_full(err.__cause__):
+            # FastAPI's form parsing spools a part to a temp file: a full disk there is its
+            # "error parsing the body", raised from the OSError.
+            return _storage_full(request, err)
         code = _STATUS_CODES.get(err.status_code, "error")
         detail = err.detail if isinstance(err.detail, str) else str(err.detail)
         return error_response(err.status_code, code, detail, getattr(err, "headers", None))
@@ -107,12 +156,8 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(db.StorageUnavailableError)
     async def _unavailable(_request: Request, err: db.StorageUnavailableError) -> JSONResponse:
         logger.warning("database unavailable: %s", err)
-        return error_response(
-            503,
-            "unavailable",
-            "the tuning database is unavailable, retry later",
-            {"Retry-After": "5"},
-        )
+        down = storage_unavailable()
+        return error_response(down.status, down.code, down.detail, down.headers)
 
     @app.exception_handler(Exception)
     async def _unexpected(request: Request, err: Exception) -> JSONResponse:

@@ -148,6 +148,15 @@ class ArtifactPublic(BaseModel):
     sha256: str
     size: int
     verified: bool
+    built_by: str = Field(
+        description="who built model.so: 'server' (the server compiled it from its stored "
+        "records), 'worker' (a remote worker's library, checked by the server in a sandbox) "
+        "or 'local' (a worker of this installation, on the database)"
+    )
+    review: str | None = Field(
+        description="how the server checked a remote worker's artifact (the manifest's "
+        "server_review.kind), null for a local worker's"
+    )
     created_at: datetime | None
     library_url: str
     manifest_url: str
@@ -155,10 +164,14 @@ class ArtifactPublic(BaseModel):
     @classmethod
     def of(cls, artifact: db.Artifact, base_url: str) -> ArtifactPublic:
         """``artifact`` with its download links under ``base_url`` (a job's artifacts folder)."""
+        review = _json(artifact.manifest_json).get("server_review")
+        review = review if isinstance(review, dict) else {}
         return cls(
             sha256=artifact.sha256,
             size=artifact.size,
             verified=artifact.verified,
+            built_by=str(review.get("built_by") or "local"),
+            review=review.get("kind"),
             created_at=artifact.created_at,
             library_url=f"{base_url}/model.so",
             manifest_url=f"{base_url}/manifest.json",
@@ -438,6 +451,12 @@ class LibraryRecordPublic(BaseModel):
     job_id: int | None
     worker: str | None
     measured_at: datetime | None
+    quarantined: bool = Field(
+        False,
+        description="held as implausible (faster than its task physically allows): never a "
+        "best, never built",
+    )
+    held_reason: str | None = Field(None, description="why it is held")
 
     @classmethod
     def from_row(cls, row: db.LibraryRecord) -> LibraryRecordPublic:
@@ -454,6 +473,8 @@ class LibraryRecordPublic(BaseModel):
             job_id=row.job_id,
             worker=row.worker,
             measured_at=row.measured_at,
+            quarantined=row.quarantined,
+            held_reason=row.held_reason,
         )
 
 
@@ -522,7 +543,12 @@ class RecordsPublic(BaseModel):
         default_factory=list,
         description="library calls measured as candidates of the task (issue 21), oldest first: "
         "those matching ?workload=, ?target= and ?job_id= when a workload or a job is given "
-        "(none for ?valid=false); not paged, the same on every page",
+        "(?valid=true: those not held, ?valid=false: the held ones); one page of at most "
+        "?limit= of them, from after ?library_after= (the same on every page of records)",
+    )
+    library_count: int = Field(0, description="all library records matching the filters")
+    library_next_after: int | None = Field(
+        None, description="pass as ?library_after= for the next page of library records"
     )
 
 
@@ -583,7 +609,7 @@ class LeasePublic(BaseModel):
 
     id: int
     kind: Literal["tune", "finalize", "preview"]
-    job_id: int
+    job_id: int | None = Field(description="null on a lease of another user's job")
     task_id: int | None
     worker: str
     status: Literal["active", "done", "expired", "returned", "failed", "cancelled"]

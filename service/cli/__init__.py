@@ -18,6 +18,7 @@ from service.cli import (
     cost_model_commands,
     db_commands,
     demo_command,
+    generate_command,
     model_commands,
     serve_command,
     token_commands,
@@ -27,6 +28,7 @@ from service.cli.errors import CliError
 
 COMMAND_GROUPS = (
     model_commands,
+    generate_command,
     tune_commands,
     db_commands,
     cost_model_commands,

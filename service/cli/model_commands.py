@@ -48,7 +48,7 @@ def prepare_from_args(args: argparse.Namespace):
         return prepare_model(
             Path(args.model),
             target,
-            limits=Settings().model_limits(),
+            limits=Settings().local_model_limits(),
             input_shapes=dict(args.input_shape),
             buckets=merge_bucket_options(args.buckets),
         )

@@ -191,23 +191,34 @@ def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
     want = np.exp(exact) / np.exp(exact).sum()
     np.testing.assert_allclose(library.run([exact])[0], want, rtol=1e-5)
 
-    # A worker's manifest that claims padding anyway is refused by the server's own check.
-    from db import ConflictError
-    from tuner.finalize import check_artifact_in_child
+    # A worker's manifest that claims padding anyway: the server's sandboxed check of the
+    # worker's library (issue 31) verifies it at every bucket and withdraws the claim.
+    from dataclasses import asdict
+
+    from compiler.model_spec import ModelLimits
+    from tuner.artifact_review import ReviewContext, review_artifact
 
     source = tmp_path / "softmax.onnx"
     source.write_bytes(model.SerializeToString())
-    buckets_json = json.dumps(prepared.model.bucket_spec.to_json())
-    assert check_artifact_in_child(
-        source, tmp_path / "out" / "model.so", TARGET.target_json, buckets_json=buckets_json
-    )
     forged = json.loads((tmp_path / "out" / "manifest.json").read_text())
     forged["model"]["buckets"]["padding"].update(allowed=True, symbols=["n"], cuts=[[0, 1, "n"]])
     (tmp_path / "out" / "manifest.json").write_text(json.dumps(forged))
-    with pytest.raises(ConflictError, match="allows padding between buckets"):
-        check_artifact_in_child(
-            source, tmp_path / "out" / "model.so", TARGET.target_json, buckets_json=buckets_json
-        )
+    context = ReviewContext(
+        model_path=source,
+        model_format="onnx",
+        buckets_json=json.dumps(prepared.model.bucket_spec.to_json()),
+        target=TARGET,
+        limits=asdict(ModelLimits()),
+        job_id=1,
+        trials_measured=0,
+        tasks=[],
+        hide=[],
+        server_build=False,
+    )
+    review = review_artifact(context, "preview", tmp_path / "out", None)
+    assert review.verified and review.kind == "sandbox_reference" and review.built_by == "worker"
+    checked = json.loads((tmp_path / "out" / "manifest.json").read_text())
+    assert checked["model"]["buckets"]["padding"]["allowed"] is False
 
 
 def test_bucket_tasks_are_the_union_of_the_static_specializations(dynamic_decoder) -> None:

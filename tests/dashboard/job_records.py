@@ -59,9 +59,14 @@ class RecordWriter:
         ]
         started = self.storage.start_job(self.job_id, new)
         assert started is not None, "the job was not queued"
-        for _ in new:
+        for index, _ in enumerate(new):
+            # A worker holds one lease at a time: the writer holds the first task's, helpers
+            # named after it the others'.
             lease = self.storage.claim_task_lease(
-                self.worker, target_id=job.target_id, lease_secs=3600, max_trials=job.trial_budget
+                self.worker if index == 0 else f"{self.worker}-{index}",
+                target_id=job.target_id,
+                lease_secs=3600,
+                max_trials=job.trial_budget,
             )
             assert lease is not None and lease.job_id == self.job_id, "another job's task was next"
         self.tasks = self.storage.list_job_tasks(self.job_id)

@@ -26,8 +26,8 @@ def test_upload_with_buckets_from_the_page(dash_server, api, token, new_page, tm
     page.set_input_files("#model-file", str(path))
     page.fill("#model-buckets", "batch=4,2")
     page.click("#upload-button")
-    page.wait_for_function(
-        "document.querySelector('#upload-note').textContent.startsWith('model #')"
+    page.wait_for_function(  # a function, not an expression: the page's CSP forbids eval
+        "() => document.querySelector('#upload-note').textContent.startsWith('model #')"
     )
     assert "shape buckets batch=2,4" in page.inner_text("#upload-note")
     page.wait_for_selector("#model-detail table")

@@ -126,9 +126,12 @@ def test_preview_lease_once_per_tuning_job(storage, target_id, workloads):
     assert storage.claim_preview_lease("w6", target_id=target_id, lease_secs=60) is None
 
     done = _started_job(storage, target_id, workloads[3:4], [4])
+    claims = iter(range(100))  # a worker holds one lease at a time: one worker per claim
     lease = storage.claim_task_lease("w7", target_id=target_id, lease_secs=60, max_trials=64)
     while lease is not None and lease.job_id != done.id:
-        lease = storage.claim_task_lease("w7", target_id=target_id, lease_secs=60, max_trials=64)
+        lease = storage.claim_task_lease(
+            f"w7-{next(claims)}", target_id=target_id, lease_secs=60, max_trials=64
+        )
     storage.record_lease_batch(lease.id, batch=0, trials=4, best_mean_secs=1e-3, lease_secs=60)
     storage.finish_lease(lease.id, "done")
     assert storage.claim_preview_lease("w8", target_id=target_id, lease_secs=60) is None

@@ -11,7 +11,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0010_preview_artifacts"
+HEAD = "0012_library_record_holds"
 EXPECTED_TABLES = {
     "workloads",
     "targets",

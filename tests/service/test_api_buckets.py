@@ -11,6 +11,7 @@ import pytest
 
 from examples.decoders import export_dynamic
 from tests.service.conftest import upload, wait_for_job
+from tests.service.request_helpers import tmp_leftovers
 
 
 @pytest.fixture(scope="module")
@@ -32,7 +33,7 @@ def test_upload_with_buckets_and_finalize(server, tmp_path) -> None:
             assert fragment in refused.json()["detail"]
         assert client.get("/models").json()["count"] == 0
         assert not list((server.storage_dir / "models").iterdir())
-        assert not list((server.storage_dir / "tmp").iterdir())
+        assert not tmp_leftovers(server.storage_dir)
 
         created = upload(client, path, buckets="seq=32,16")
         assert created.status_code == 201, created.text

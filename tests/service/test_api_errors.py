@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from tests.service.conftest import UPLOAD_LIMIT, upload
+from tests.service.request_helpers import tmp_leftovers
 
 
 @pytest.fixture(scope="module")
@@ -31,7 +32,7 @@ def _error(response: httpx.Response, status: int, code: str) -> str:
 
 
 def _assert_nothing_half_written(server) -> None:
-    assert list((server.storage_dir / "tmp").iterdir()) == []
+    assert tmp_leftovers(server.storage_dir) == []
     files = {p.name for p in (server.storage_dir / "models").iterdir()}
     with server.storage() as storage:
         rows = {m.content_hash for m in storage.list_models()}

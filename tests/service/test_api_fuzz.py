@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.service.request_helpers import tmp_leftovers
+
 EXAMPLES_PER_OPERATION = 10
 MAX_SECONDS = 60
 
@@ -67,5 +69,5 @@ def test_fuzz_no_server_errors(fuzz_server, tmp_path) -> None:
     assert "No issues found" in output or "passed" in output.lower(), output[-3000:]
     assert fuzz_server.alive()
     # Nothing the fuzzer sent left a file behind.
-    assert list((fuzz_server.storage_dir / "tmp").iterdir()) == []
+    assert tmp_leftovers(fuzz_server.storage_dir) == []
     assert list((fuzz_server.storage_dir / "models").iterdir()) == []

@@ -162,7 +162,8 @@ def test_a_worker_token_reaches_only_its_own_leases(server, tmp_path) -> None:
         assert other.get(f"/workers/jobs/{leased.job_id}/model").status_code == 403
         assert worker.get(f"/workers/jobs/{leased.job_id}/model").status_code == 200
 
-        # A forged library whose manifest says it passed: the server's own check refuses it.
+        # A forged library whose manifest says it passed: never published (issue 31: the
+        # server builds the artifact itself from its records and publishes that).
         files = {
             "library": ("model.so", b"\x7fELF not really a library", "application/octet-stream"),
             "manifest": (
@@ -176,11 +177,11 @@ def test_a_worker_token_reaches_only_its_own_leases(server, tmp_path) -> None:
             == 403
         )
         reply = worker.post(f"/workers/leases/{offer['lease_id']}/artifact", files=files)
-        assert reply.status_code == 422, reply.text
-        assert "server's check" in reply.json()["detail"]
+        assert reply.status_code == 200, reply.text
         job = user.get(f"/jobs/{leased.job_id}").json()
-        assert job["status"] == "running", job
-        assert user.get(f"/jobs/{leased.job_id}/artifact").status_code != 200
+        assert job["status"] == "succeeded" and job["artifact"]["built_by"] == "server", job
+        published = user.get(f"/jobs/{leased.job_id}/artifacts/model.so")
+        assert published.status_code == 200 and published.content != files["library"][1]
 
 
 def test_one_process_per_name_and_silent_leases_expire(server, tmp_path) -> None:

@@ -21,6 +21,7 @@ from tests.onnx_factory import (
     two_layer_model,
 )
 from tests.service.conftest import upload
+from tests.service.request_helpers import tmp_leftovers
 
 #: The API process may grow this much while refusing a bomb (it never builds the tensor).
 RSS_BOUND = 100 * 1024 * 1024
@@ -64,7 +65,7 @@ def _write(tmp_path: Path, name: str, data: bytes) -> Path:
 
 
 def _assert_clean(server) -> None:
-    assert list((server.storage_dir / "tmp").iterdir()) == []
+    assert tmp_leftovers(server.storage_dir) == []
     files = {p.name for p in (server.storage_dir / "models").iterdir()}
     with server.storage() as storage:
         assert files == {m.content_hash for m in storage.list_models()}

@@ -1,5 +1,6 @@
-"""``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job,
-and under ``/preview`` those of its zero-trial build, published while the job tunes."""
+"""``/jobs/{id}/artifacts``: the verified ``model.so`` and ``manifest.json`` of a finished job
+(and ``params.bin``, the weights of a model too large to link them into its library), and under
+``/preview`` those of its zero-trial build, published while the job tunes."""
 
 from __future__ import annotations
 
@@ -17,7 +18,12 @@ from service.api.schemas import ErrorBody
 
 router = APIRouter(prefix="/jobs/{job_id}/artifacts", tags=["artifacts"])
 
-_MEDIA = {"model.so": "application/octet-stream", "manifest.json": "application/json"}
+_MEDIA = {
+    "model.so": "application/octet-stream",
+    "manifest.json": "application/json",
+    # a large model's weights, beside its library (compiler.weights): present only for those
+    "params.bin": "application/octet-stream",
+}
 
 
 @router.get(
@@ -32,7 +38,7 @@ _MEDIA = {"model.so": "application/octet-stream", "manifest.json": "application/
 )
 def download_artifact(
     job_id: JobId,
-    name: Annotated[Literal["model.so", "manifest.json"], Path()],
+    name: Annotated[Literal["model.so", "manifest.json", "params.bin"], Path()],
     storage: StorageDep,
     user: CurrentUser,
 ) -> FileResponse:
@@ -58,7 +64,7 @@ def download_artifact(
 )
 def download_preview(
     job_id: JobId,
-    name: Annotated[Literal["model.so", "manifest.json"], Path()],
+    name: Annotated[Literal["model.so", "manifest.json", "params.bin"], Path()],
     storage: StorageDep,
     user: CurrentUser,
 ) -> FileResponse:

@@ -11,6 +11,7 @@ from typing import Annotated
 from fastapi import APIRouter, Path, Query
 
 import db
+from service.api import visibility
 from service.api.deps import CurrentUser, StorageDep
 from service.api.errors import not_found
 from service.api.routes.models import owned_model
@@ -31,6 +32,8 @@ from service.api.schemas import (
 router = APIRouter(tags=["tuning database"])
 
 TargetKey = Annotated[str | None, Query(pattern=KEY_PATTERN, description="16-hex target key")]
+#: Re-measurements shown per record at most (the newest).
+REMEASUREMENTS_SHOWN = 16
 
 
 def _target_id(storage: db.TuningStorage, key: str | None) -> int | None:
@@ -109,6 +112,7 @@ def list_records(
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
     include_trace: bool = False,
+    library_after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
 ) -> RecordsPublic:
     if job_id is not None:  # another user's job has no records for this caller
         job = storage.get_job(job_id)
@@ -132,15 +136,27 @@ def list_records(
     total = storage.count_records(
         target_id=target_id, workload_id=workload_id, valid=valid, job_id=job_id
     )
-    library = (  # the task's library calls measured as candidates (issue 21): not paged
-        storage.list_library_records(workload_key=workload, target_key=target, job_id=job_id)
-        if (workload is not None or job_id is not None) and valid is not False
-        else []
-    )
+    library, library_total = [], 0
+    if workload is not None or job_id is not None:  # the task's library calls (issue 21)
+        library_filter = dict(
+            workload_key=workload,
+            target_key=target,
+            job_id=job_id,
+            quarantined=None if valid is None else not valid,
+        )
+        library = storage.list_library_records(
+            **library_filter, after_id=library_after, limit=limit
+        )
+        library_total = storage.count_library_records(**library_filter)
     again: dict[int, list[db.Remeasurement]] = {}
-    for item in storage.list_remeasurements(record_ids=[r.id for r in rows]) if rows else ():
+    measured_again = (
+        storage.list_remeasurements(record_ids=[r.id for r in rows], latest=REMEASUREMENTS_SHOWN)
+        if rows
+        else ()
+    )
+    for item in measured_again:
         again.setdefault(item.record_id, []).append(item)
-    return RecordsPublic(
+    page = RecordsPublic(
         data=[
             RecordPublic.from_row(
                 r, include_trace=include_trace, remeasurements=again.get(r.id, [])
@@ -150,7 +166,10 @@ def list_records(
         count=total,
         next_after=rows[-1].id if len(rows) == limit else None,
         library_records=[LibraryRecordPublic.from_row(r) for r in library],
+        library_count=library_total,
+        library_next_after=library[-1].id if len(library) == limit else None,
     )
+    return visibility.records_seen_by(storage, _user.name, page)  # others' job ids blanked
 
 
 @router.get("/stats", response_model=StatsPublic, summary="Database statistics")

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 from pathlib import Path as FsPath
 from typing import Annotated
 
@@ -21,6 +20,8 @@ from fastapi.responses import FileResponse, Response
 import db
 from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from cost_model.version import latest_model_blob
+from service import json_limits
+from service.api import visibility
 from service.api.deps import API_PREFIX, CurrentUser, FilesDep, SettingsDep, StorageDep, WorkerAuth
 from service.api.errors import ApiError, not_found
 from service.api.schemas import (
@@ -69,19 +70,34 @@ _OWNED = {403: {"model": ErrorBody}, 404: {"model": ErrorBody}, 409: {"model": E
 
 
 @router.get(
-    "", response_model=WorkersPublic, summary="Workers, their heartbeats and current leases"
+    "",
+    response_model=WorkersPublic,
+    summary="Workers, their heartbeats and current leases (pages by offset)",
 )
-def list_workers(storage: StorageDep, _user: CurrentUser) -> WorkersPublic:
-    rows = storage.list_workers()
+def list_workers(
+    storage: StorageDep,
+    _user: CurrentUser,
+    limit: Annotated[int, Query(ge=1, le=1000)] = 100,
+    offset: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
+) -> WorkersPublic:
+    """A page of the workers by id, ``count`` all of them. A worker's current lease on a job
+    the caller does not own shows without its job and task (:mod:`service.api.visibility`)."""
+    rows = storage.list_workers(limit=limit, offset=offset)
     keys = {t.id: t.key for t in storage.list_targets()}
-    active = {lease.worker: lease for lease in storage.list_leases(status="active", limit=10_000)}
-    return WorkersPublic(
-        data=[
-            WorkerPublic.from_worker(w, target_key=keys.get(w.target_id), lease=active.get(w.name))
-            for w in rows
-        ],
-        count=len(rows),
-    )
+    active = {}
+    for w in rows:  # one active lease per worker at most
+        held = storage.list_leases(worker=w.name, status="active", limit=1)
+        if held:
+            active[w.name] = held[0]
+    mine = visibility.owned(storage, _user.name, (lease.job_id for lease in active.values()))
+    data = []
+    for w in rows:
+        public = WorkerPublic.from_worker(w, target_key=keys.get(w.target_id))
+        if w.name in active:
+            lease = visibility.lease_seen_by(LeasePublic.from_lease(active[w.name]), mine)
+            public = public.model_copy(update={"current_lease": lease})
+        data.append(public)
+    return WorkersPublic(data=data, count=storage.count_workers())
 
 
 @router.get("/leases", response_model=LeasesPublic, summary="Lease history (keyset pages by id)")
@@ -96,12 +112,19 @@ def list_leases(
     after: Annotated[int, Query(ge=0, le=MAX_ID)] = 0,
     limit: Annotated[int, Query(ge=1, le=1000)] = 100,
 ) -> LeasesPublic:
+    """Only leases of the caller's own jobs: another user's leases (and job ids) are not its
+    business."""
     if job_id is not None:  # another user's job has no leases for this caller
         job = storage.get_job(job_id)
         if job is None or job.owner != _user.name:
             raise not_found("job", job_id)
     rows = storage.list_leases(
-        job_id=job_id, worker=worker, status=status, after_id=after, limit=limit
+        job_id=job_id,
+        worker=worker,
+        status=status,
+        owner=_user.name,
+        after_id=after,
+        limit=limit,
     )
     return LeasesPublic(
         data=[LeasePublic.from_lease(r) for r in rows],
@@ -115,15 +138,19 @@ def list_leases(
     responses=_OWNED,
     summary="Register (or re-register) a worker; its earlier leases are released",
 )
-def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAuth) -> WorkerPublic:
-    """A name belongs to the worker token that registered it first (403 for another token);
-    the answer's ``instance`` is this registration: an earlier process of the name is out."""
+def register_worker(
+    body: WorkerRegister, storage: StorageDep, settings: SettingsDep, _worker: WorkerAuth
+) -> WorkerPublic:
+    """A name belongs to the worker token that registered it first (403 for another token); a
+    token holds at most ``TUNEHUB_MAX_WORKERS_PER_TOKEN`` names (409 ``too_many_workers`` for
+    a new one past it); the answer's ``instance`` is this registration: an earlier process of
+    the name is out."""
     fingerprint = json.dumps(body.fingerprint, sort_keys=True, separators=(",", ":"))
     target = None
     if body.target is not None:
         for text in (body.target.target_json, body.target.fingerprint_json):
             try:
-                if not isinstance(json.loads(text), dict):
+                if not isinstance(json_limits.loads(text), dict):
                     raise ValueError
             except ValueError:
                 raise ApiError(
@@ -145,10 +172,17 @@ def register_worker(body: WorkerRegister, storage: StorageDep, _worker: WorkerAu
         target = coordinator.target_info(row)
     try:
         worker = coordinator.register(
-            storage, body.name, target, fingerprint, token_id=_worker.token_id
+            storage,
+            body.name,
+            target,
+            fingerprint,
+            token_id=_worker.token_id,
+            max_names=settings.max_workers_per_token,
         )
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
+    except coordinator.TooManyWorkers as err:
+        raise ApiError(409, "too_many_workers", str(err)) from None
     key = None if target is None else target.key
     public = WorkerPublic.from_worker(worker, target_key=key)
     return public.model_copy(update={"instance": worker.instance})
@@ -376,10 +410,14 @@ def upload_artifact(
         raise not_found("task lease", lease_id) from None
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
-    staged = FsPath(tempfile.mkdtemp(prefix="artifact-", dir=files.tmp))
+    staged = files.new_temp_dir("artifact-")
     try:
         _save(library, staged / LIBRARY_NAME, settings.upload_limit)
         _save(manifest, staged / MANIFEST_NAME, MANIFEST_LIMIT)
+        try:  # before anything parses it: json.loads recurses once per bracket
+            json_limits.check_file(staged / MANIFEST_NAME, what="manifest.json")
+        except json_limits.JsonTooDeep as err:
+            raise ApiError(422, "invalid_artifact", str(err)) from None
         try:
             coordinator.accept_artifact(
                 storage,
@@ -387,7 +425,7 @@ def upload_artifact(
                 staged,
                 files.artifact_dir(lease_row.job_id),
                 token_id=_worker.token_id,
-                check=_server_check(storage, files),
+                review=_server_review(storage, files, settings),
             )
         except db.InvalidTransitionError as err:
             raise _lease_lost(err) from None
@@ -399,26 +437,21 @@ def upload_artifact(
     return LeaseEnd(lease_status="done", job_status=job.status if job else "failed")
 
 
-def _server_check(storage, files):
-    """The server's own check of an uploaded library
-    (:func:`tuner.finalize.check_artifact_in_child`): a fresh process loads it and compares it
-    with the reference on the job's model and inputs."""
+def _server_review(storage, files, settings):
+    """The server's review of a remote worker's artifact
+    (:func:`tuner.artifact_review.reviewer`): it builds the library itself where it can, or
+    checks the worker's in a sandbox."""
+    from tuner.artifact_review import reviewer  # noqa: PLC0415 - TVM where an artifact arrives
 
-    def check(library: FsPath, job) -> bool:
-        from tuner.finalize import check_artifact_in_child  # noqa: PLC0415
-
-        model = None if job is None or job.model_id is None else storage.get_model(job.model_id)
-        target = None if job is None else storage.get_target_by_id(job.target_id)
-        if model is None or target is None:
-            raise db.ConflictError("the job's model is gone: nothing to verify the artifact with")
-        return check_artifact_in_child(
-            files.model_path(model.content_hash),
-            library,
-            target.target_json,
-            buckets_json=model.buckets_json,
-        )
-
-    return check
+    return reviewer(
+        storage,
+        model_path=files.model_path,
+        hide=[settings.home_dir(), files.root],
+        model_limits=settings.model_limits(),
+        server_build=settings.server_build,
+        timeout_secs=settings.artifact_review_secs,
+        memory_bytes=settings.artifact_review_memory_bytes,
+    )
 
 
 def _save(upload: UploadFile, path: FsPath, limit: int) -> None:

@@ -1,0 +1,140 @@
+"""A large model's weights beside its library (``params.bin``), not inside it.
+
+A model's weights reach TVM as constants and stay constants through lowering (so that the
+prepacked layouts are folded at compile time). Linked into ``model.so`` they become one data
+section: past 2 GiB the shared library no longer links, and a 1.2 B-parameter decoder has 5 GB of
+fp32 weights. So when a lowered module's constants total more than :data:`EXTERNAL_BYTES`,
+:func:`lift_weights` turns every constant of at least :data:`MIN_LIFTED_BYTES` into a parameter of
+each public function (after the user inputs and the state, in one order shared by all functions,
+each distinct array once: programs and buckets importing the same weights share them), and the
+build returns :class:`ExternalWeights`: the executable and the arrays, which
+:func:`compiler.build.export_library` writes as ``params.bin`` beside the library
+(``tvm.runtime.save_param_dict_to_file``). :class:`compiler.runner.LoadedLibrary` loads them
+once and passes them to every call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any
+
+import tvm
+from tvm import relax
+from tvm.relax.expr_functor import PyExprMutator, mutator
+
+#: Constants above this total (bytes) are kept beside the library.
+EXTERNAL_BYTES = 1 << 30
+#: Smaller constants (biases, norms' scales) stay in the library.
+MIN_LIFTED_BYTES = 1 << 16
+#: The file beside ``model.so``; its arrays are named ``p0``, ``p1``, ...
+PARAMS_NAME = "params.bin"
+
+
+@dataclass(frozen=True)
+class ExternalWeights:
+    """An executable whose weights are parameters (``params``, in their order)."""
+
+    executable: Any
+    params: tuple[Any, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(_nbytes(p) for p in self.params)
+
+
+def _nbytes(array: Any) -> int:
+    import numpy as np  # noqa: PLC0415
+
+    size = 1
+    for dim in array.shape:
+        size *= int(dim)
+    return size * np.dtype(str(array.dtype)).itemsize
+
+
+def _constants(func: relax.Function) -> list[Any]:
+    found: list[Any] = []
+
+    def visit(node: Any) -> None:
+        if isinstance(node, tvm.ir.expr.GenericConst):
+            found.append(node)
+
+    relax.analysis.post_order_visit(func.body, visit)
+    return found
+
+
+def _digest(value: Any) -> str:
+    digest = hashlib.blake2b(digest_size=16)
+    digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
+    digest.update(memoryview(value.numpy()).cast("B"))
+    return digest.hexdigest()
+
+
+def lift_weights(
+    mod: tvm.IRModule, external_bytes: int = EXTERNAL_BYTES
+) -> tuple[tvm.IRModule, tuple[Any, ...]]:
+    """``mod`` with its large constants as trailing parameters of every public Relax function,
+    and their arrays in that order; ``(mod, ())`` unchanged when its constants total at most
+    ``external_bytes`` (see the module docstring)."""
+    functions = {
+        gvar: func
+        for gvar, func in mod.functions.items()
+        if isinstance(func, relax.Function) and func.attrs and "global_symbol" in func.attrs
+    }
+    constants = {gvar: _constants(func) for gvar, func in functions.items()}
+    seen: set[int] = set()
+    total = 0
+    for found in constants.values():
+        for const in found:
+            if id(const) not in seen and _nbytes(const.value) >= MIN_LIFTED_BYTES:
+                seen.add(id(const))
+                total += _nbytes(const.value)
+    if total <= external_bytes:
+        return mod, ()
+    order: dict[str, int] = {}
+    arrays: list[Any] = []
+    key_of: dict[Any, str] = {}
+    for found in constants.values():
+        for const in found:
+            if _nbytes(const.value) < MIN_LIFTED_BYTES or const in key_of:
+                continue
+            key = key_of[const] = _digest(const.value)
+            if key not in order:
+                order[key] = len(arrays)
+                arrays.append(const.value)
+    out = mod.clone() if hasattr(mod, "clone") else mod
+    for gvar, func in functions.items():
+        params = [
+            relax.Var(f"w{i}", relax.TensorType(list(a.shape), str(a.dtype)))
+            for i, a in enumerate(arrays)
+        ]
+        replacement = {const: params[order[key]] for const, key in key_of.items()}
+        body = _Replace(replacement).visit_expr(func.body)
+        lifted = relax.Function(
+            list(func.params) + params, body, func.ret_ty, func.is_pure, func.attrs
+        )
+        out[gvar] = lifted
+    return out, tuple(arrays)
+
+
+@mutator
+class _Replace(PyExprMutator):
+    """Each constant of ``replacement`` as its parameter."""
+
+    def __init__(self, replacement: dict[Any, relax.Var]) -> None:
+        super().__init__()
+        self.replacement = replacement
+
+    def visit_generic_const_(self, op: Any) -> Any:
+        return self.replacement.get(op, op)
+
+
+def save_params(params: tuple[Any, ...], path: Any) -> None:
+    """Write ``params`` as ``path`` (``p0``, ``p1``, ... in order)."""
+    tvm.runtime.save_param_dict_to_file({f"p{i}": p for i, p in enumerate(params)}, str(path))
+
+
+def load_params(path: Any, device: Any) -> list[Any]:
+    """The arrays of a ``params.bin`` in order, on ``device``."""
+    loaded = tvm.runtime.load_param_dict_from_file(str(path))
+    return [loaded[f"p{i}"].copyto(device) for i in range(len(loaded))]
