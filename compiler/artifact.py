@@ -159,10 +159,11 @@ def publish_artifact(
         verification = verify(model, library.run_fresh, device=target.device)
         if not verification.passed:
             raise VerificationError(f"artifact not published: the library {verification.message}")
-        generation = verify_generation(model, library) if model.state else None
-        if generation is not None and not generation.passed:
+        decoder = bool(model.state) or model.past_present is not None
+        generation = verify_generation(model, library) if decoder else None
+        if generation is not None and not generation.passed and _available(generation):
             raise VerificationError(f"artifact not published: the library's {generation.message}")
-        if model.bucket_spec is not None and not model.state:  # may inputs be padded?
+        if model.bucket_spec is not None and not decoder:  # may inputs be padded?
             library.padding = bucket_padding(model, library, device=target.device)
         extra_fields = extra(library) if callable(extra) else extra
         manifest = build_manifest(model, target, tasks, verification, extra_fields)
@@ -177,6 +178,12 @@ def publish_artifact(
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return manifest
+
+
+def _available(generation: Any) -> bool:
+    """Whether a generation check could run at all (a past/present decoder whose padding was
+    refused cannot generate: the manifest says why, and the library is still published)."""
+    return bool(getattr(generation, "available", True))
 
 
 #: The verification of a library that was built but not run here (``not_run_because``).

@@ -180,22 +180,9 @@ def _import_onnx(model: LoadedModel) -> tvm.IRModule:
     )
 
 
-def _decompose(program):
-    """``program.run_decompositions()``: the core ATen graph TVM's frontend translates."""
-    try:
-        return program.run_decompositions()
-    except Exception as err:  # noqa: BLE001 - any torch failure here is the file's, refused
-        first = (str(err).strip().splitlines() or [type(err).__name__])[0]
-        raise ModelError(
-            "import_failed",
-            f"torch could not decompose the torch.export program to core ATen operators "
-            f"({type(err).__name__}: {first[:300]})",
-        ) from None
-
-
 def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     """The program's Relax module as TVM translates it, symbolic dimensions still symbolic."""
-    from compiler.llm.state import classify_state, lift_state  # noqa: PLC0415 - torch, .pt2 only
+    from compiler.llm.state import classify_state, decompose, lift_state  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_ops import translate  # noqa: PLC0415 - the torch frontend, for .pt2 only
 
     # Checked before torch decomposes anything, and again on what TVM translates (the
@@ -203,7 +190,7 @@ def _translate_pt2(model: LoadedModel) -> tvm.IRModule:
     missing = unsupported_torch_ops(model.source)
     if missing:
         raise UnsupportedOperatorsError(missing, "torch.export")
-    program = _decompose(model.source)
+    program = decompose(model.source, keep_attention=bool(model.state))
     state, _ = classify_state(program)  # refuses what it cannot keep; the rest is dropped
     missing = unsupported_torch_ops(program, decomposed=True)
     if missing:

@@ -27,7 +27,7 @@ from compiler.buckets import (
     function_name,
     resolve_buckets,
 )
-from compiler.errors import ModelError
+from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.model_spec import Bucket, LoadedModel, ModelFormat, ModelLimits
 from compiler.onnx_loader import onnx_symbolic_dims, specialize_onnx, validate_onnx
 
@@ -146,6 +146,26 @@ def _several_programs(
     return replace(first, buckets=tuple(functions), programs=tuple(programs))
 
 
+def _refuse_ops(proto: Any) -> None:
+    """Refuse, naming them, the operators TVM's ONNX importer lacks, before the checker (which
+    knows no ONNX Runtime contrib operator: ``GroupQueryAttention``,
+    ``SimplifiedLayerNormalization`` of ONNX Runtime GenAI's model builder) and the shape
+    buckets (a model TVM cannot import is not worth specializing)."""
+    from compiler.importer import unsupported_onnx_ops  # noqa: PLC0415 - TVM's frontend
+
+    missing = unsupported_onnx_ops(proto)
+    if missing:
+        error = UnsupportedOperatorsError(missing, "ONNX")
+        if any(op.startswith("com.microsoft::") for op in missing):
+            error.message += (
+                " (ONNX Runtime contrib operators, as ONNX Runtime GenAI's model builder writes "
+                "them; TuneHub compiles standard ONNX operators: export the decoder with "
+                "optimum-onnx or torch.onnx.export instead)"
+            )
+            error.args = (error.message,)
+        raise error
+
+
 def _pinned_symbols(
     dims: Sequence[SymbolicDim], input_shapes: Mapping[str, Sequence[int]]
 ) -> dict[str, int]:
@@ -246,14 +266,26 @@ def load_model(
     wanted = dict(buckets or {})
     loaded: list[tuple[tuple[tuple[str, int], ...], LoadedModel]] = []
     if fmt == "onnx":
-        proto = validate_onnx(data, limits=limits, base_dir=base_dir)
+        from compiler.llm.past_present import (  # noqa: PLC0415
+            bucket_plan,
+            complete_shapes,
+            past_present_layout,
+        )
+
+        proto = validate_onnx(data, limits=limits, base_dir=base_dir, check_ops=_refuse_ops)
         dims, declared = onnx_symbolic_dims(proto)
+        layout = past_present_layout(proto)  # past/present decoder: mask = past + seq
+        if layout is not None:
+            dims, wanted = bucket_plan(layout, dims, wanted)
         spec, plans = _specializations(dims, declared, shapes, wanted)
         for values, bucket_shapes in plans:
+            if layout is not None:
+                bucket_shapes = complete_shapes(layout, bucket_shapes)
             model, specs = specialize_onnx(proto, limits=limits, input_shapes=bucket_shapes)
-            loaded.append((values, LoadedModel("onnx", sha256, len(data), specs, model, values)))
+            one = LoadedModel("onnx", sha256, len(data), specs, model, values, past_present=layout)
+            loaded.append((values, one))
         return _bucketed(loaded, spec, dims, proto)
-    from compiler.llm.state import program_state  # noqa: PLC0415 - torch, .pt2 only
+    from compiler.llm.state import DECODER_BUCKETS, program_state  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
     programs = _load_programs(data, limits, display_name or "<upload>")
@@ -264,6 +296,11 @@ def load_model(
     (program,) = programs.values()
     state = program_state(program)
     dims, declared = pt2_symbolic_dims(program)
+    if state:  # a decoder's token count: a decode step (1) and prefill chunks, by default
+        for dim in dims:
+            if not {dim.symbol, dim.alias} & set(wanted) and dim.input not in shapes:
+                top = dim.maximum or max(DECODER_BUCKETS)
+                wanted[dim.symbol] = [v for v in DECODER_BUCKETS if dim.minimum <= v <= top]
     spec, plans = _specializations(dims, declared, shapes, wanted)
     for values, bucket_shapes in plans:
         specs, bindings = pt2_input_specs(program, bucket_shapes, limits)

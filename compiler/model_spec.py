@@ -89,6 +89,10 @@ class LoadedModel:
     #: What a stateful program keeps between calls (a decoder's KV cache, written in place:
     #: :mod:`compiler.llm.state`), passed to the compiled function after ``inputs``.
     state: tuple[Any, ...] = ()
+    #: An ONNX decoder that takes its KV cache as inputs and returns it as outputs
+    #: (``past_key_values.*`` / ``present.*``): its :class:`compiler.llm.past_present.
+    #: PastPresentLayout` (how the library is driven for generation).
+    past_present: Any = None
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -101,6 +105,8 @@ class LoadedModel:
             described["buckets"] = buckets_json(self)
         if self.state:
             described["state"] = [spec.to_json() for spec in self.state]
+        if self.past_present is not None:
+            described["past_present"] = self.past_present.to_json()
         return described
 
 

@@ -10,7 +10,7 @@ compile-time-constant limits (:mod:`compiler.graph_limits`). Anything else raise
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -230,12 +230,20 @@ def with_static_inputs(model: onnx.ModelProto, specs: Sequence[TensorSpec]) -> o
 
 
 def validate_onnx(
-    data: bytes, *, limits: ModelLimits, base_dir: Path | None = None
+    data: bytes,
+    *,
+    limits: ModelLimits,
+    base_dir: Path | None = None,
+    check_ops: Callable[[onnx.ModelProto], None] | None = None,
 ) -> onnx.ModelProto:
     """Parse and check ONNX bytes (opset, external data, ``onnx.checker``, outputs); the model's
-    inputs may still be symbolic (:func:`specialize_onnx` binds them)."""
+    inputs may still be symbolic (:func:`specialize_onnx` binds them). ``check_ops`` (raising
+    for operators that cannot be compiled) runs on the parsed graph before its external data
+    is read and before ``onnx.checker``, which refuses operators it has no schema for."""
     model = parse_onnx(data)
     _check_opset(model, limits)
+    if check_ops is not None:
+        check_ops(model)
     _resolve_external_data(model, base_dir, limits)
     _check_model(model)
     if not model.graph.output:

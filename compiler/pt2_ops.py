@@ -341,6 +341,10 @@ def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
             return others(node)
 
         table["index_put.default"] = index_put
+        from compiler.llm.attention import SDPA, convert_sdpa  # noqa: PLC0415
+
+        attention = table[SDPA]
+        table[SDPA] = lambda node: convert_sdpa(node, importer, attention)
     importer.convert_map = {name: folded(convert) for name, convert in table.items()}
     return importer.from_exported_program(
         program,

@@ -192,7 +192,8 @@ def shape_values(
 
 
 def substitute_values(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) -> onnx.ModelProto:
-    """A copy of ``model`` whose nodes producing ``values`` are replaced by initializers."""
+    """A copy of ``model`` whose nodes producing ``values`` are replaced by initializers (and
+    their ``value_info`` entries dropped)."""
     fixed = onnx.ModelProto()
     fixed.CopyFrom(model)
     kept = [
@@ -202,5 +203,11 @@ def substitute_values(model: onnx.ModelProto, values: Mapping[str, np.ndarray]) 
     ]
     del fixed.graph.node[:]
     fixed.graph.node.extend(kept)
+    # An exporter's annotation of a substituted value (``[1, 1, 1, "past + seq"]``, its symbol
+    # cleared once the inputs are bound) would hide the initializer's static shape from
+    # shape inference: the initializer says it now.
+    infos = [v for v in fixed.graph.value_info if v.name not in values]
+    del fixed.graph.value_info[:]
+    fixed.graph.value_info.extend(infos)
     fixed.graph.initializer.extend(numpy_helper.from_array(v, name) for name, v in values.items())
     return fixed

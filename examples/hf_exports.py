@@ -40,9 +40,7 @@ def static_cache_program(
 ) -> torch.export.ExportedProgram:
     """``convert_and_export_with_cache`` of ``spec`` with a static cache of ``max_cache_len``
     positions (batch 1), taking ``tokens`` tokens per call (1: its default, a decode step; more:
-    a prefill of that many). A symbolic token count exports, but torch 2.13 cannot decompose
-    that program (``run_decompositions``: "expected compiled_fn to be GraphModule"): see
-    :func:`static_cache_archive` for prefill and decode in one file."""
+    a prefill of that many); :func:`static_cache_prefill_program` exports a symbolic count."""
     from transformers import GenerationConfig  # noqa: PLC0415 - a development dependency
     from transformers.integrations.executorch import (  # noqa: PLC0415
         convert_and_export_with_cache,
@@ -60,6 +58,35 @@ def static_cache_program(
         model,
         example_input_ids=torch.zeros((1, tokens), dtype=torch.int64),
         example_cache_position=torch.arange(tokens, dtype=torch.int64),
+    )
+
+
+def static_cache_prefill_program(
+    spec: DecoderSpec | str, max_cache_len: int = DEFAULT_CACHE, max_tokens: int = 32
+) -> torch.export.ExportedProgram:
+    """``convert_and_export_with_cache`` of ``spec`` with a symbolic token count from 1 to
+    ``max_tokens`` (``strict=True``; traced on 8 tokens): one program that decodes (1 token) and
+    prefills chunks of the prompt. TuneHub compiles it for the token counts 1, 16, 32, ...
+    (its shape buckets) and feeds any prompt in chunks of those."""
+    from transformers import GenerationConfig  # noqa: PLC0415 - a development dependency
+    from transformers.integrations.executorch import (  # noqa: PLC0415
+        convert_and_export_with_cache,
+    )
+
+    model = causal_lm(spec)
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": max_cache_len},
+    )
+    tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
+    example = min(8, max_tokens)
+    return convert_and_export_with_cache(
+        model,
+        example_input_ids=torch.zeros((1, example), dtype=torch.int64),
+        example_cache_position=torch.arange(example, dtype=torch.int64),
+        dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+        strict=True,
     )
 
 

@@ -214,9 +214,12 @@ class Generator(_Driver):
         self.library = library
 
     @classmethod
-    def load(cls, artifact_dir: Path, device: str = "cpu") -> Generator:
-        """The decoder of the artifact in ``artifact_dir`` (``model.so`` + ``manifest.json``).
-        Raises ``ModelError``: ``not_a_decoder``, ``bad_artifact`` (missing or unreadable)."""
+    def load(cls, artifact_dir: Path, device: str = "cpu") -> _Driver:
+        """The decoder of the artifact in ``artifact_dir`` (``model.so`` + ``manifest.json``):
+        a :class:`Generator`, or for an ONNX decoder with ``past_key_values`` inputs and
+        ``present`` outputs a :class:`compiler.llm.past_present.PastPresentGenerator`.
+        Raises ``ModelError``: ``not_a_decoder``, ``bad_artifact`` (missing or unreadable),
+        ``no_generation`` (a past/present artifact that cannot generate)."""
         import json  # noqa: PLC0415
 
         from compiler.runner import LoadedLibrary  # noqa: PLC0415
@@ -230,6 +233,13 @@ class Generator(_Driver):
             ) from None
         if not (folder / "model.so").is_file():
             raise ModelError("bad_artifact", f"{folder} has no model.so")
+        if (manifest.get("model") or {}).get("past_present"):
+            from compiler.llm.past_present import PastPresentGenerator  # noqa: PLC0415
+            from compiler.runner import LoadedLibrary  # noqa: PLC0415
+
+            cuda = (manifest.get("target") or {}).get("kind") == "cuda"
+            library = LoadedLibrary(folder / "model.so", "cuda" if cuda else device)
+            return PastPresentGenerator.from_artifact(library, manifest)
         signature = decoder_signature(manifest.get("model") or {})
         device = "cuda" if (manifest.get("target") or {}).get("kind") == "cuda" else device
         return cls(LoadedLibrary(folder / "model.so", device), signature)

@@ -122,22 +122,41 @@ def mutates_anything(program: Any) -> bool:
     return False
 
 
-def program_state(program: Any) -> tuple[StateSpec, ...]:
-    """The state of ``program`` as exported (:func:`classify_state` of its decomposition; none,
-    without decomposing, when nothing is written in place). Raises ``ModelError`` as
-    :func:`classify_state` does, or ``import_failed`` when torch cannot decompose it."""
-    if not mutates_anything(program):
-        return ()
+def decompose(program: Any, *, keep_attention: bool = False) -> Any:
+    """``program.run_decompositions()``: the core ATen graph TVM's frontend translates.
+    ``keep_attention``: ``scaled_dot_product_attention`` stays whole (a stateful decoder's:
+    :mod:`compiler.llm.attention` reads its grouped-query cache without copying it; torch 2.13
+    also fails to decompose a static-cache export with a symbolic token count otherwise).
+    Raises ``ModelError("import_failed")`` when torch cannot."""
     try:
-        decomposed = program.run_decompositions()
+        if not keep_attention:
+            return program.run_decompositions()
+        import torch  # noqa: PLC0415 - .pt2 only
+
+        table = torch.export.default_decompositions()
+        table.pop(torch.ops.aten.scaled_dot_product_attention.default, None)
+        return program.run_decompositions(table)
     except Exception as err:  # noqa: BLE001 - any torch failure here is the file's, refused
         first = (str(err).strip().splitlines() or [type(err).__name__])[0]
         raise ModelError(
             "import_failed",
-            f"torch could not decompose the torch.export program ({type(err).__name__}: "
-            f"{first[:300]})",
+            f"torch could not decompose the torch.export program to core ATen operators "
+            f"({type(err).__name__}: {first[:300]})",
         ) from None
-    return classify_state(decomposed)[0]
+
+
+def program_state(program: Any) -> tuple[StateSpec, ...]:
+    """The state of ``program`` as exported (:func:`classify_state` of its decomposition; none,
+    without decomposing, when nothing is written in place). Raises ``ModelError`` as
+    :func:`classify_state` and :func:`decompose` do."""
+    if not mutates_anything(program):
+        return ()
+    return classify_state(decompose(program, keep_attention=True))[0]
+
+
+#: The token counts a stateful decoder's symbolic token dimension is compiled for when the user
+#: gives none: one (a decode step) and prefill chunks (powers of two, within its range).
+DECODER_BUCKETS = (1, 16, 32, 64, 128)
 
 
 def _dtype_name(dtype: Any) -> str:

@@ -64,7 +64,17 @@ def verify_generation(
 ) -> GenerationCheck | None:
     """Compare ``library``'s greedy generation with the exported program's (see the module
     docstring); ``None`` for a model that is not a stateful decoder. The prompt and the new
-    tokens are cut to fit the cache. Never raises for a mismatch (``passed`` says)."""
+    tokens are cut to fit the cache. Never raises for a mismatch (``passed`` says).
+
+    An ONNX decoder that takes its cache as ``past_key_values`` inputs and returns it as
+    ``present`` outputs is compared with ONNX Runtime on the same file instead
+    (:func:`compiler.llm.past_present.verify_past_present`)."""
+    if getattr(model, "past_present", None) is not None:
+        from compiler.llm.past_present import verify_past_present  # noqa: PLC0415 - a cycle
+
+        return verify_past_present(
+            model, library, prompt_tokens=PROMPT_TOKENS, new_tokens=new_tokens, seed=seed
+        )
     try:
         signature = decoder_signature(model.describe())
     except ModelError:
