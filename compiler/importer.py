@@ -236,12 +236,14 @@ def _import_buckets(model: LoadedModel) -> tvm.IRModule:
     """One normalized module per bucket, merged (:func:`compiler.bucket_module.merge_buckets`);
     each bucket is imported as the static model it is (a ``.pt2``: :func:`_import_pt2`)."""
     from compiler.bucket_module import merge_buckets  # noqa: PLC0415 - bucketed models only
+    from compiler.weights import share_constants  # noqa: PLC0415 - bucketed models only
 
     importer = _import_onnx if model.format == "onnx" else _import_pt2
     modules = []
+    pool: dict[str, object] = {}  # one copy of the weights the buckets share
     for bucket in model.buckets:
         imported = _guarded(bucket.model, lambda b=bucket: importer(b.model))
-        modules.append((bucket.function, normalize(imported)))
+        modules.append((bucket.function, share_constants(normalize(imported), pool)))
     return merge_buckets(modules)
 
 

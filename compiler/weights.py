@@ -129,6 +129,29 @@ class _Replace(PyExprMutator):
         return self.replacement.get(op, op)
 
 
+def share_constants(mod: tvm.IRModule, pool: dict[str, Any]) -> tvm.IRModule:
+    """``mod`` with each large constant (at least :data:`MIN_LIFTED_BYTES`) equal in content to
+    one of ``pool`` (by content digest) replaced by the pooled one, and the others added to
+    ``pool``: the shape buckets of a model, imported one by one, then hold one copy of their
+    weights rather than one each (``_import_buckets`` in :mod:`compiler.importer`; a decoder's
+    five token-count buckets held five copies of 2 GB)."""
+    out = mod
+    for gvar, func in list(mod.functions.items()):
+        if not isinstance(func, relax.Function):
+            continue
+        replacement: dict[Any, Any] = {}
+        for const in _constants(func):
+            if const in replacement or _nbytes(const.value) < MIN_LIFTED_BYTES:
+                continue
+            pooled = pool.setdefault(_digest(const.value), const)
+            if not pooled.same_as(const):
+                replacement[const] = pooled
+        if replacement:
+            body = _Replace(replacement).visit_expr(func.body)
+            out[gvar] = relax.Function(func.params, body, func.ret_ty, func.is_pure, func.attrs)
+    return out
+
+
 def save_params(params: tuple[Any, ...], path: Any) -> None:
     """Write ``params`` as ``path`` (``p0``, ``p1``, ... in order)."""
     tvm.runtime.save_param_dict_to_file({f"p{i}": p for i, p in enumerate(params)}, str(path))

@@ -184,7 +184,8 @@ def genai_builder_export(hf_dir: str | os.PathLike[str], out_dir: str | os.PathL
     """ONNX Runtime GenAI's model builder (``python -m onnxruntime_genai.models.builder``, fp32,
     CPU) on a ``save_pretrained`` folder, offline; returns the ``model.onnx`` it writes (with
     ``model.onnx.data`` beside it). Needs ``onnxruntime-genai`` and ``onnx-ir`` (the
-    ``bench-llm`` extra)."""
+    ``bench-llm`` extra). The builder also writes a tokenizer: for a Qwen2 folder it makes one
+    without any file; for Llama it needs a tokenizer beside the weights (and sentencepiece)."""
     import subprocess  # noqa: PLC0415
     import sys  # noqa: PLC0415
 

@@ -187,10 +187,11 @@ class Settings(BaseSettings):
         )
 
     def local_model_limits(self) -> ModelLimits:
-        """:meth:`model_limits` for a model file the CLI reads from local disk: sizes up to
-        ``local_max_model_bytes`` (file and constants), the other limits as for uploads."""
+        """:meth:`model_limits` for a model file the CLI reads from local disk: a file of at
+        most ``local_max_model_bytes``, constants up to that size (or the upload limit's, if
+        larger), the other limits as for uploads."""
         limits = self.model_limits()
-        size = max(limits.max_bytes, self.local_max_model_bytes)
+        size = self.local_max_model_bytes
         return dataclasses.replace(
             limits,
             max_bytes=size,

@@ -174,10 +174,10 @@ def bucket_plan(
     layout: PastPresentLayout, dims: Sequence[SymbolicDim], given: Mapping[str, Any]
 ) -> tuple[list[SymbolicDim], dict[str, Any]]:
     """The symbolic dimensions to bucket (the attention mask's left out: its shape is the
-    token ids' batch and ``past + seq``, :func:`complete_shapes`) and the buckets: the user's (``given``, by symbol or
-    ``INPUT.AXIS``), and for each symbol given none, :data:`DEFAULT_BATCH`,
-    :data:`DEFAULT_SEQUENCE` or :data:`DEFAULT_PAST`. Raises ``ModelError("bad_buckets")``
-    for buckets given to the mask's length."""
+    token ids' batch and ``past + seq``, :func:`complete_shapes`) and the buckets: the user's
+    (``given``, by symbol or ``INPUT.AXIS``), and for each symbol given none,
+    :data:`DEFAULT_BATCH`, :data:`DEFAULT_SEQUENCE` or :data:`DEFAULT_PAST`. Raises
+    ``ModelError("bad_buckets")`` for buckets given to the mask's length."""
     kept = [d for d in dims if d.input != MASK and d.symbol != layout.total_symbol]
     named = {d.symbol: d.symbol for d in dims} | {d.alias: d.symbol for d in dims}
     chosen = {named.get(name, name) for name in given}
@@ -396,7 +396,12 @@ class PastPresentGenerator(_PastPresentDriver):
         """The generator of an artifact's library, given its manifest. Raises
         ``ModelError("no_generation")`` when the artifact's generation was not verified or
         is not available (padding refused: the manifest says why)."""
-        signature = manifest_signature(manifest["model"])
+        try:
+            signature = manifest_signature(manifest["model"])
+        except (KeyError, TypeError, ValueError, IndexError) as err:
+            raise ModelError(
+                "bad_artifact", f"the manifest's past/present decoder is unreadable ({err!r})"
+            ) from None
         check = manifest.get("generation") or {}
         padding = check.get("padding") or {}
         if not check.get("passed"):
@@ -407,8 +412,8 @@ class PastPresentGenerator(_PastPresentDriver):
         return cls(library, signature, bool(padding.get("allowed")))
 
     def function_for(self, batch: int, seq: int, past: int) -> Function:
-        """The smallest bucket that takes ``seq`` new tokens after ``past`` (exactly, without
-        padding); ``ModelError("no_bucket")`` when none does."""
+        """The smallest bucket that takes ``seq`` new tokens after ``past``: its exact shapes,
+        or larger ones when padding is allowed; ``ModelError("no_bucket")`` when none does."""
 
         def fits(f: Function) -> bool:
             if f.batch != batch:

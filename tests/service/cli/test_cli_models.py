@@ -141,13 +141,15 @@ def test_bad_inputs_exit_2_without_output(tmp_path, capsys, example_model, monke
             + f"touch {marker}".encode()
             + b"q\x01\x85q\x02Rq\x03."
         )
-        dst.writestr(f"{root}/data/sample_inputs/extra.pkl", payload)
+        # (not under data/sample_inputs/: TuneHub never lets torch read those, so a payload
+        # there is inert and the file loads: tests/compiler/test_pt2_safety.py)
+        dst.writestr(f"{root}/extra/evil.pkl", payload)
     _assert_refused(capsys, tmp_path, evil, "forbidden global os.system")
     assert not marker.exists()
-    # Oversized file (the limit comes from the environment, as for the service).
-    monkeypatch.setenv("TUNEHUB_MAX_MODEL_BYTES", "1000")
+    # Oversized file (the CLI's limit for local files comes from the environment).
+    monkeypatch.setenv("TUNEHUB_LOCAL_MAX_MODEL_BYTES", "1000")
     _assert_refused(capsys, tmp_path, example_model("mlp", "onnx"), "over the limit of 1000 bytes")
-    monkeypatch.delenv("TUNEHUB_MAX_MODEL_BYTES")
+    monkeypatch.delenv("TUNEHUB_LOCAL_MAX_MODEL_BYTES")
     # A symbolic input: a bad bucket spec is refused; pinned by --input-shape it is one shape.
     sym = _write(tmp_path / "sym.onnx", matmul_model(rows="batch").SerializeToString())
     _assert_refused(

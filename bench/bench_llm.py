@@ -1,0 +1,161 @@
+"""The LLM benchmark of issue 32: TuneHub beside ONNX Runtime GenAI, llama.cpp and torch.
+
+``python -m bench.bench_llm --models qwen2.5-0.5b [--runtimes ...] [--tuned-trials N]`` runs
+:mod:`bench.llm_compare` (the peers, the bandwidth limit, the report in ``bench/results/``)
+with TuneHub's runtimes registered:
+
+- ``tunehub-zero``: the decoder exported the way ``transformers`` documents it for deployment
+  (``convert_and_export_with_cache``: a static KV cache, a symbolic token count from 1 to
+  :data:`MAX_TOKENS`) from the same ``save_pretrained`` folder the peers convert, compiled by
+  ``tunehub compile`` with no tuning (library peers and TVM's default schedules), run through
+  :class:`compiler.llm.generate.Generator` (the cache kept as the library's state, written in
+  place; a prompt fed in chunks of the compiled token counts);
+- ``tunehub-tuned``: the same after ``tunehub tune --trials N`` (named with ``--runtimes``).
+
+Compiling happens once per model (cached under the work dir, like the peers' conversions) and
+is reported as ``setup_s``. Batch 4 is a separate export (a static cache has its batch size
+built in); it is not measured here yet (``batch_unsupported``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.llm_compare import main, register_runtime
+from bench.llm_peers import PreparedModel, Settings
+
+#: The largest prompt chunk the export takes (TuneHub compiles 1, 16, 32, 64, 128).
+MAX_TOKENS = 128
+REPO = Path(__file__).resolve().parents[1]
+
+
+def _export(folder: Path, path: Path, capacity: int) -> None:
+    """The deployment export of the model in ``folder`` (see the module docstring), written
+    atomically to ``path`` in a child process (torch's export holds the model's memory)."""
+    code = f"""
+import torch
+from bench.llm_models import load_saved_model
+from transformers import GenerationConfig
+from transformers.integrations.executorch import convert_and_export_with_cache
+from examples.export import _atomic_write
+from pathlib import Path
+model = load_saved_model(Path({str(folder)!r}))
+model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static",
+    cache_config={{"batch_size": 1, "max_cache_len": {capacity}}})
+tokens = torch.export.Dim("tokens", min=1, max={MAX_TOKENS})
+ep = convert_and_export_with_cache(model, example_input_ids=torch.zeros((1, 8), dtype=torch.int64),
+    example_cache_position=torch.arange(8), strict=True,
+    dynamic_shapes={{"input_ids": {{1: tokens}}, "cache_position": {{0: tokens}}}})
+_atomic_write(Path({str(path)!r}), lambda f: torch.export.save(ep, f))
+"""
+    subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
+
+
+class TuneHubRuntime:
+    """TuneHub's compiled decoder (see the module docstring)."""
+
+    runtime = "tunehub"
+    precision = "fp32"
+    compiles = False
+
+    def __init__(self, trials: int = 0) -> None:
+        self.trials = trials
+        self.variant = f"tuned ({trials} trials)" if trials else "zero-trial"
+        self.generator: Any = None
+        self.details: dict[str, Any] = {}
+
+    def unavailable(self) -> str | None:
+        return None
+
+    def batch_unsupported(self, batch: int) -> str | None:
+        return None if batch == 1 else "a static cache has its batch built in: one export each"
+
+    def prepare(self, model: PreparedModel, settings: Settings) -> None:
+        from compiler.llm.generate import Generator
+
+        os.environ["TVM_NUM_THREADS"] = str(settings.threads)
+        capacity = max(settings.capacity(c) for c in settings.contexts)
+        capacity = -(-capacity // 64) * 64
+        folder = model.cache_dir / "tunehub"
+        folder.mkdir(parents=True, exist_ok=True)
+        program = folder / f"static-{capacity}.pt2"
+        start = time.perf_counter()
+        if not program.is_file():
+            _export(model.folder, program, capacity)
+        out = folder / (f"tuned-{self.trials}" if self.trials else "zero-trial")
+        if not (out / "manifest.json").is_file():
+            self._compile(program, out, folder, settings.threads)
+        self.details = {
+            "setup_s": time.perf_counter() - start,
+            "capacity": capacity,
+            "export": "convert_and_export_with_cache, tokens 1..128 symbolic",
+        }
+        self.generator = Generator.load(out)
+        manifest = json.loads((out / "manifest.json").read_text())
+        self.details["generation_check"] = (manifest.get("generation") or {}).get("message")
+        self.details["weights_bytes"] = (manifest.get("weights") or {}).get("bytes")
+        self.eos = model.spec.special_ids[1]
+
+    def _compile(self, program: Path, out: Path, folder: Path, threads: int) -> None:
+        env = {**os.environ, "TVM_NUM_THREADS": str(threads)}
+        if self.trials:
+            command = [
+                "tune", str(program), "--trials", str(self.trials), "-o", str(out),
+                "--db", f"sqlite:///{folder / 'tunehub.db'}", "--num-cores", str(threads),
+            ]  # fmt: skip
+        else:
+            command = ["compile", str(program), "-o", str(out), "--num-cores", str(threads)]
+        subprocess.run(
+            [sys.executable, "-m", "service.cli", *command], cwd=REPO, env=env, check=True
+        )
+
+    def start(self, batch: int, capacity: int) -> None:
+        if capacity > self.generator.signature.capacity:
+            raise ValueError(
+                f"capacity {capacity} > the export's {self.generator.signature.capacity}"
+            )
+        self.generator.reset()
+
+    def _next(self, logits: np.ndarray) -> np.ndarray:
+        logits = np.array(logits, dtype=np.float32, copy=True)
+        logits[:, self.eos] = -np.inf
+        return logits.argmax(axis=-1).astype(np.int64)
+
+    def prefill(self, ids: np.ndarray, *, measured: bool = True) -> np.ndarray:
+        return self._next(self.generator.prefill(np.asarray(ids, dtype=np.int64)))
+
+    def step(self, tokens: np.ndarray) -> np.ndarray:
+        return self._next(self.generator.step(np.asarray(tokens, dtype=np.int64).reshape(-1, 1)))
+
+    def describe(self) -> dict[str, Any]:
+        return dict(self.details)
+
+    def close(self) -> None:
+        self.generator = None
+
+
+def run(argv: list[str] | None = None) -> int:
+    """Register TuneHub's runtimes (``--tuned-trials N``: the tuned one too) and run the
+    comparison."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    trials = 0
+    if "--tuned-trials" in args:
+        index = args.index("--tuned-trials")
+        trials = int(args[index + 1])
+        del args[index : index + 2]
+    register_runtime("tunehub-zero", TuneHubRuntime)
+    if trials:
+        register_runtime("tunehub-tuned", lambda: TuneHubRuntime(trials))
+    return main(args)
+
+
+if __name__ == "__main__":
+    sys.exit(run())
