@@ -529,8 +529,8 @@ def main() -> int:
     args = parser.parse_args()
 
     import db
+    from compiler.intrinsics import load_tensor_intrinsics
     from compiler.target import resolve_target
-    from tuner.intrinsics import load_tensor_intrinsics
 
     target = resolve_target("cuda")
     load_tensor_intrinsics("cuda")

@@ -4,26 +4,16 @@ An artifact is a folder holding :data:`LIBRARY_NAME` (the compiled library) and
 :data:`MANIFEST_NAME` (what it is, how it was verified, its schedule table). A job's artifact is
 published to :func:`job_artifact_dir` of the service's storage folder, whichever way the job ran
 (``tunehub tune`` without ``-o``, an embedded worker, a lease worker's upload), so the service
-serves every job's artifact from one place.
+serves every job's artifact from one place (the folder itself is the settings' rule:
+:func:`db.config.default_storage_dir`).
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 LIBRARY_NAME = "model.so"
 MANIFEST_NAME = "manifest.json"
-STORAGE_DIR_ENV = "TUNEHUB_STORAGE_DIR"
-
-
-def default_storage_dir() -> Path:
-    """The service's storage folder: ``$TUNEHUB_STORAGE_DIR``, else ``$TUNEHUB_HOME/storage``."""
-    from db.config import tunehub_home  # noqa: PLC0415 - the home is the database package's rule
-
-    configured = os.environ.get(STORAGE_DIR_ENV)
-    root = Path(configured) if configured else tunehub_home() / "storage"
-    return root.expanduser().absolute()
 
 
 def job_artifact_dir(storage_dir: Path, job_id: int) -> Path:

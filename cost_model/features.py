@@ -29,8 +29,8 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
+from compiler.intrinsics import load_tensor_intrinsics
 from cost_model.version import FEATURE_VERSION  # noqa: F401 - re-exported
-from tuner.intrinsics import load_tensor_intrinsics
 
 _EXTRACTOR_ARGS = dict(
     buffers_per_store=5, arith_intensity_curve_num_samples=10, cache_line_bytes=64
@@ -118,7 +118,7 @@ def tune_context(mod: tvm.IRModule, target: tvm.target.Target) -> ms.TuneContext
     """A bare tuning context for feature extraction (no space, no search strategy).
 
     Registers only the target's tensor intrinsics first: ``TuneContext`` would otherwise import
-    every backend's (11-60 s, see :mod:`tuner.intrinsics`).
+    every backend's (11-60 s, see :mod:`compiler.intrinsics`).
     """
     load_tensor_intrinsics("cuda" if target.kind.name == "cuda" else "cpu")
     return ms.TuneContext(mod=mod, target=target, task_name="features")

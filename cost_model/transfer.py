@@ -39,6 +39,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.cost_model import PyCostModel
 
 from compiler.keys import workload_key
+from compiler.task_family import workload_family
 from cost_model.booster import (
     BoosterConfig,
     booster_from_bytes,
@@ -49,8 +50,7 @@ from cost_model.booster import (
 from cost_model.dataset import throughput_labels
 from cost_model.features import FeatureCache
 from cost_model.metrics import pairwise_counts
-from tuner.measurements import mean_run_secs
-from tuner.siblings import workload_family
+from db.types import mean_run_secs
 
 logger = logging.getLogger("tunehub.cost_model")
 

@@ -1,4 +1,4 @@
-"""Where the tuning database lives.
+"""Where the tuning database and the service's storage folder live.
 
 The URL comes from, in order: an explicit ``--db URL``, the environment variable
 ``TUNEHUB_DATABASE_URL``, then the embedded default ``sqlite:///<home>/tunehub.db`` where home is
@@ -12,12 +12,21 @@ from pathlib import Path
 
 DATABASE_URL_ENV = "TUNEHUB_DATABASE_URL"
 HOME_ENV = "TUNEHUB_HOME"
+STORAGE_DIR_ENV = "TUNEHUB_STORAGE_DIR"
 
 
 def tunehub_home() -> Path:
     """The directory TuneHub keeps its local state in (not created here)."""
     home = os.environ.get(HOME_ENV)
     return Path(home).expanduser() if home else Path.home() / ".tunehub"
+
+
+def default_storage_dir() -> Path:
+    """The service's storage folder (artifacts, uploads, scratch): ``$TUNEHUB_STORAGE_DIR``,
+    else ``$TUNEHUB_HOME/storage``; absolute, not created here."""
+    configured = os.environ.get(STORAGE_DIR_ENV)
+    root = Path(configured) if configured else tunehub_home() / "storage"
+    return root.expanduser().absolute()
 
 
 def default_database_url() -> str:

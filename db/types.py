@@ -65,6 +65,14 @@ def measurement(run_secs: Sequence[float] | None) -> tuple[bool, float | None]:
     return True, sum(values) / len(values)
 
 
+def mean_run_secs(result: Any | None) -> float | None:
+    """Mean measured seconds of one ``RunnerResult``, or ``None`` for a failed (or missing)
+    measurement."""
+    if result is None or result.error_msg:
+        return None
+    return measurement(result.run_secs)[1]
+
+
 class JobStatus:
     """Status values of jobs and job tasks, and the transitions the storage allows."""
 

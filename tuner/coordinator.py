@@ -401,7 +401,8 @@ def lease_context(
     the keys of the schedules stored for it, and its faster siblings' best schedules
     (:func:`tuner.siblings.faster_siblings`, the query ``tunehub tune`` runs too). Raises
     :class:`db.NotFoundError` (no lease) and :class:`db.ConflictError` (a finalize lease)."""
-    from tuner.siblings import family_members, faster_siblings, own_rate, workload_family  # noqa: PLC0415
+    from compiler.task_family import workload_family  # noqa: PLC0415
+    from tuner.siblings import family_members, faster_siblings, own_rate  # noqa: PLC0415
 
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:

@@ -32,11 +32,13 @@ from pathlib import Path
 from typing import Any
 
 from compiler.artifact import check_output_dir
-from compiler.artifact_layout import LIBRARY_NAME, default_storage_dir, job_artifact_dir
+from compiler.artifact_layout import LIBRARY_NAME, job_artifact_dir
 from compiler.model_spec import buckets_json
 from compiler.prepare import PreparedModel
 from compiler.runner import Timing
+from compiler.task_family import workload_family
 from db import Job, JobStatus, NewJobTask, TuningStorage
+from db.config import default_storage_dir
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.cost_models import CostModelChoice, resolve_cost_model
 from tuner.finalize import (
@@ -54,7 +56,6 @@ from tuner.remeasure import RemeasureConfig
 from tuner.remeasure_store import store_remeasurements
 from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
-from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds
 from tuner.workloads import register_prepared
 

@@ -2,7 +2,8 @@
 
 The rule itself (which run times are a measurement and which mark a failure: MetaSchedule's
 ``run_secs=[1e10]``, anything non-finite, non-positive or at least 1e9 s) is
-:func:`db.types.measurement`, the rule the database stores records by; these helpers apply it to
+:func:`db.types.measurement`, the rule the database stores records by (and
+:func:`db.types.mean_run_secs` applies it to one runner result); these helpers apply it to
 MetaSchedule's builder and runner results, so the search, the scheduler, progress, uploads and
 the database agree on every candidate.
 """
@@ -12,14 +13,6 @@ from __future__ import annotations
 from typing import Any
 
 from db.types import FAILED_RUN_SECS, measurement
-
-
-def mean_run_secs(result: Any | None) -> float | None:
-    """Mean measured seconds of one ``RunnerResult``, or ``None`` for a failed (or missing)
-    measurement."""
-    if result is None or result.error_msg:
-        return None
-    return measurement(result.run_secs)[1]
 
 
 def outcome(built: Any, ran: Any | None) -> tuple[tuple[float, ...], str | None]:

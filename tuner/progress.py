@@ -21,7 +21,7 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.partition import TaskInfo
-from tuner.measurements import mean_run_secs
+from db.types import mean_run_secs
 
 logger = logging.getLogger(__name__)
 

@@ -55,9 +55,8 @@ from tvm.s_tir import meta_schedule as ms
 from compiler.default_schedules import default_task_module
 from compiler.peers import device_of, library_for, peer_task_module, peer_variants, peers_supported
 from db.metaschedule_database import replay
-from db.types import canonical_trace_json, measurement, spread, trace_hash
+from db.types import canonical_trace_json, mean_run_secs, measurement, spread, trace_hash
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
-from tuner.measurements import mean_run_secs
 
 logger = logging.getLogger("tunehub.remeasure")
 

@@ -20,8 +20,8 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
+from compiler.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
-from tuner.intrinsics import load_tensor_intrinsics
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.reports import SearchReport
 from tuner.search_strategy.skip_stored import SkipStoredSchedules

@@ -1,35 +1,26 @@
 """Which tasks are siblings, and which of their schedules a task's search may start from.
 
-Siblings are tasks of one *workload family* (:func:`workload_family`: the fused operators
-without their numbers, e.g. ResNet-18's eight ``conv2d + add + relu`` tasks), found in every model
-the database knows and in the run itself. :func:`faster_siblings` is the one query behind both
-uses: the in-process search (:class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` on the SQL
-database) and the server's answer to a tune lease (:func:`tuner.coordinator.lease_context`), so a
-task gets the same sibling schedules whichever way its job runs. Nothing here imports TVM.
+Siblings are tasks of one *workload family* (:func:`compiler.task_family.workload_family`:
+the fused operators without their numbers, e.g. ResNet-18's eight ``conv2d + add + relu`` tasks),
+found in every model the database knows and in the run itself. :func:`faster_siblings` is the one
+query behind both uses: the in-process search
+(:class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` on the SQL database) and the server's
+answer to a tune lease (:func:`tuner.coordinator.lease_context`), so a task gets the same sibling
+schedules whichever way its job runs. Nothing here imports TVM.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from collections import defaultdict
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from compiler.task_family import workload_family
 from tuner.reports import SiblingSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from db import TuningStorage
-
-
-def workload_family(task_name: str) -> str:
-    """The operator family of a tuning task: its name without the numeric suffix of each fused
-    operator (``fused_conv2d3_add3_add4_relu2`` -> ``fused_conv2d_add_add_relu``).
-
-    Relax's FuseOps names a fused function after its operators and numbers repeated names, so
-    tasks of one family compute the same operators on different shapes.
-    """
-    return re.sub(r"\d+(?=_|$)", "", task_name)
 
 
 def family_members(storage: TuningStorage) -> dict[str, set[int]]:

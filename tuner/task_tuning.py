@@ -24,12 +24,12 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.target import TargetSpec
+from compiler.task_family import workload_family
 from tuner.database.lease import LeaseDatabase
 from tuner.measure import MeasureConfig, RpcConfig
 from tuner.measure_callback.upload_batches import MeasuredBatch, UploadBatches
 from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search, search_report
-from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import LeaseSiblings, SeedTask, SiblingSeeds
 from tuner.work import LeaseContext
 

@@ -91,7 +91,7 @@ def _matmul(n: int, dtype: str) -> tvm.IRModule:
 
 
 def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> None:
-    from tuner.intrinsics import load_tensor_intrinsics
+    from compiler.intrinsics import load_tensor_intrinsics
     from tuner.space import design_space
 
     # In a thread of its own: TVMScript's parser calls inspect.stack() for each of the ~500

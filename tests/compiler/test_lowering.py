@@ -155,12 +155,13 @@ def test_prepack_marks_constant_weights_layout_free(block) -> None:
 def _tune_all(parts, target, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
-    from tuner.intrinsics import load_tensor_intrinsics
+    from compiler.intrinsics import load_tensor_intrinsics
     from tuner.measure import MeasureConfig, make_builder, make_runner
     from tuner.search import SearchConfig
 
     # As the tuner does (tuner.search.run_search): only the CPU's tensor intrinsics. Without it,
-    # TuneContext imports every backend's (minutes under pytest's deep stack, tuner/intrinsics.py).
+    # TuneContext imports every backend's (minutes under pytest's deep stack;
+    # compiler/intrinsics.py).
     load_tensor_intrinsics("cpu")
     measure = MeasureConfig(repeat=1, min_repeat_ms=1)
     # The evolutionary search, small: 3 trials a task need no population of 512 (MetaSchedule's

@@ -12,11 +12,11 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 import db
+from compiler.intrinsics import load_tensor_intrinsics
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
+from compiler.task_family import workload_family
 from db.metaschedule_database import MetaScheduleDatabase, record_as_json
-from tuner.intrinsics import load_tensor_intrinsics
-from tuner.siblings import workload_family
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds, refit_tiles
 
 REPO = Path(__file__).resolve().parents[2]

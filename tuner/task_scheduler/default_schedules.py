@@ -22,7 +22,7 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from tuner.measurements import mean_run_secs
+from db.types import mean_run_secs
 
 logger = logging.getLogger(__name__)
 

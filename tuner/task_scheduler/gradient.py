@@ -29,7 +29,7 @@ from typing import Any
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
-from tuner.measurements import mean_run_secs
+from db.types import mean_run_secs
 
 _INVALID_MS = 1e9  # MetaSchedule's latency for a failed candidate (``task_scheduler.cc``)
 

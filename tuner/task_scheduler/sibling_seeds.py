@@ -6,7 +6,7 @@ schedules, although the database may hold a fast schedule of the same fused oper
 shape: ResNet-18 has eight ``conv2d + add + relu`` tasks, MobileNetV2 eighteen
 ``conv2d + add + clip``, and every model a user tunes adds more.
 
-Siblings are tasks of one *workload family* (:func:`tuner.siblings.workload_family`: the
+Siblings are tasks of one *workload family* (:func:`compiler.task_family.workload_family`: the
 fused operators without their numbers), found in every model the database knows and in the run
 itself. Where the sibling schedules come from is a :class:`SiblingSource`: the SQL database in a
 run that holds it (:class:`StorageSiblings`), or the server's answer to a lease
@@ -39,8 +39,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
-from db.types import measurement
-from tuner.measurements import mean_run_secs
+from db.types import mean_run_secs, measurement
 from tuner.reports import SiblingSchedule
 from tuner.siblings import family_members, faster_siblings
 
