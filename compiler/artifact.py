@@ -25,6 +25,7 @@ from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from compiler.build import export_library
 from compiler.errors import ModelError, VerificationError
 from compiler.llm.verify import verify_generation
+from compiler.lowering import cuda_graphs_enabled
 from compiler.model_spec import LoadedModel
 from compiler.peers import library_for, library_unavailable_reason, peer_library
 from compiler.runner import LoadedLibrary
@@ -70,6 +71,7 @@ def build_manifest(
             "kind": target.kind,
             "target": json.loads(target.target_json),
             "fingerprint": target.fingerprint,
+            **({"cuda_graphs": cuda_graphs_enabled()} if target.kind == "cuda" else {}),
         },
         "tasks": tasks,
         "verification": verification.to_json(),

@@ -21,13 +21,17 @@ module (:func:`compiler.importer.import_model`):
 (prepacking) :func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers
 that with TVM's own dataflow-lowering and finalize passes:
 ``ms.relax_integration.compile_relax`` with steps 1, 3 and the fold added.
-Targets on the legacy options (CUDA, and CPU targets stored before the options existed) are
-built by ``compile_relax`` itself (after fast math), unchanged; a CUDA build with library peers runs
-``compile_relax``'s own steps with the peers applied after fusion (:func:`_cuda_with_peers`).
+CPU targets stored before the options existed are built by ``compile_relax`` itself (after fast
+math), unchanged. CUDA builds run ``compile_relax``'s own steps (fuse as tuning did, the database,
+DLight for the rest) with the library peers applied after fusion (:func:`_cuda_build`), and capture
+their kernel launches into CUDA graphs (:func:`cuda_graphs_enabled`: TVM's ``RewriteCUDAGraph``
+lifts the static-shape regions of ``main`` into functions the VM captures on their first call and
+replays after).
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Collection
 from typing import Any
 
@@ -44,6 +48,25 @@ from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
 from compiler.weights import ExternalWeights, lift_weights
+
+#: Set to ``0`` (or ``false``/``off``/``no``) to build CUDA artifacts without CUDA graphs.
+CUDA_GRAPHS_ENV = "TUNEHUB_CUDA_GRAPHS"
+
+
+def cuda_graphs_enabled() -> bool:
+    """Whether CUDA builds capture their launches into CUDA graphs: on unless
+    ``TUNEHUB_CUDA_GRAPHS`` says ``0``, ``false``, ``off`` or ``no``."""
+    return os.environ.get(CUDA_GRAPHS_ENV, "1").strip().lower() not in {"0", "false", "off", "no"}
+
+
+def build_context(target: TargetSpec) -> tvm.transform.PassContext:
+    """The pass context of a build for ``target``: opt level 3 and, for CUDA with
+    :func:`cuda_graphs_enabled`, ``relax.backend.use_cuda_graph`` (read by the CUDA finalize
+    passes' ``RewriteCUDAGraph``)."""
+    graphs = target.kind == "cuda" and cuda_graphs_enabled()
+    return tvm.transform.PassContext(
+        opt_level=3, config={"relax.backend.use_cuda_graph": True} if graphs else {}
+    )
 
 
 def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
@@ -109,12 +132,12 @@ def build_with_database(
     from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only the paths that need them
 
     tvm_target = target.tvm_target()
+    if target.kind == "cuda":
+        return _cuda_build(for_target(mod, target.compile_options), target, database, peers)
     if target.compile_options.is_legacy:
-        if peers and target.kind != "cuda":
+        if peers:
             raise ValueError(f"{target.describe()} builds without library peers")
         mod = for_target(mod, target.compile_options)
-        if peers:
-            return _cuda_with_peers(mod, tvm_target, database, peers)
         return ms.relax_integration.compile_relax(database, mod, tvm_target, params=None)
     # Only CPU targets take this path. ``relax.pipeline.dataflow_lower_passes`` fails for llvm
     # in 0.27 (``tvm.relax.backend.cpu_generic`` does not export it); its module has both lists.
@@ -132,14 +155,17 @@ def build_with_database(
     return ExternalWeights(executable, weights) if weights else executable
 
 
-def _cuda_with_peers(
-    mod: tvm.IRModule, tvm_target: tvm.target.Target, database: Any, peers: Collection[str]
+def _cuda_build(
+    mod: tvm.IRModule, target: TargetSpec, database: Any, peers: Collection[str]
 ) -> Any:
     """``ms.relax_integration.compile_relax``'s pipeline for a GPU target (fuse as tuning did,
     apply the database, DLight's GPU rules for the rest, lower), with the cuBLAS / cuDNN peers
-    of the tasks keyed in ``peers`` put in after fusion."""
+    of the tasks keyed in ``peers`` put in after fusion, in :func:`build_context` (CUDA
+    graphs)."""
     from tvm.relax.backend.cuda import pipeline as cuda_pipeline  # noqa: PLC0415 - as CPU's
     from tvm.s_tir import dlight as dl  # noqa: PLC0415 - only this path
+
+    tvm_target = target.tvm_target()
 
     @tvm.transform.module_pass(opt_level=3)
     def pipeline(module: tvm.IRModule, _ctx: tvm.transform.PassContext) -> tvm.IRModule:
@@ -154,10 +180,12 @@ def _cuda_with_peers(
             ]
         )(module)
 
-    with tvm_target, database, tvm.transform.PassContext(opt_level=3):
+    with tvm_target, database, build_context(target):
         return relax.build(mod, target=tvm_target, relax_pipeline=pipeline)
 
 
 def build_untuned(mod: tvm.IRModule, target: TargetSpec) -> Any:
-    """TVM's default build of ``mod`` in ``target``'s layout (no database: naive loops on CPU)."""
-    return tvm.compile(for_target(mod, target.compile_options), target=target.tvm_target())
+    """TVM's default build of ``mod`` in ``target``'s layout (no database: naive loops on CPU,
+    DLight's default schedules on CUDA, in :func:`build_context`)."""
+    with build_context(target):
+        return tvm.compile(for_target(mod, target.compile_options), target=target.tvm_target())

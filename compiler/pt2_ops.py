@@ -59,6 +59,7 @@ from tvm import relax
 __all__ = [
     "CONVERTERS",
     "DECOMPOSED_OPS",
+    "in_torch_dtype",
     "input_free_values",
     "supported_ops",
     "translate",
@@ -303,6 +304,52 @@ def without_constant_inputs(program: Any) -> Any:
     return program._update(module, ExportGraphSignature(kept, list(signature.output_specs)))  # noqa: SLF001
 
 
+def in_torch_dtype(node: Any, expr: relax.Expr, importer: Any) -> relax.Expr:
+    """``expr`` (TVM's conversion of ``node``) cast to the floating dtype torch gives ``node``
+    where the two differ. TVM's converters of ``conv1d``/``conv2d``/``conv3d`` (and their
+    transposes) and ``addmm`` compute in ``out_dtype="float32"`` whatever their inputs: a float16
+    or bfloat16 program then met a float32 tensor at its next operator (a batch norm refused the
+    mix). The float32 result cast back is what torch's half-precision kernels compute too (they
+    accumulate in float32)."""
+    val = node.meta.get("val") if hasattr(node, "meta") else None
+    if not isinstance(val, torch.Tensor) or not val.dtype.is_floating_point:
+        return expr
+    info = getattr(expr, "ty", None)
+    if not isinstance(info, relax.TensorType):
+        return expr
+    want = str(val.dtype).removeprefix("torch.")
+    have = str(info.dtype)
+    if have == want or not have.startswith(("float", "bfloat")):
+        return expr
+    return importer.block_builder.emit(relax.op.astype(expr, want))
+
+
+#: TVM's converters that compute in float32 whatever their inputs' dtype, and the argument that
+#: holds their bias (added to that float32 result): a half-precision bias is cast to float32
+#: first (:func:`_float32_bias`), the result cast back by :func:`in_torch_dtype`.
+FLOAT32_RESULT_OPS: dict[str, int] = {"addmm.default": 0, "convolution.default": 2}
+
+
+def _float32_bias(
+    convert: Callable[[Any], relax.Expr], bias_index: int, importer: Any
+) -> Callable[[Any], relax.Expr]:
+    """``convert`` (one of :data:`FLOAT32_RESULT_OPS`) seeing its half-precision bias as
+    float32, so that it adds two float32 tensors (TVM refuses mixed dtypes)."""
+
+    def run(node: Any) -> relax.Expr:
+        bias_node = node.args[bias_index] if len(node.args) > bias_index else None
+        bias = importer.env.get(bias_node) if isinstance(bias_node, fx.Node) else None
+        if bias is None or _dtype(bias) not in ("float16", "bfloat16"):
+            return convert(node)
+        importer.env[bias_node] = importer.block_builder.emit(relax.op.astype(bias, "float32"))
+        try:
+            return convert(node)
+        finally:
+            importer.env[bias_node] = bias
+
+    return run
+
+
 def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
     """TVM's translation of the decomposed ``program`` (``from_exported_program``, with
     :data:`CONVERTERS` in place of TVM's converters of those operators), every
@@ -322,12 +369,14 @@ def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
         def run(node: Any) -> relax.Expr:
             value = constants.get(node)
             if value is None:
-                return convert(node)
+                return in_torch_dtype(node, convert(node), importer)
             return relax.const(np.ascontiguousarray(value.numpy()))
 
         return run
 
     table = dict(importer.convert_map)
+    for name, bias_index in FLOAT32_RESULT_OPS.items():
+        table[name] = _float32_bias(table[name], bias_index, importer)
     for name, convert in CONVERTERS.items():
         table[name] = functools.partial(convert, importer=importer)
     if state:

@@ -83,9 +83,31 @@ def reference_outputs(
     if torch_device != "cpu":
         module = module.to(torch_device)
     with torch.no_grad(), _strict_float32():
-        tensors = [torch.from_numpy(array).to(torch_device) for array in inputs]
+        tensors = [_to_torch(array).to(torch_device) for array in inputs]
         result = call_program(model.source, module, tensors)
-    return [t.detach().cpu().numpy() for t in _flatten_torch(result)]
+    return [_to_numpy(t) for t in _flatten_torch(result)]
+
+
+def _to_torch(array: np.ndarray) -> Any:
+    """``array`` as a CPU tensor; bfloat16 (``ml_dtypes``, which torch cannot read) through
+    float32, which holds every bfloat16 value exactly."""
+    import torch
+
+    if array.dtype.name == "bfloat16":
+        return torch.from_numpy(array.astype(np.float32)).to(torch.bfloat16)
+    return torch.from_numpy(array)
+
+
+def _to_numpy(tensor: Any) -> np.ndarray:
+    """A torch tensor as a numpy array (bfloat16 as ``ml_dtypes.bfloat16``, through float32)."""
+    import torch
+
+    tensor = tensor.detach().cpu()
+    if tensor.dtype == torch.bfloat16:
+        import ml_dtypes
+
+        return tensor.float().numpy().astype(ml_dtypes.bfloat16)
+    return tensor.numpy()
 
 
 def call_program(program: Any, module: Any, tensors: list[Any]) -> Any:

@@ -160,6 +160,27 @@ def test_untuned_model_builds_for_cuda(example_model) -> None:
     assert executable is not None
 
 
+def test_cuda_builds_capture_cuda_graphs_unless_turned_off(example_model, monkeypatch) -> None:
+    """A CUDA build's VM code runs its static regions through ``vm.builtin.cuda_graph`` (captured
+    once, replayed after); ``TUNEHUB_CUDA_GRAPHS=0`` builds the plain launches; the manifest of a
+    CUDA artifact says which."""
+    from compiler.artifact import build_manifest
+    from compiler.build import build
+    from compiler.lowering import CUDA_GRAPHS_ENV
+    from compiler.prepare import prepare_model
+    from compiler.verify import VerificationResult
+
+    prepared = prepare_model(example_model("mlp", "pt2"), cuda_target(H200))
+    graphs = build(prepared.mod, prepared.target).as_text()
+    assert "vm.builtin.cuda_graph.run_or_capture" in graphs
+    no_result = VerificationResult(False, "none", 0.0, (), "not run")
+    assert build_manifest(prepared.model, prepared.target, [], no_result)["target"]["cuda_graphs"]
+    monkeypatch.setenv(CUDA_GRAPHS_ENV, "0")
+    assert "cuda_graph" not in build(prepared.mod, prepared.target).as_text()
+    manifest = build_manifest(prepared.model, prepared.target, [], no_result)
+    assert manifest["target"]["cuda_graphs"] is False
+
+
 @pytest.mark.slow
 @needs_gpu
 def test_tuned_model_on_the_gpu_is_verified_against_torch(example_model, tmp_path) -> None:

@@ -1,0 +1,51 @@
+"""Models exported in half precision import and compute in that precision.
+
+TVM's torch frontend computes convolutions and ``addmm`` in float32 whatever their inputs, and
+then adds a half-precision bias to that float32 result, which Relax refuses. TuneHub's import
+(:func:`compiler.pt2_ops.translate`) adds the bias in float32 and casts each result back to the
+dtype torch gives it, so a float16 program stays float16 from input to output.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from compiler.build import build
+from compiler.prepare import prepare_model
+from compiler.runner import LoadedLibrary
+from compiler.target import resolve_target
+from compiler.verify import verify
+
+
+class ConvLinear(nn.Module):
+    """A convolution with a bias, a batch norm, and a linear layer (``addmm`` once decomposed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=True)
+        self.norm = nn.BatchNorm2d(8)
+        self.fc = nn.Linear(8 * 6 * 6, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(torch.relu(self.norm(self.conv(x))).flatten(1))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_a_half_precision_export_stays_in_its_dtype_and_matches_torch(tmp_path, dtype) -> None:
+    torch.manual_seed(0)
+    model = ConvLinear().eval()
+    model.norm.running_mean.uniform_(-0.2, 0.2)
+    model.norm.running_var.uniform_(0.5, 1.5)
+    model = model.to(dtype)
+    path = tmp_path / "conv_linear.pt2"
+    torch.export.save(torch.export.export(model, (torch.randn(1, 3, 6, 6, dtype=dtype),)), path)
+
+    prepared = prepare_model(path, resolve_target("cpu"))
+    name = str(dtype).removeprefix("torch.")
+    assert [spec.dtype for spec in prepared.model.inputs] == [name]
+    library = LoadedLibrary.from_executable(build(prepared.mod, prepared.target))
+    result = verify(prepared.model, library.run)
+    assert result.passed, result.message
+    assert result.outputs[0].dtype == name
