@@ -274,6 +274,10 @@ def main() -> int:
         "cpu_cores": os.cpu_count(),
         "command": "python -m bench.bench_gpu_models " + " ".join(sys.argv[1:]),
     }
+    from bench.bench_gpu import choose_cuda_compiler
+    from compiler.target import resolve_target
+
+    info["cuda_compiler"] = choose_cuda_compiler(resolve_target("cuda"))
     stem = f"gpu_models_{info['date']}" + (f"_{args.tag}" if args.tag else "")
     args.out.mkdir(parents=True, exist_ok=True)
     rows: list[dict[str, Any]] = []
