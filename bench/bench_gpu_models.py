@@ -109,8 +109,30 @@ def outputs_stable(library, prepared) -> bool:
     vm = library.vm
     first = vm["main"](*[tvm.runtime.tensor(x, library.device) for x in first_in])
     vm["main"](*[tvm.runtime.tensor(x, library.device) for x in second_in])
-    held = first[0] if isinstance(first, tvm.ir.container.Array | list | tuple) else first
+    held = first if hasattr(first, "numpy") else first[0]
     return bool(np.array_equal(held.numpy(), expected))
+
+
+def slowest_tasks(manifest: dict[str, Any], count: int = 6) -> list[str]:
+    """The ``count`` tasks whose chosen candidate took longest in the final build's
+    re-measurement, as ``name: kind ms (other candidates)``."""
+    tasks = []
+    for task in manifest.get("remeasured", []):
+        timed = [
+            (next((k for k in ("peer", "default") if k in c), "record"), c.get("median_ms"), c)
+            for c in task.get("candidates", [])
+        ]
+        chosen = [(kind, ms) for kind, ms, c in timed if c.get("chosen") and ms is not None]
+        if chosen:
+            others = ", ".join(f"{k} {ms:.3f}" for k, ms, c in timed if ms and not c["chosen"])
+            tasks.append(
+                (
+                    chosen[0][1],
+                    f"{task['name']}: {chosen[0][0]} {chosen[0][1]:.3f}"
+                    + (f" ({others})" if others else ""),
+                )
+            )
+    return [text for _, text in sorted(tasks, reverse=True)[:count]]
 
 
 def tunehub_times(name: str, model, inputs, dtype: str, trials: int, work: Path) -> dict[str, Any]:
@@ -161,6 +183,7 @@ def tunehub_times(name: str, model, inputs, dtype: str, trials: int, work: Path)
     out["cuda_graphs_in_manifest"] = manifest["target"].get("cuda_graphs")
     peers = set((manifest.get("peers") or {}).get("tasks", []))
     out["peers"] = len(peers)
+    out["slowest_tasks"] = slowest_tasks(manifest)
     artifact = LoadedLibrary(work / f"{name}-artifact" / "model.so", "cuda")
     out["outputs_stable"] = outputs_stable(artifact, prepared)
     database = (

@@ -74,7 +74,7 @@ def reference_outputs(
         return [np.asarray(out) for out in session.run(None, feeds)]
     import torch
 
-    torch_device = _torch_device(device)
+    torch_device = _torch_device(device, model.source)
     module = model.source.module()
     if model.state:  # its buffers are the program's: a copy starts from the exported (empty) cache
         import copy
@@ -148,13 +148,25 @@ def _call_graph(program: Any, tensors: list[Any]) -> list[Any]:
     return [o for o, s in zip(outputs, specs) if s.kind == OutputKind.USER_OUTPUT]
 
 
-def _torch_device(device: str) -> str:
-    """``"cuda"`` when asked for and torch has a GPU, else ``"cpu"``."""
-    if device != "cuda":
+def _torch_device(device: str, program: Any = None) -> str:
+    """``"cuda"`` when asked for and torch has a GPU, unless ``program`` (an ``ExportedProgram``)
+    creates tensors on the CPU itself; else ``"cpu"``."""
+    if device != "cuda" or (program is not None and _creates_cpu_tensors(program)):
         return "cpu"
     import torch
 
     return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def _creates_cpu_tensors(program: Any) -> bool:
+    """Whether a node of ``program``'s graph names the CPU as its ``device`` (a program exported
+    on the CPU bakes ``arange(..., device=cpu)`` in: ``transformers``' position ids), so that its
+    module cannot run on a GPU."""
+    for node in program.graph.nodes:
+        device = node.kwargs.get("device") if node.op == "call_function" else None
+        if device is not None and str(device).startswith("cpu"):
+            return True
+    return False
 
 
 def reference_name(model: LoadedModel, device: str = "cpu") -> str:
@@ -162,7 +174,7 @@ def reference_name(model: LoadedModel, device: str = "cpu") -> str:
     ``torch (cuda)``."""
     if model.format == "onnx":
         return "onnxruntime"
-    return "torch (cuda)" if _torch_device(device) == "cuda" else "torch"
+    return "torch (cuda)" if _torch_device(device, model.source) == "cuda" else "torch"
 
 
 class _strict_float32:  # noqa: N801 - used like a function: ``with _strict_float32():``

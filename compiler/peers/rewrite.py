@@ -350,14 +350,20 @@ class _ConvMatch:
 
 
 def _match_conv(
-    stages: list[_Stage], params: set[str], layout: str, depthwise: bool = False
+    stages: list[_Stage],
+    params: set[str],
+    layout: str,
+    depthwise: bool = False,
+    half_inputs: bool = False,
 ) -> _ConvMatch | None:
     """The groups-1 float32 convolution anchor of ``stages`` in ``layout`` (``NHWC``: block
     ``conv2d_nhwc``, ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw, c] * W[ry, rx, c, f]``;
     ``NCHW``: block ``conv2d_nchw``, ``Y[n, f, y, x] += P[n, c, ...] * W[f, c, ry, rx]``), whose
     input is a parameter or the zero padding of one, and whose weight is a parameter. With
     ``depthwise`` (``NHWC`` only): the ``group_conv2d_nhwc`` block of a depthwise convolution
-    instead (input channel ``f + rc``, weight ``[KH, KW, 1, C]``, as many outputs as inputs)."""
+    instead (input channel ``f + rc``, weight ``[KH, KW, 1, C]``, as many outputs as inputs).
+    With ``half_inputs``: a float16 input and weight accumulated into float32 instead (what a
+    float16 program's convolution imports to, :func:`compiler.pt2_ops.in_torch_dtype`)."""
     prefix = "group_conv2d_nhwc" if depthwise else f"conv2d_{layout.lower()}"
     for index in (0, 1):
         if index < len(stages) and str(stages[index].block.name_hint).startswith(prefix):
@@ -371,7 +377,9 @@ def _match_conv(
     if (
         len(spatial) != 4
         or len(reduce) != 3
-        or not _float32(store.buffer, data.source, weight.source)
+        or not _float32(store.buffer)
+        or {str(data.source.dtype), str(weight.source.dtype)}
+        != {"float16" if half_inputs else "float32"}
     ):
         return None
     if layout == "NHWC":
@@ -442,9 +450,15 @@ def _depthwise_conv2d(stages: list[_Stage], params: set[str]) -> tuple[PeerCall,
 
 
 def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int] | None:
-    """The cuDNN peer of an NCHW convolution (a CUDA target's layout) and the index of its
-    anchor stage: float32, groups 1, padding equal on both sides of each axis (cuDNN's)."""
+    """The cuDNN peer of an NCHW convolution (a CUDA target's layout) and the index of the last
+    stage it computes: groups 1, padding equal on both sides of each axis (cuDNN's); float32,
+    or float16 accumulated in float32 whose next stage casts the result to float16 (cuDNN's
+    half-precision convolution computes in float32 and writes float16: it computes both
+    stages, :func:`_fold_conv_cast`)."""
     match = _match_conv(stages, params, "NCHW")
+    half = match is None
+    if half:
+        match = _match_conv(stages, params, "NCHW", half_inputs=True)
     if match is None:
         return None
     h, w = (int(d) for d in match.source.shape[2:])
@@ -455,13 +469,38 @@ def _conv2d_nchw(stages: list[_Stage], params: set[str]) -> tuple[PeerCall, int]
         w + 2 * match.left - cols[1] * (kw - 1) - 1
     ) // cols[0] + 1 != ow:
         return None  # padded more on one side than the other: not cuDNN's convolution
-    return PeerCall(
+    call = PeerCall(
         "conv2d_nchw",
         (str(match.source.name), match.weight.source.name),
         match.store.buffer.name,
-        match.config(),
+        (*match.config(), ("dtype", CUDA_DTYPES[("float16" if half else "float32",) * 2])),
         "cuda",
-    ), match.index
+    )
+    return _fold_conv_cast(call, match.index, stages) if half else (call, match.index)
+
+
+def _fold_conv_cast(
+    call: PeerCall, index: int, stages: list[_Stage]
+) -> tuple[PeerCall, int] | None:
+    """A half-precision convolution (``call``, anchor stage ``index``, float32 output) whose next
+    stage is the cast of that output to float16 at the same indices: the call writing the cast's
+    buffer, and the cast's index; ``None`` otherwise (cuDNN cannot write float32 from float16)."""
+    if index + 1 >= len(stages):
+        return None
+    block = stages[index + 1].block
+    store = block.body
+    value = store.value if isinstance(store, tirx.BufferStore) else None
+    spatial = [iv.var for iv in block.iter_vars]
+    if not (
+        isinstance(value, ir.prim.expr.Cast)
+        and str(value.ty) == "float16"
+        and isinstance(value.value, _Load)
+        and str(value.value.source.name) == call.output
+        and _is_vars(store.indices, spatial)
+        and _is_vars(value.value.indices, spatial)
+    ):
+        return None
+    return replace(call, output=str(store.buffer.name)), index + 1
 
 
 @dataclass(frozen=True)
@@ -854,7 +893,7 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
             *extra,
         ]
     x_shape = [int(d) for d in inputs[0].shape]
-    if call.kind == "conv2d_nchw":  # tunehub_cuda_conv2d_nchw: all int64
+    if call.kind == "conv2d_nchw":  # tunehub_cuda_conv2d_nchw: int64 sizes, int32 dtype
         k, _, kh, kw = (int(d) for d in inputs[1].shape)
         sizes = (
             *x_shape,
@@ -870,7 +909,10 @@ def _extern_sizes(call: PeerCall, inputs: list[Any], output: Any) -> list[Any]:
             config["dilation_h"],
             config["dilation_w"],
         )
-        return [tirx.IntImm("int64", v) for v in sizes]
+        return [
+            *(tirx.IntImm("int64", v) for v in sizes),
+            tirx.IntImm("int32", config.get("dtype", CUDA_DTYPES[("float32", "float32")])),
+        ]
     tile = CONV_ALGORITHMS.get(call.algorithm, 0)
     if tile:  # tunehub_peer_conv2d_nhwc_winograd: no kernel, stride or dilation arguments
         sizes = (*x_shape, int(inputs[1].shape[3]), shape[1], shape[2])

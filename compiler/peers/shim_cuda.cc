@@ -12,9 +12,12 @@
 //       B (a weight) serves every batch (the batch folds into M). dtype: 0 = float32 in and out
 //       (fp32 math, no TF32), 1 = float16 in and out, 2 = float16 in, float32 out (both with
 //       fp32 accumulation). Returns 0, or the cuBLAS status of a failed call.
-//   tunehub_cuda_conv2d_nchw(X, W, Y, n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw)
-//       Y[n, k, oh, ow] = conv(X[n, c, h, w], W[k, c, kh, kw]), float32, groups 1, zero padding
-//       ph / pw on both sides: cudnnConvolutionForward with FMA math (no TF32) and the fastest
+//   tunehub_cuda_conv2d_nchw(X, W, Y, n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
+//                            dtype)
+//       Y[n, k, oh, ow] = conv(X[n, c, h, w], W[k, c, kh, kw]), groups 1, zero padding ph / pw on
+//       both sides; dtype 0: float32 (FMA math, no TF32), 1: float16 in and out, computed in
+//       float32 (cuDNN's pseudo-half configuration, tensor cores allowed):
+//       cudnnConvolutionForward with the fastest
 //       algorithm cudnnFindConvolutionForwardAlgorithm measures for the shape, found on the
 //       first call of a shape and kept (with its workspace) for the process. Returns 0, or the
 //       cuDNN status of a failed call.
@@ -90,7 +93,7 @@ enum { kR32F = 0, kR16F = 2 };                    // cudaDataType_t
 enum { kCompute32F = 68 };                        // cublasComputeType_t (no TF32)
 enum { kGemmDefault = -1 };                       // cublasGemmAlgo_t
 enum { kDLCUDA = 2 };                             // DLDeviceType
-enum { kNCHW = 0, kFloat = 0, kCrossCorrelation = 1, kFmaMath = 3 };  // cuDNN enums
+enum { kNCHW = 0, kFloat = 0, kHalf = 2, kCrossCorrelation = 1, kTensorOpMath = 1, kFmaMath = 3 };
 
 // One library handle per device and thread, made by Create on first use (nullptr if it fails).
 template <int (*Create)(void**)>
@@ -152,27 +155,29 @@ struct ConvPlan {
 using ConvKey = std::tuple<int, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t,
                            int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t, int64_t>;
 
-int MakePlan(cudnnHandle_t handle, const int64_t* d, ConvPlan* plan) {
+int MakePlan(cudnnHandle_t handle, const int64_t* d, int half, ConvPlan* plan) {
   // d: n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw
+  const int data = half ? kHalf : kFloat;
   int status = cudnnCreateTensorDescriptor(&plan->x);
-  if (!status) status = cudnnSetTensor4dDescriptor(plan->x, kNCHW, kFloat, d[0], d[1], d[2], d[3]);
+  if (!status) status = cudnnSetTensor4dDescriptor(plan->x, kNCHW, data, d[0], d[1], d[2], d[3]);
   if (!status) status = cudnnCreateTensorDescriptor(&plan->y);
-  if (!status) status = cudnnSetTensor4dDescriptor(plan->y, kNCHW, kFloat, d[0], d[4], d[7], d[8]);
+  if (!status) status = cudnnSetTensor4dDescriptor(plan->y, kNCHW, data, d[0], d[4], d[7], d[8]);
   if (!status) status = cudnnCreateFilterDescriptor(&plan->w);
-  if (!status) status = cudnnSetFilter4dDescriptor(plan->w, kFloat, kNCHW, d[4], d[1], d[5], d[6]);
+  if (!status) status = cudnnSetFilter4dDescriptor(plan->w, data, kNCHW, d[4], d[1], d[5], d[6]);
   if (!status) status = cudnnCreateConvolutionDescriptor(&plan->conv);
   if (!status)
     status = cudnnSetConvolution2dDescriptor(plan->conv, d[11], d[12], d[9], d[10], d[13], d[14],
                                              kCrossCorrelation, kFloat);
-  if (!status) status = cudnnSetConvolutionMathType(plan->conv, kFmaMath);
+  if (!status) status = cudnnSetConvolutionMathType(plan->conv, half ? kTensorOpMath : kFmaMath);
   ConvAlgoPerf perf[16];
   int returned = 0;
   if (!status)
     status = cudnnFindConvolutionForwardAlgorithm(handle, plan->x, plan->w, plan->conv, plan->y,
                                                   16, &returned, perf);
   if (status) return status;
-  for (int i = 0; i < returned; ++i) {  // fastest first; FMA math only (no TF32)
-    if (perf[i].status != 0 || (perf[i].math_type != kFmaMath && perf[i].math_type != 0)) continue;
+  for (int i = 0; i < returned; ++i) {  // fastest first; float32: FMA math only (no TF32)
+    if (perf[i].status != 0) continue;
+    if (!half && perf[i].math_type != kFmaMath && perf[i].math_type != 0) continue;
     plan->algo = perf[i].algo;
     plan->workspace_bytes = perf[i].memory;
     if (plan->workspace_bytes) {
@@ -187,11 +192,11 @@ int MakePlan(cudnnHandle_t handle, const int64_t* d, ConvPlan* plan) {
 
 }  // namespace
 
-extern "C" int tunehub_cuda_conv2d_nchw(const float* x, const float* w, float* y, int64_t n,
+extern "C" int tunehub_cuda_conv2d_nchw(const void* x, const void* w, void* y, int64_t n,
                                         int64_t c, int64_t h, int64_t wd, int64_t k, int64_t kh,
                                         int64_t kw, int64_t oh, int64_t ow, int64_t sh,
                                         int64_t sw, int64_t ph, int64_t pw, int64_t dh,
-                                        int64_t dw) {
+                                        int64_t dw, int32_t dtype) {
   static std::mutex mutex;
   static std::map<ConvKey, ConvPlan> plans;
   int device = 0;
@@ -204,14 +209,15 @@ extern "C" int tunehub_cuda_conv2d_nchw(const float* x, const float* w, float* y
   int status = cudnnSetStream(handle, TVMFFIEnvGetStream(kDLCUDA, device));
   if (status != 0) return status;
   const int64_t dims[15] = {n, c, h, wd, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw};
-  ConvKey key{device, n, c, h, wd, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw};
+  const int half = dtype == 1;
+  ConvKey key{device * 2 + half, n, c, h, wd, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw};
   ConvPlan* plan = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex);
     auto found = plans.find(key);
     if (found == plans.end()) {
       ConvPlan made;
-      status = MakePlan(handle, dims, &made);
+      status = MakePlan(handle, dims, half, &made);
       if (status != 0) {
         std::fprintf(stderr, "tunehub_cuda_conv2d_nchw: no cuDNN algorithm (status %d)\n",
                      status);

@@ -82,6 +82,34 @@ def test_nchw_convolutions_get_cudnn_peers(example_model) -> None:
     assert build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=keys)
 
 
+def test_a_float16_convolution_calls_cudnn_in_half_precision(tmp_path) -> None:
+    """A float16 program's convolution (float16 in, float32 accumulated, cast back to float16,
+    then the batch norm and ReLU: a ResNet's) calls cuDNN's half-precision convolution, which
+    writes the cast's float16 buffer itself; the float32 one keeps float32 (dtype 0). The build
+    succeeds."""
+    import torch
+    from torch import nn
+
+    for dtype, code in ((torch.float16, ("float16",) * 2), (torch.float32, ("float32",) * 2)):
+        conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
+        model = nn.Sequential(conv, nn.BatchNorm2d(8), nn.ReLU()).eval().to(dtype)
+        path = tmp_path / f"conv_{code[0]}.pt2"
+        x = torch.randn(1, 3, 6, 6, dtype=dtype)
+        torch.export.save(torch.export.export(model, (x,)), path)
+        prepared = prepare_model(path, cuda_target(H200))
+        tasks = list(zip(prepared.partition.tasks, prepared.partition.extracted))
+        calls = {t.key: find_peer(e.dispatched[0], "cuda") for t, e in tasks}
+        convs = [(t, e) for t, e in tasks if "conv2d" in t.name]
+        assert len(convs) == 1
+        call = calls[convs[0][0].key]
+        assert call is not None and call.kind == "conv2d_nchw"
+        assert dict(call.config)["dtype"] == CUDA_DTYPES[code]
+        script = peer_task_module(convs[0][1].dispatched[0], "cuda").script()
+        assert "tunehub_cuda_conv2d_nchw" in script
+        keys = {k for k, c in calls.items() if c is not None}
+        assert build(prepared.mod, prepared.target, ms.database.MemoryDatabase(), peers=keys)
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU is None, reason="no CUDA GPU (tvm.cuda(0).exist is false)")
 def test_cuda_peers_run_and_match_onnx_runtime(tmp_path) -> None:
