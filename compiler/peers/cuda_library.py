@@ -32,7 +32,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from compiler.peers.library import _cache_dir, _compile, _load, build_or_reason, cxx
+from compiler.peers.library import WARNINGS, _cache_dir, _compile, _load, build_or_reason, cxx
 
 SHIM_SOURCE = Path(__file__).with_name("shim_cuda.cc")
 LIBRARY = "cublas"
@@ -159,7 +159,7 @@ def _build() -> CudaPeerLibrary:
         SHIM_SOURCE.read_bytes() + str((cublas, links)).encode()
     ).hexdigest()[:16]
     folder = _cache_dir() / "peers" / f"cuda-{source_hash}"
-    common = [compiler, "-O2", "-std=c++17", "-fPIC"]
+    common = [compiler, "-O2", "-std=c++17", "-fPIC", *WARNINGS]
     obj, shared = folder / "tunehub_cuda_peers.o", folder / "libtunehub_cuda_peers.so"
     if not obj.exists():
         _compile(SHIM_SOURCE, obj, [*common, "-c"])

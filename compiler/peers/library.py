@@ -53,6 +53,9 @@ from typing import Any
 
 SHIM_SOURCE = Path(__file__).with_name("shim.cc")
 ONEDNN_SOURCE = Path(__file__).with_name("shim_onednn.inc")
+#: Warning flags of every shim build (``-Wpsabi`` only notes that a vector type crosses a function
+#: with per-function target attributes: the shim's kernels are compiled for one ISA each).
+WARNINGS = ("-Wall", "-Wextra", "-Wno-psabi")
 LIBRARY = "openblas"
 #: The oneDNN wheels the shim is built against (the runtime library, the headers).
 ONEDNN_PACKAGES = ("onednn-cpu-gomp", "onednn-devel-cpu-gomp")
@@ -246,6 +249,7 @@ def _build_with(onednn: OneDnn | None) -> PeerLibrary:
         "-O3",
         "-std=c++17",
         "-fPIC",
+        *WARNINGS,
         *blas.defines(),
         *(onednn.compile_flags() if onednn is not None else []),
     ]
