@@ -81,6 +81,13 @@ def _fold_conv_batch_norm(func: relax.Function) -> relax.Function:
     return rewrite_call(pattern, rewrite, func)
 
 
+def _out_dtype(dtype: object) -> str | None:
+    """A convolution's ``out_dtype`` attribute as ``conv2d`` takes it: ``None`` when unset (the
+    ONNX importer leaves it ``None`` or ``void``: the input's dtype)."""
+    text = "" if dtype is None else str(dtype)
+    return None if text in ("", "void", "None") else text
+
+
 def _conv1d_as_conv2d(func: relax.Function) -> relax.Function:
     data, weight, bias = wildcard(), wildcard(), is_const()
     plain = is_op("relax.nn.conv1d")(data, weight)
@@ -105,7 +112,7 @@ def _conv1d_as_conv2d(func: relax.Function) -> relax.Function:
             padding=(0, left, 0, right),
             dilation=(1, int(attrs.dilation[0])),
             groups=int(attrs.groups),
-            out_dtype=str(attrs.out_dtype) if str(attrs.out_dtype) else None,
+            out_dtype=_out_dtype(attrs.out_dtype),
         )
         if biased in matches:  # the bias joins the convolution's task (a peer's epilogue)
             b = matches[bias].value.numpy()

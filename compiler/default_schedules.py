@@ -142,6 +142,66 @@ class FewRowsReduction(CpuFallback):
         return super().apply(func, target, tunable)
 
 
+class RowSoftmax(CPUScheduleRule):
+    """A softmax over the last axis (TOPI's blocks ``T_softmax_maxelem``, the exponential,
+    ``T_softmax_expsum``, ``T_softmax_norm``), ahead of DLight's ``Reduction``: one parallel loop
+    over rows; in each row the maximum and the sum reduce into :func:`softmax_lanes` partial
+    results (``rfactor``) with a vector loop, the exponential is computed once into a row-sized
+    buffer with a vector loop, and the normalization is a vector loop. DLight's rule reduces
+    each row one element at a time and vectorizes with a tail predicate; a Whisper encoder's
+    softmax over 6 x 1,500 x 1,500 scores took 19-26 ms with it, 11-13 ms with this rule (2
+    cores, one run of each). Rows whose length has no vector-sized divisor keep DLight's rule."""
+
+    def apply(self, func: tirx.PrimFunc, target: Target, _: bool) -> s_tir.Schedule | None:
+        if not isinstance(func, tirx.PrimFunc) or not self.is_target_available(target):
+            return None
+        names = set(_block_names(func))
+        exponent = "T_fast_exp" if "T_fast_exp" in names else "T_softmax_exp"
+        wanted = {"T_softmax_maxelem", exponent, "T_softmax_expsum", "T_softmax_norm"}
+        if not wanted <= names or names - wanted - {"T_softmax_delta", "root"}:
+            return None
+        try:
+            return _row_softmax(func, exponent)
+        except (s_tir.ScheduleError, ValueError):
+            return None
+
+
+def softmax_lanes(length: int) -> int | None:
+    """The vector width of a softmax row of ``length``: its largest divisor in 4..16 that is a
+    multiple of 4, or ``None``."""
+    return next((d for d in (16, 12, 8, 4) if length % d == 0), None)
+
+
+def _row_softmax(func: tirx.PrimFunc, exponent: str) -> s_tir.Schedule | None:
+    sch = s_tir.Schedule(func)
+    norm = sch.get_sblock("T_softmax_norm")
+    loops = sch.get_loops(norm)
+    extent = sch.get(loops[-1]).extent
+    lanes = softmax_lanes(int(extent)) if isinstance(extent, tirx.IntImm) else None
+    if lanes is None or len(loops) < 2:
+        return None
+    if "T_softmax_delta" in _block_names(func):
+        sch.compute_inline(sch.get_sblock("T_softmax_delta"))
+    partial = {}
+    for name in ("T_softmax_maxelem", "T_softmax_expsum"):
+        inner = sch.split(sch.get_loops(sch.get_sblock(name))[-1], [None, lanes])[1]
+        partial[name] = sch.rfactor(inner, 0)
+    row = sch.fuse(*loops[:-1]) if len(loops) > 2 else loops[0]
+    sch.parallel(row)
+    sch.vectorize(sch.split(loops[-1], [None, lanes])[1])
+    for name in ("T_softmax_expsum", "T_softmax_maxelem"):
+        sch.compute_at(sch.get_sblock(name), row)
+        sch.compute_at(partial[name], row)
+        if name == "T_softmax_expsum":
+            sch.compute_at(sch.get_sblock(exponent), row)
+            last = sch.get_loops(sch.get_sblock(exponent))[-1]
+            sch.vectorize(sch.split(last, [None, lanes])[1])
+        rf_loops = sch.get_loops(partial[name])
+        sch.reorder(rf_loops[-1], rf_loops[-2])
+        sch.vectorize(sch.get_loops(partial[name])[-1])
+    return sch
+
+
 #: Rows below which a broadcast reduction takes :class:`FewRowsReduction`.
 FEW_ROWS = 64
 
@@ -193,6 +253,7 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
             dl.cpu.GEMV(),
             ConvolutionFallback(),
             FewRowsReduction(),
+            RowSoftmax(),
             dl.cpu.Reduction(),
             CpuFallback(),
         )(mod.clone())
