@@ -1,5 +1,6 @@
-"""Default CPU schedules (:mod:`compiler.default_schedules`): a softmax over rows takes
-:class:`RowSoftmax` where its rows have a vector-sized divisor, and computes what numpy does."""
+"""Default CPU schedules (:mod:`compiler.default_schedules`): a softmax over long rows takes
+:class:`RowSoftmax` where their length has a vector-sized divisor (short rows keep DLight's
+rule, faster there), and computes what numpy does, NaN guard included."""
 
 from __future__ import annotations
 
@@ -13,13 +14,18 @@ from compiler.lowering import fuse
 from compiler.target import resolve_target
 
 
-def _softmax_task(rows: int, length: int) -> tvm.IRModule:
-    """The one fused PrimFunc of ``softmax(x, axis=-1)`` over ``[rows, length]`` float32."""
+def _softmax_task(rows: int, length: int, nan_guard: bool = False) -> tvm.IRModule:
+    """The one fused PrimFunc of ``softmax(x, axis=-1)`` over ``[rows, length]`` float32; with
+    ``nan_guard``, followed by ``where(isnan(s), 0, s)`` (an exported attention's)."""
     x = relax.Var("x", relax.TensorType((rows, length), "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
-            out = builder.emit_output(relax.op.nn.softmax(x, axis=-1))
+            s = builder.emit(relax.op.nn.softmax(x, axis=-1))
+            if nan_guard:
+                zero = relax.const(0.0, "float32")
+                s = builder.emit(relax.op.where(relax.op.isnan(s), zero, s))
+            out = builder.emit_output(s)
         builder.emit_func_output(out)
     target = resolve_target("cpu").tvm_target()
     fused = fuse(builder.get(), target)
@@ -34,10 +40,20 @@ def test_softmax_lanes_divide_the_row() -> None:
     assert softmax_lanes(197) is None  # a ViT's sequence: no vector-sized divisor
 
 
-@pytest.mark.parametrize(("rows", "length", "rule"), [(96, 1500, True), (96, 197, False)])
-def test_row_softmax_schedules_rows_and_matches_numpy(rows: int, length: int, rule: bool) -> None:
+@pytest.mark.parametrize(
+    ("rows", "length", "nan_guard", "rule"),
+    [
+        (96, 1500, False, True),
+        (64, 1024, True, True),
+        (96, 128, True, False),
+        (96, 197, False, False),
+    ],
+)
+def test_row_softmax_schedules_rows_and_matches_numpy(
+    rows: int, length: int, nan_guard: bool, rule: bool
+) -> None:
     target = resolve_target("cpu").tvm_target()
-    scheduled = default_task_module(_softmax_task(rows, length), target)
+    scheduled = default_task_module(_softmax_task(rows, length, nan_guard), target)
     assert scheduled is not None
     script = scheduled.script()
     assert ("_rf" in script) == rule  # the rule's rfactor blocks, or DLight's schedule
@@ -45,7 +61,9 @@ def test_row_softmax_schedules_rows_and_matches_numpy(rows: int, length: int, ru
     rng = np.random.default_rng(0)
     x = rng.standard_normal((rows, length)).astype("float32") * 4
     out = tvm.runtime.tensor(np.zeros_like(x), tvm.cpu())
-    library.mod["main"](tvm.runtime.tensor(x, tvm.cpu()), out)
+    guard = scheduled["main"].params[1:-1]  # the NaN guard's 0.0, a 0-d parameter
+    zeros = [tvm.runtime.tensor(np.zeros((), "float32")) for _ in guard]
+    library.mod["main"](tvm.runtime.tensor(x, tvm.cpu()), *zeros, out)
     expected = np.exp(x - x.max(axis=-1, keepdims=True))
     expected /= expected.sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
