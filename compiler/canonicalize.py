@@ -8,7 +8,9 @@ Tuning tasks are keyed by structural hash, so such differences would split one w
 ``canonicalize`` promises:
 - every inference ``batch_norm`` that follows a ``conv2d`` with constant weights (optionally
   through a constant bias ``add``) is folded into the weights: ``add(conv2d(x, W'), b')`` with
-  ``b'`` shaped ``[1, C, 1, 1]`` — the same form for both frontends;
+  ``b'`` shaped ``[1, C, 1, 1]`` — the same form for both frontends; in a half-precision program
+  (a float32 convolution cast back to float16, :func:`compiler.pt2_ops.in_torch_dtype`) it is
+  ``add(astype(conv2d(x, W'), float16), b')``;
 - ``minimum(maximum(x, lo), hi)`` with scalar constants (ONNX ``Clip``) is ``clip(x, lo, hi)``
   (what ``torch.export`` gives for ReLU6 / hardtanh);
 - a ``matmul`` of an input of rank > 2 by a constant 2-D weight (an ONNX ``MatMul`` on
@@ -47,11 +49,17 @@ def _fold_conv_batch_norm(func: relax.Function) -> relax.Function:
     gamma, beta, mean, var = is_const(), is_const(), is_const(), is_const()
     norm_biased = is_op("relax.nn.batch_norm")(biased, gamma, beta, mean, var)
     norm_plain = is_op("relax.nn.batch_norm")(conv, gamma, beta, mean, var)
-    pattern = is_tuple_get_item(norm_biased, 0) | is_tuple_get_item(norm_plain, 0)
+    cast = is_op("relax.astype")(conv)  # a half-precision program's float32 convolution
+    norm_cast = is_op("relax.nn.batch_norm")(cast, gamma, beta, mean, var)
+    pattern = (
+        is_tuple_get_item(norm_biased, 0)
+        | is_tuple_get_item(norm_plain, 0)
+        | is_tuple_get_item(norm_cast, 0)
+    )
 
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
         conv_call = matches[conv]
-        norm_call = matches[norm_biased] if norm_biased in matches else matches[norm_plain]
+        norm_call = next(matches[n] for n in (norm_biased, norm_plain, norm_cast) if n in matches)
         attrs = norm_call.attrs
         kernel = conv_call.attrs
         if (
@@ -79,6 +87,9 @@ def _fold_conv_batch_norm(func: relax.Function) -> relax.Function:
         folded_conv = relax.Call(
             conv_call.op, [matches[data], _const(w_folded, dtype)], conv_call.attrs
         )
+        if norm_cast in matches:  # the cast stays right after the convolution (cuDNN's half peer)
+            out = str(matches[cast].attrs.dtype)
+            return relax.op.add(relax.op.astype(folded_conv, out), _const(b_folded, out))
         return relax.op.add(folded_conv, _const(b_folded, dtype))
 
     return rewrite_call(pattern, rewrite, func)

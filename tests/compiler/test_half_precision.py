@@ -49,3 +49,22 @@ def test_a_half_precision_export_stays_in_its_dtype_and_matches_torch(tmp_path, 
     result = verify(prepared.model, library.run)
     assert result.passed, result.message
     assert result.outputs[0].dtype == name
+
+
+def test_a_float16_convolutions_batch_norm_is_folded_into_its_weights(tmp_path) -> None:
+    """conv (float32 result) → cast to float16 → batch norm: the norm is folded into the
+    weights and a bias after the cast (the cast stays next to the convolution)."""
+    torch.manual_seed(0)
+    norm = nn.BatchNorm2d(8)
+    norm.running_mean.uniform_(-0.2, 0.2)
+    norm.running_var.uniform_(0.5, 1.5)
+    model = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), norm, nn.ReLU())
+    model = model.eval().to(torch.float16)
+    path = tmp_path / "conv_bn.pt2"
+    x = torch.randn(1, 3, 6, 6, dtype=torch.float16)
+    torch.export.save(torch.export.export(model, (x,)), path)
+    prepared = prepare_model(path, resolve_target("cpu"))
+    assert "batch_norm" not in prepared.mod.script()
+    library = LoadedLibrary.from_executable(build(prepared.mod, prepared.target))
+    result = verify(prepared.model, library.run)
+    assert result.passed, result.message
