@@ -173,6 +173,25 @@ def gpu_search_config(population: int):
     )
 
 
+def tune_on_gpu(storage, prepared, *, trials: int, output_dir: Path, filename: str):
+    """``tune_model`` as the GPU benchmarks run it (``bench_gpu_peers``, ``bench_gpu_models``):
+    :func:`gpu_search_config` with a population of 64, seed 0, the cold cost model (xgboost is
+    not on the GPU machine), ``output_dir`` replaced. Returns the ``TuneSummary``."""
+    from tuner.job import tune_model
+
+    return tune_model(
+        storage,
+        prepared,
+        trials=trials,
+        output_dir=output_dir,
+        filename=filename,
+        search=gpu_search_config(64),
+        seed=0,
+        force=True,
+        cost_model="cold",
+    )
+
+
 # -- GEMM --------------------------------------------------------------------------------------
 def gemm_module(n: int, dtype: str):
     """``C = A @ B`` for square ``n``: float32 accumulation, output in ``dtype``."""

@@ -30,6 +30,7 @@ import time
 import traceback
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 START = time.monotonic()
 DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -75,24 +76,11 @@ def export_module(model, inputs, path: Path) -> Path:
 
 
 def with_graphs(enabled: bool):
-    """Context manager: ``TUNEHUB_CUDA_GRAPHS`` set to ``enabled`` for the builds inside."""
-    import contextlib
-
+    """Context manager: ``TUNEHUB_CUDA_GRAPHS`` set to ``enabled`` for the builds inside (the
+    environment restored after)."""
     from compiler.lowering import CUDA_GRAPHS_ENV
 
-    @contextlib.contextmanager
-    def scope():
-        saved = os.environ.get(CUDA_GRAPHS_ENV)
-        os.environ[CUDA_GRAPHS_ENV] = "1" if enabled else "0"
-        try:
-            yield
-        finally:
-            if saved is None:
-                os.environ.pop(CUDA_GRAPHS_ENV, None)
-            else:
-                os.environ[CUDA_GRAPHS_ENV] = saved
-
-    return scope()
+    return mock.patch.dict(os.environ, {CUDA_GRAPHS_ENV: "1" if enabled else "0"})
 
 
 def outputs_stable(library, prepared) -> bool:
@@ -135,19 +123,18 @@ def slowest_tasks(manifest: dict[str, Any], count: int = 6) -> list[str]:
     return [text for _, text in sorted(tasks, reverse=True)[:count]]
 
 
-def tunehub_times(name: str, model, inputs, dtype: str, trials: int, work: Path) -> dict[str, Any]:
+def tunehub_times(name: str, model, inputs, trials: int, work: Path) -> dict[str, Any]:
     """TVM untuned and TuneHub's product build of ``model``, with and without CUDA graphs."""
     from tvm.s_tir import meta_schedule as ms
 
     import db
-    from bench.bench_gpu import gpu_search_config
+    from bench.bench_gpu import tune_on_gpu
     from compiler.build import build
     from compiler.prepare import prepare_model
     from compiler.runner import LoadedLibrary
     from compiler.target import resolve_target
     from compiler.verify import random_inputs
     from db.metaschedule_database import MetaScheduleDatabase
-    from tuner.job import tune_model
 
     target = resolve_target("cuda")
     out: dict[str, Any] = {}
@@ -164,16 +151,12 @@ def tunehub_times(name: str, model, inputs, dtype: str, trials: int, work: Path)
     storage = db.open_storage(f"sqlite:///{work / f'{name}.db'}", upgrade=True)
     started = time.perf_counter()
     with with_graphs(True):
-        summary = tune_model(
+        summary = tune_on_gpu(
             storage,
             prepared,
             trials=trials,
             output_dir=work / f"{name}-artifact",
             filename=path.name,
-            search=gpu_search_config(64),
-            seed=0,
-            force=True,
-            cost_model="cold",
         )
     out["tune_secs"] = round(time.perf_counter() - started, 1)
     out["tunehub_graphs_True"] = summary.measured.median_secs * 1e3 if summary.measured else None
@@ -211,9 +194,7 @@ def bench_row(name: str, batch: int, dtype: str, args, work: Path) -> dict[str, 
     row: dict[str, Any] = {"model": name, "batch": batch, "dtype": dtype}
     row.update(torch_times(model, inputs, args.torch_modes))
     try:
-        row.update(
-            tunehub_times(f"{name}_b{batch}_{dtype}", model, inputs, dtype, args.trials, work)
-        )
+        row.update(tunehub_times(f"{name}_b{batch}_{dtype}", model, inputs, args.trials, work))
     except Exception as err:  # noqa: BLE001 - reported in the table
         row["tunehub_error"] = f"{type(err).__name__}: {err}"[:300]
         row["traceback"] = traceback.format_exc()[-2000:]

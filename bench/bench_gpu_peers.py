@@ -32,7 +32,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from bench.bench_gpu import cuda_median_ms, gemm_module, gpu_search_config, machine_info
+from bench.bench_gpu import cuda_median_ms, gemm_module, machine_info
 
 START = time.monotonic()
 
@@ -98,14 +98,13 @@ def bench_network(name: str, target, trials: int, work: Path) -> dict[str, Any]:
     from tvm.s_tir import meta_schedule as ms
 
     import db
-    from bench.bench_gpu import torch_network_ms
+    from bench.bench_gpu import torch_network_ms, tune_on_gpu
     from compiler.build import build
     from compiler.peers import device_of, find_peer
     from compiler.prepare import prepare_model
     from compiler.runner import LoadedLibrary
     from compiler.verify import random_inputs, verify
     from examples.export import export_onnx
-    from tuner.job import tune_model
 
     path = export_onnx(name, work / f"{name}.onnx")
     prepared = prepare_model(path, target)
@@ -128,16 +127,8 @@ def bench_network(name: str, target, trials: int, work: Path) -> dict[str, Any]:
     if trials:
         storage = db.open_storage(f"sqlite:///{work / f'{name}.db'}", upgrade=True)
         started = time.perf_counter()
-        summary = tune_model(
-            storage,
-            prepared,
-            trials=trials,
-            output_dir=work / f"{name}-tuned",
-            filename=path.name,
-            search=gpu_search_config(64),
-            seed=0,
-            force=True,
-            cost_model="cold",
+        summary = tune_on_gpu(
+            storage, prepared, trials=trials, output_dir=work / f"{name}-tuned", filename=path.name
         )
         row["tune_secs"] = time.perf_counter() - started
         manifest = json.loads((work / f"{name}-tuned" / "manifest.json").read_text())
