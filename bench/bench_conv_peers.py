@@ -109,17 +109,17 @@ def _load_baseline(commit: str, work: Path) -> None:
 def _baseline_functions() -> Iterator[None]:
     """Peers built inside call the baseline shim's (suffixed) entry points, without the epilogue
     arguments (a baseline older than the shim's epilogue ignores them: the epilogue stays TIR)."""
-    from compiler.peers import rewrite
+    from compiler.peers import calls, epilogue
 
-    saved = dict(rewrite.FUNCTIONS)
-    rewrite.FUNCTIONS.update({k: v + SUFFIX for k, v in saved.items()})
-    rewrite.FUSE_EPILOGUE = False
+    saved = dict(calls.FUNCTIONS)
+    calls.FUNCTIONS.update({k: v + SUFFIX for k, v in saved.items()})
+    epilogue.FUSE_EPILOGUE = False
     try:
         yield
     finally:
-        rewrite.FUNCTIONS.clear()
-        rewrite.FUNCTIONS.update(saved)
-        rewrite.FUSE_EPILOGUE = True
+        calls.FUNCTIONS.clear()
+        calls.FUNCTIONS.update(saved)
+        epilogue.FUSE_EPILOGUE = True
 
 
 def _ort_conv(task_mod: Any, call: Any, threads: int) -> Callable[[], Any] | None:
@@ -273,11 +273,11 @@ def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 def _algorithms(choice: str) -> Iterator[None]:
     """Peers built inside use ``choice``: ``default`` (find_peer's rule), ``im2col`` (today's
     shim, im2col for every convolution) or ``baseline`` (the baseline shim's im2col)."""
-    from compiler.peers import rewrite
+    from compiler.peers import match
 
-    saved = rewrite.default_conv_algorithm
+    saved = match.default_conv_algorithm
     if choice != "default":
-        rewrite.default_conv_algorithm = lambda shape: "im2col"
+        match.default_conv_algorithm = lambda shape: "im2col"
     try:
         if choice == "baseline":
             with _baseline_functions():
@@ -285,7 +285,7 @@ def _algorithms(choice: str) -> Iterator[None]:
         else:
             yield
     finally:
-        rewrite.default_conv_algorithm = saved
+        match.default_conv_algorithm = saved
 
 
 def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:

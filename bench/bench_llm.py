@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from bench.llm_compare import main, register_runtime
-from bench.llm_peers import PreparedModel, Settings
+from bench.llm_runtime import PreparedModel, Settings
 
 #: The largest prompt chunk the export takes (TuneHub compiles 1, 16, 32, 64, 128).
 MAX_TOKENS = 128

@@ -11,7 +11,7 @@ runtime converts them once (cached under the work dir), then every selected runt
 by :func:`bench.llm_peers.measure` (prefill at each ``--prefill`` length, decode ms/token at each
 ``--contexts`` length at batch 1, and a step at batch 4 at ``--batch4-contexts``; medians; see
 that module for exactly what is timed), all with ``--threads`` threads. The physical limit
-(weight bytes per token / copy bandwidth, :func:`bench.llm_peers.physical_limit`) comes from a
+(weight bytes per token / copy bandwidth, :func:`bench.llm_limit.physical_limit`) comes from a
 bandwidth measurement made in the same run, before the models. ``--rounds R`` > 1 measures the
 runtimes R times in a new seeded order each round (each round loads, and compiles, again) and
 reports the median of the rounds; every round is kept in the JSON. ``--runtimes`` picks from
@@ -28,8 +28,8 @@ prefill ms, decode ms/token and tokens/s, the fraction of the limit at its preci
 ``torch eager``'s (batch 1, first context; fp32 paths should agree, quantized ones need not).
 
 **The hook for TuneHub** (and any other runtime): :data:`RUNTIMES` maps a ``--runtimes`` name to
-a factory of a :class:`bench.llm_peers.Runtime` (``start`` / ``prefill`` / ``step`` on int64
-token ids, ``prepare`` from a :class:`bench.llm_peers.PreparedModel`). A benchmark script adds
+a factory of a :class:`bench.llm_runtime.Runtime` (``start`` / ``prefill`` / ``step`` on int64
+token ids, ``prepare`` from a :class:`bench.llm_runtime.PreparedModel`). A benchmark script adds
 its own before calling :func:`main`::
 
     from bench.llm_compare import main, register_runtime
@@ -60,6 +60,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+from bench.llm_limit import measure_bandwidth, physical_limit
 from bench.llm_models import (
     DEFAULT_WORK_DIR,
     LLM_SPECS,
@@ -68,17 +69,8 @@ from bench.llm_models import (
     get_spec,
     save_model_folder,
 )
-from bench.llm_peers import (
-    OPTIONAL_PEERS,
-    PEERS,
-    PeerResult,
-    PreparedModel,
-    RuntimeFactory,
-    Settings,
-    measure,
-    measure_bandwidth,
-    physical_limit,
-)
+from bench.llm_peers import OPTIONAL_PEERS, PEERS, measure
+from bench.llm_runtime import PeerResult, PreparedModel, RuntimeFactory, Settings
 
 log = logging.getLogger("bench.llm_compare")
 

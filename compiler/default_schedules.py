@@ -23,7 +23,7 @@ from tvm.s_tir.dlight.base import try_inline
 from tvm.s_tir.dlight.cpu.base import CPUScheduleRule
 from tvm.target import Target
 
-from compiler.peers.rewrite import buffer_loads
+from compiler.peers.patterns import buffer_loads
 
 VECTOR_LANES = 8
 

@@ -20,10 +20,12 @@ import tvm
 from tvm import tirx
 
 from compiler.keys import workload_key
+from compiler.peers.calls import PeerCall
 from compiler.peers.cuda_library import cuda_peer_library, cuda_unavailable_reason
 from compiler.peers.library import PeerLibrary, peer_library, unavailable_reason
 from compiler.peers.library import load_peers as _load_cpu_peers
-from compiler.peers.rewrite import PeerCall, find_peer, peer_function, peer_variants
+from compiler.peers.match import find_peer, peer_variants
+from compiler.peers.rewrite import peer_function
 from compiler.target import TargetSpec
 
 __all__ = [

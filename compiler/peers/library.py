@@ -25,7 +25,7 @@ no header: the BLAS and TVM's thread pool are declared in the shim):
 Where oneDNN is installed (PyPI's ``onednn-cpu-gomp`` and ``onednn-devel-cpu-gomp``, TuneHub
 dependencies on x86-64 Linux), the shim is built with ``shim_onednn.inc`` too: convolutions and
 depthwise convolutions by oneDNN's primitives (``tunehub_peer_*_onednn``, the ``onednn``
-algorithm of :mod:`compiler.peers.rewrite`), and artifacts that link the shim then need
+algorithm of :mod:`compiler.peers.algorithms`), and artifacts that link the shim then need
 ``libdnnl.so.3`` as well. Without it (or with ``TUNEHUB_ONEDNN=0``, or where the build against
 it fails) the shim is built without those entry points, the ``onednn`` variants are not
 offered, and :func:`onednn_unavailable_reason` says why.
@@ -43,6 +43,7 @@ import functools
 import hashlib
 import logging
 import os
+import re
 import shutil
 import subprocess
 import tempfile
@@ -52,7 +53,9 @@ from pathlib import Path
 from typing import Any
 
 SHIM_SOURCE = Path(__file__).with_name("shim.cc")
-ONEDNN_SOURCE = Path(__file__).with_name("shim_onednn.inc")
+#: A quoted ``#include`` of a shim source (its kernels, by concept: ``shim_*.inc``; the oneDNN
+#: peers, ``shim_onednn.inc``), resolved next to ``shim.cc``: one translation unit.
+_INCLUDE = re.compile(r'^[ \t]*#[ \t]*include[ \t]+"([^"]+)"', re.MULTILINE)
 #: Warning flags of every shim build (``-Wpsabi`` only notes that a vector type crosses a function
 #: with per-function target attributes: the shim's kernels are compiled for one ISA each).
 WARNINGS = ("-Wall", "-Wextra", "-Wno-psabi")
@@ -97,7 +100,7 @@ class PeerLibrary:
         return out
 
     def describe_for(self, call: Any) -> dict[str, Any]:
-        """What a measurement of ``call`` (a :class:`compiler.peers.rewrite.PeerCall`) ran:
+        """What a measurement of ``call`` (a :class:`compiler.peers.calls.PeerCall`) ran:
         oneDNN (package, version, the shim) for its ``onednn`` variants, else OpenBLAS and the
         shim (:meth:`describe` without the other library)."""
         if call.algorithm == "onednn" and self.onednn is not None:
@@ -208,6 +211,22 @@ def _compile(source: Path, out: Path, flags: list[str]) -> None:
         Path(tmp).unlink(missing_ok=True)
 
 
+def shim_sources() -> list[Path]:
+    """``shim.cc`` and every file it includes with quotes (recursively, each once, in the order
+    they are reached): what a build of the shim compiles, so what its cache key hashes (a change
+    in any of them builds the shim anew). The oneDNN peers are among them whether or not a build
+    uses them."""
+    found: list[Path] = []
+    pending = [SHIM_SOURCE]
+    while pending:
+        path = pending.pop(0)
+        if path in found:
+            continue
+        found.append(path)
+        pending += [path.parent / name for name in _INCLUDE.findall(path.read_text())]
+    return found
+
+
 def cxx() -> str:
     """The C++ compiler the shims are built with (``$CXX``, else ``g++``/``c++``). Raises
     ``RuntimeError`` when there is none."""
@@ -239,7 +258,7 @@ def _build_with(onednn: OneDnn | None) -> PeerLibrary:
     compiler = cxx()
     blas = find_blas()
     runtime_dir = Path(tvm.__file__).parent / "lib"
-    sources = SHIM_SOURCE.read_bytes() + ONEDNN_SOURCE.read_bytes()
+    sources = b"".join(path.read_bytes() for path in shim_sources())
     source_hash = hashlib.sha256(sources + str(blas).encode() + str(onednn).encode()).hexdigest()[
         :16
     ]

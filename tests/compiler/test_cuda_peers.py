@@ -16,7 +16,7 @@ from tvm.s_tir import meta_schedule as ms
 from bench.bench_gpu import gemm_module
 from compiler.build import build
 from compiler.peers import find_peer, library_for, peer_task_module, peers_supported
-from compiler.peers.rewrite import CUDA_DTYPES
+from compiler.peers.calls import CUDA_DTYPES
 from compiler.prepare import prepare_model
 from compiler.target import GpuInfo, cpu_target, cuda_target, detect_gpu
 from tests.onnx_factory import two_layer_model

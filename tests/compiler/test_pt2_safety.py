@@ -33,6 +33,10 @@ from compiler.pt2_safety import (
     load_exported_program,
     scan_pickle,
 )
+from compiler.pt2_safety import constants as pt2_constants
+from compiler.pt2_safety import expressions as pt2_expressions
+from compiler.pt2_safety import loading as pt2_loading
+from compiler.pt2_safety import zipcheck as pt2_zipcheck
 from tests.pt2_factory import Genuine, TinyNet, understated_member
 
 LIMITS = dict(max_uncompressed_bytes=64 * 1024**2, max_members=200)
@@ -490,7 +494,7 @@ def test_unreferenced_protocol0_text_member_is_inert(
 
 @pytest.fixture()
 def scanner_bypassed(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(pt2_safety, "inspect_pt2_archive", lambda *a, **k: None)
+    monkeypatch.setattr(pt2_loading, "inspect_pt2_archive", lambda *a, **k: None)
 
 
 ATTACKS: dict[str, Callable[[Genuine, Path, Path], Path]] = {
@@ -747,7 +751,7 @@ def test_zip64_end_records_are_read_without_zipfile_internals(
     data = genuine.path.read_bytes()
     assert b"PK\x06\x07" in data[-100:], "expected torch to write a zip64 locator"
     with genuine.path.open("rb") as fh:
-        assert pt2_safety._central_directory_shift(fh) == 0
+        assert pt2_zipcheck._central_directory_shift(fh) == 0
     assert load_exported_program(genuine.path) is not None
 
 
@@ -792,7 +796,7 @@ def test_layout_constants_match_torch() -> None:
         "TENSOR_CONSTANT_FILENAME_PREFIX", "CUSTOM_OBJ_FILENAME_PREFIX",
         "OPAQUE_OBJ_FILENAME_PREFIX",
     ):  # fmt: skip
-        assert getattr(pt2_safety, name) == getattr(c, name), name
+        assert getattr(pt2_constants, name) == getattr(c, name), name
 
 
 def test_torch_sympy_function_list_matches_torch() -> None:
@@ -803,7 +807,7 @@ def test_torch_sympy_function_list_matches_torch() -> None:
         n for n, v in vars(functions).items()
         if isinstance(v, type) and issubclass(v, sympy.Basic) and v.__module__ == functions.__name__
     }  # fmt: skip
-    assert classes - {"MinMaxBase"} <= pt2_safety._TORCH_SYMPY_FUNCTIONS
+    assert classes - {"MinMaxBase"} <= pt2_expressions._TORCH_SYMPY_FUNCTIONS
 
 
 # ----------------------------------------------------- issue 18, case 7: sizes a header understates

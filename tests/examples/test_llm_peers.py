@@ -18,9 +18,10 @@ import numpy as np
 import pytest
 import torch
 
-from bench import llm_compare, llm_models, llm_peers
+from bench import llm_compare, llm_limit, llm_models, llm_peers
 from bench.llm_models import TINY_SPECS, get_spec
-from bench.llm_peers import PEERS, PeerResult, PreparedModel, Settings
+from bench.llm_peers import PEERS
+from bench.llm_runtime import PeerResult, PreparedModel, Settings
 
 SETTINGS = Settings(
     threads=1,  # one thread: a shared CI machine's load cannot stall a two-thread barrier
@@ -162,10 +163,10 @@ def test_torch_compile(prepared: dict[str, PreparedModel], eager: dict[str, Peer
 
 
 def test_physical_limit_orders_precisions() -> None:
-    bandwidth = llm_peers.measure_bandwidth(threads=2, mib=32, repeats=2)
+    bandwidth = llm_limit.measure_bandwidth(threads=2, mib=32, repeats=2)
     assert bandwidth["best_gbs"] > 0
     spec = get_spec("tinyllama-1.1b")
-    rows = llm_peers.physical_limit(spec, 20.0, Settings(), bandwidth)
+    rows = llm_limit.physical_limit(spec, 20.0, Settings(), bandwidth)
     ms = [r.decode_ms[128] for r in rows]
     assert [r.precision for r in rows] == ["fp32", "bf16", "8-bit", "4-bit"]
     assert ms == sorted(ms, reverse=True)

@@ -1,0 +1,112 @@
+"""How the CPU shim computes a peer: the algorithms it has for a GEMM, a convolution or a
+depthwise convolution of a given shape (the variants a final build measures), and the one a
+zero-trial build picks (:func:`default_conv_algorithm`, :func:`default_depthwise_algorithm`:
+rules from the benchmarks they cite)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from compiler.peers.calls import PeerCall
+from compiler.peers.library import onednn_available
+
+#: :func:`default_conv_algorithm` leaves 1x1 convolutions of more input channels than this to
+#: the packed GEMM.
+ONEDNN_POINTWISE_MAX_CHANNELS = 32
+#: :func:`default_depthwise_algorithm` picks oneDNN for a strided depthwise convolution with at
+#: least this many output pixels.
+ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
+#: ``gemm`` algorithms: the shim's packed-weight GEMM, OpenBLAS (``""``, the older records'
+#: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``).
+GEMM_ALGORITHMS = ("packed", "")
+#: Winograd variants are offered for convolutions with at least this many input and output
+#: channels (the shim's transforms work on vectors of 8 channels).
+WINOGRAD_MIN_CHANNELS = 8
+#: :func:`default_conv_algorithm` picks Winograd only with at least this many channels.
+WINOGRAD_DEFAULT_MIN_CHANNELS = 64
+
+
+@dataclass(frozen=True)
+class _ConvShape:
+    """What the choice of a convolution's algorithm reads: kernel, strides, dilations,
+    channels in and out, output pixels per image."""
+
+    kernel: tuple[int, int]
+    strides: tuple[int, int]
+    dilations: tuple[int, int]
+    channels: int
+    filters: int
+    pixels: int
+
+    @staticmethod
+    def of(call: PeerCall, weight: Any, output: Any) -> _ConvShape:
+        config = dict(call.config)
+        kh, kw, c, k = (int(d) for d in weight.shape)
+        return _ConvShape(
+            (kh, kw),
+            (config["stride_h"], config["stride_w"]),
+            (config["dilation_h"], config["dilation_w"]),
+            c,
+            k,
+            int(output.shape[1]) * int(output.shape[2]),
+        )
+
+
+def conv_algorithms(shape: _ConvShape) -> list[str]:
+    """The algorithms the shim has for a convolution of ``shape``: ``packed`` and ``im2col``
+    always; the Winograd ones for a 3x3, stride-1, undilated kernel with at least
+    :data:`WINOGRAD_MIN_CHANNELS` channels in and out; ``onednn`` where the peer library has
+    oneDNN."""
+    out = ["packed", "im2col"]
+    if (
+        shape.kernel == (3, 3)
+        and shape.strides == (1, 1)
+        and shape.dilations == (1, 1)
+        and min(shape.channels, shape.filters) >= WINOGRAD_MIN_CHANNELS
+    ):
+        out += ["winograd_f2", "winograd_f4"]
+    return out + (["onednn"] if onednn_available() else [])
+
+
+def depthwise_algorithms() -> list[str]:
+    """The algorithms the shim has for a depthwise convolution: its own kernel (``""``)
+    always, ``onednn`` where the peer library has oneDNN."""
+    return [""] + (["onednn"] if onednn_available() else [])
+
+
+def default_conv_algorithm(shape: _ConvShape) -> str:
+    """The algorithm :func:`find_peer` picks for a convolution (what a zero-trial build uses;
+    a final build measures every variant instead). Winograd (rule from
+    ``bench/results/conv_peers_2026-12-01.md``, ResNet-18's tasks at 2 threads) only with at
+    least :data:`WINOGRAD_DEFAULT_MIN_CHANNELS` channels in and out (with fewer, its small-K
+    GEMMs and three passes over memory lost to im2col); then F(4x4, 3x3) on large images (>=
+    24x24 output pixels: fewest multiplications, tiles waste little), F(2x2, 3x3) on smaller
+    ones down to 12x12. Else, where the peer library has oneDNN, its primitive, except for a
+    1x1 convolution of more than :data:`ONEDNN_POINTWISE_MAX_CHANNELS` input channels: rule from
+    ``bench/results/onednn_peers_2026-12-02.md`` (ResNet-18's and MobileNetV2's tasks, 2
+    threads, Zen 5), where oneDNN took 0.30-0.80x the shim's best time on stems, strided and
+    7x7-image 3x3 convolutions and 1x1 expansions of few channels, and 1.0-1.4x on 1x1
+    convolutions of many channels (a GEMM the packed kernel does as well). Otherwise ``packed``
+    (im2col + the packed-weight GEMM: 0.37-0.98x OpenBLAS's time on these shapes,
+    ``bench/results/gemm_packed_2026-12-02.md``)."""
+    options = conv_algorithms(shape)
+    if min(shape.channels, shape.filters) >= WINOGRAD_DEFAULT_MIN_CHANNELS:
+        if "winograd_f4" in options and shape.pixels >= 24 * 24:
+            return "winograd_f4"
+        if "winograd_f2" in options and shape.pixels >= 12 * 12:
+            return "winograd_f2"
+    pointwise = shape.kernel == (1, 1)
+    if "onednn" in options and not (pointwise and shape.channels > ONEDNN_POINTWISE_MAX_CHANNELS):
+        return "onednn"
+    return "packed"
+
+
+def default_depthwise_algorithm(shape: _ConvShape) -> str:
+    """The algorithm :func:`find_peer` picks for a depthwise convolution: oneDNN's (where the
+    library has it) with stride 1 or at least :data:`ONEDNN_DEPTHWISE_MIN_PIXELS` output
+    pixels, where it took 0.29-0.91x the shim's kernel's time on MobileNetV2's
+    (``bench/results/onednn_peers_2026-12-02.md``); the shim's own kernel (``""``) on small
+    strided ones, where oneDNN took 1.2-1.5x."""
+    wide = shape.strides == (1, 1) or shape.pixels >= ONEDNN_DEPTHWISE_MIN_PIXELS
+    return "onednn" if wide and "onednn" in depthwise_algorithms() else ""
