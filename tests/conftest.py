@@ -27,6 +27,9 @@ import pytest
 # enough to exercise it everywhere (servers and CLI children started by tests inherit these).
 os.environ.setdefault("TUNEHUB_REMEASURE_TOP", "2")
 os.environ.setdefault("TUNEHUB_REMEASURE_ROUNDS", "2")
+# The final build's whole-model comparison with the zero-trial build (tuner/final_choice.py):
+# two rounds exercise it (the rule's own test sets its timings).
+os.environ.setdefault("TUNEHUB_FINAL_COMPARE_ROUNDS", "2")
 
 #: Test modules that tune whole models end to end through a server (marked ``slow`` as a whole).
 SLOW_MODULES = frozenset({"tests/service/test_api_e2e.py", "tests/service/test_workers_remote.py"})

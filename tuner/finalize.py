@@ -8,7 +8,10 @@ the SQL adapter) and by a distributed worker's finalize lease (database:
 :func:`database_from_records`, an in-memory MetaSchedule database holding the best record of each
 task fetched from the server). It promises what ``publish_artifact`` promises: the library is
 verified against the reference framework from disk before anything is published; otherwise
-:class:`compiler.errors.VerificationError` and nothing is written.
+:class:`compiler.errors.VerificationError` and nothing is written. It also promises that the
+published library is never slower end to end than the zero-trial build it replaces, as far as
+side-by-side timing can tell: it builds both, times both whole models in alternating rounds
+and publishes the faster (:mod:`tuner.final_choice`; the manifest's ``final_choice``).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import tempfile
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,12 +29,24 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 from compiler.artifact import peers_extra, peers_manifest, publish_artifact
-from compiler.build import build, build_zero_trial
+from compiler.artifact_layout import LIBRARY_NAME
+from compiler.build import build, build_zero_trial, export_library
+from compiler.errors import VerificationError
+from compiler.peers import device_of, find_peer, library_for
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
 from compiler.verify import random_inputs, time_reference
 from db.metaschedule_database import record_as_json, replay_error
 from db.types import measurement
+from tuner.final_choice import (
+    ROUNDS_ENV,
+    TUNED,
+    ZERO_TRIAL,
+    CompareConfig,
+    FinalChoice,
+    decide,
+    time_side_by_side,
+)
 from tuner.measure import MeasureConfig, RpcConfig
 from tuner.remeasure import (
     RemeasureConfig,
@@ -42,6 +58,9 @@ from tuner.remeasure import (
 )
 
 logger = logging.getLogger("tunehub.finalize")
+
+#: An executable and the keys of the tasks it computes with their library peer.
+Built = tuple[Any, frozenset[str]]
 
 
 def database_from_records(
@@ -228,17 +247,35 @@ def publish_tuned(
     remeasured: list[dict[str, Any]] | None = None,
     peers: Collection[str] = (),
     not_run_because: str | None = None,
+    compare: CompareConfig | None = None,
+    follow: FinalChoice | None = None,
 ) -> tuple[dict[str, Any], Timing | None]:
     """Build ``prepared`` with ``database``'s best schedules and the library peers of the tasks
-    keyed in ``peers`` (:attr:`Winners.peers`), verify and time it, write ``out_dir``
-    (``model.so`` + ``manifest.json``, whose ``schedules`` are ``outcomes``, ``estimated_ms``
-    :func:`estimated_secs` of them, ``remeasured`` what :meth:`Winners.to_json` reported and
-    ``peers`` the library the artifact needs); return the manifest and the timing.
-    ``not_run_because``: this machine cannot run the target's code; the library is built and
-    written, not verified or timed (:func:`compiler.artifact.publish_artifact`), timing ``None``."""
-    timing: dict[str, Timing] = {}
+    keyed in ``peers`` (:attr:`Winners.peers`), build its zero-trial library too, time both whole
+    models side by side and publish the faster (:mod:`tuner.final_choice`); verify and time the
+    published library, write ``out_dir`` (``model.so`` + ``manifest.json``); return the manifest
+    and the published library's timing.
+
+    The manifest's ``final_choice`` says which library was published and why. With the tuned
+    library, ``schedules`` are ``outcomes``, ``estimated_ms`` :func:`estimated_secs` of them and
+    ``peers`` the library the artifact needs. With the zero-trial library, ``schedules`` say
+    what it runs (each task's peer or ``default``, no times: :func:`zero_trial_outcomes`),
+    ``estimated_ms`` is ``None``, ``peers`` are its peers, and ``final_choice.tuned_build``
+    keeps the tuned build's table, estimate and peers (not published). Either way ``tuned`` is
+    true (a job's final build) and ``remeasured`` is what :meth:`Winners.to_json` reported.
+
+    ``compare``: the comparison's setting (default :meth:`CompareConfig.from_env`; off: the
+    tuned library, not compared). ``follow``: a choice made elsewhere (a server's rebuild
+    following the worker's manifest): nothing is timed, ``follow.published`` is built.
+    ``not_run_because``: this machine cannot run the target's code; the tuned library (or the
+    followed choice) is built and written, not verified or timed
+    (:func:`compiler.artifact.publish_artifact`), timing ``None``. A zero-trial library that
+    fails to build, to time or to verify is not published: the tuned one is, and
+    ``final_choice`` says why. Raises :class:`compiler.errors.VerificationError` (nothing
+    written) when the published library does not verify.
+    """
     estimate = estimated_secs(outcomes)
-    extra = {
+    tuned_extra = {
         "tuned": True,
         "job_id": job_id,
         "trials_measured": trials_measured,
@@ -247,16 +284,91 @@ def publish_tuned(
         "remeasured": remeasured or [],
         "peers": peers_manifest(peers, prepared.target),
     }
+    tuned = build(prepared.mod, prepared.target, database, peers=peers)
+    built = (tuned, frozenset(peers))
+    zero, choice = _final_choice(prepared, built, follow, not_run_because, compare)
+    if zero is not None and choice.published == ZERO_TRIAL:
+        executable, zero_keys = zero
+        extra = _zero_trial_extra(prepared, tuned_extra, outcomes, zero_keys, choice)
+        try:
+            return _publish(prepared, executable, out_dir, extra, zero_keys, force, not_run_because)
+        except VerificationError as err:
+            logger.warning("the zero-trial library failed verification: %s", err)
+            why = f"the zero-trial library failed verification ({str(err)[:300]}); the tuned "
+            why += "one is published"
+            choice = dataclasses.replace(choice, published=TUNED, note=why)
+    extra = {**tuned_extra, "final_choice": choice.to_json()}
+    return _publish(prepared, tuned, out_dir, extra, peers, force, not_run_because)
+
+
+def _final_choice(
+    prepared: PreparedModel,
+    tuned: Built,
+    follow: FinalChoice | None,
+    not_run_because: str | None,
+    compare: CompareConfig | None,
+) -> tuple[Built | None, FinalChoice]:
+    """Which library :func:`publish_tuned` publishes, and the zero-trial build when it was
+    made (compared, or followed): see :func:`publish_tuned` for the cases."""
+    if follow is not None:
+        if follow.published != ZERO_TRIAL:
+            return None, follow
+        zero = _zero_trial_build(prepared)
+        if isinstance(zero, str):
+            return None, dataclasses.replace(follow, published=TUNED, note=zero)
+        return zero, follow
+    if not_run_because is not None:
+        why = f"the target's code cannot run here: {not_run_because}"
+        return None, FinalChoice.not_compared(why)
+    config = compare or CompareConfig.from_env()
+    if not config.enabled:
+        return None, FinalChoice.not_compared(f"{ROUNDS_ENV}=0: the comparison is off")
+    zero = _zero_trial_build(prepared)
+    if isinstance(zero, str):
+        return None, FinalChoice.not_compared(zero)
+    return zero, _compare(prepared, tuned, zero, config)
+
+
+def _zero_trial_extra(
+    prepared: PreparedModel,
+    tuned_extra: Mapping[str, Any],
+    outcomes: Sequence[TaskOutcome],
+    zero_keys: frozenset[str],
+    choice: FinalChoice,
+) -> dict[str, Any]:
+    """The manifest fields of a final build that publishes the zero-trial library: what the
+    library runs (``schedules``, ``peers``, no estimate) and ``final_choice``, with the tuned
+    build that was not published described in ``final_choice.tuned_build``."""
+    schedules = [o.to_json() for o in zero_trial_outcomes(prepared, outcomes, zero_keys)]
+    tuned_build = {key: tuned_extra[key] for key in ("schedules", "estimated_ms", "peers")}
+    return {
+        **tuned_extra,
+        "schedules": schedules,
+        "estimated_ms": None,
+        **peers_extra(zero_keys, prepared.target),
+        "final_choice": {**choice.to_json(), "tuned_build": tuned_build},
+    }
+
+
+def _publish(
+    prepared: PreparedModel,
+    executable: Any,
+    out_dir: Path,
+    extra: dict[str, Any],
+    peers: Collection[str],
+    force: bool,
+    not_run_because: str | None,
+) -> tuple[dict[str, Any], Timing | None]:
+    """:func:`compiler.artifact.publish_artifact` of ``executable`` (built with the peers of
+    ``peers``) with manifest fields ``extra``, plus, when it runs here, its timing on seeded
+    inputs (``measured``) and the reference framework's (``reference``); returns the manifest
+    and the timing (``None``: not run)."""
+    timing: dict[str, Timing] = {}
 
     def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
         timing["t"] = library.time(random_inputs(prepared.model.inputs))
-        return {
-            **extra,
-            "measured": timing["t"].to_json(),
-            "reference": reference_timing(prepared),
-        }
+        return {**extra, "measured": timing["t"].to_json(), "reference": reference_timing(prepared)}
 
-    executable = build(prepared.mod, prepared.target, database, peers=peers)
     manifest = publish_artifact(
         executable,
         prepared.model,
@@ -269,6 +381,108 @@ def publish_tuned(
         not_run_because=not_run_because,
     )
     return manifest, timing.get("t")
+
+
+def build_zero_trial_of(prepared: PreparedModel) -> Built:
+    """``prepared``'s zero-trial executable (:func:`compiler.build.build_zero_trial`) and the
+    keys of the tasks it computes with their library peer."""
+    tasks = [
+        (t.key, e.dispatched[0])
+        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
+    ]
+    return build_zero_trial(prepared.mod, prepared.target, tasks)
+
+
+def _zero_trial_build(prepared: PreparedModel) -> Built | str:
+    """:func:`build_zero_trial_of` ``prepared``, or why it failed (never raises: a final build
+    does not fail over its comparison)."""
+    try:
+        return build_zero_trial_of(prepared)
+    except Exception as err:  # noqa: BLE001 - TVM raises many kinds
+        logger.warning("the zero-trial build for the final comparison failed: %s", err)
+        return f"the zero-trial build failed: {type(err).__name__}: {str(err)[:300]}"
+
+
+def _compare(
+    prepared: PreparedModel,
+    tuned: Built,
+    zero_trial: Built,
+    config: CompareConfig,
+) -> FinalChoice:
+    """Time the tuned and the zero-trial build (each an executable and the keys of its peer
+    tasks) side by side on seeded inputs (:func:`tuner.final_choice.time_side_by_side`) and
+    :func:`tuner.final_choice.decide`; a comparison that fails publishes the tuned library,
+    saying why. Each is exported (peers linked) and loaded from disk as it would be published:
+    running an executable in this process (``LoadedLibrary.from_executable``: TVM's JIT) changes
+    the bytes it exports afterwards, and a server's rebuild is checked against those bytes."""
+    model = prepared.model
+    try:
+        with tempfile.TemporaryDirectory(prefix="tunehub-final-") as tmp:
+            libraries = [
+                _exported(prepared, executable, keys, Path(tmp) / name / LIBRARY_NAME)
+                for name, (executable, keys) in ((TUNED, tuned), (ZERO_TRIAL, zero_trial))
+            ]
+            tuned_rounds, zero_rounds = time_side_by_side(
+                libraries, random_inputs(model.inputs), config
+            )
+    except Exception as err:  # noqa: BLE001 - never fail a job over the comparison
+        logger.warning("the final comparison failed: %s", err)
+        return FinalChoice.not_compared(
+            f"the comparison failed: {type(err).__name__}: {str(err)[:300]}"
+        )
+    choice = decide(tuned_rounds, zero_rounds)
+    logger.info(
+        "final build: tuned %.4f ms, zero-trial %.4f ms over %d rounds: publishing %s",
+        (choice.tuned_secs or 0) * 1e3,
+        (choice.zero_trial_secs or 0) * 1e3,
+        config.rounds,
+        choice.published,
+    )
+    return choice
+
+
+def _exported(
+    prepared: PreparedModel, executable: Any, peers: Collection[str], path: Path
+) -> LoadedLibrary:
+    """``executable`` (built with the peers of ``peers``) exported to ``path`` and loaded on
+    the target's device with the model's buckets and state."""
+    library = export_library(executable, path, link_peers=bool(peers), target=prepared.target)
+    return LoadedLibrary(
+        library,
+        prepared.target.device,
+        buckets=[b.to_json() for b in prepared.model.buckets],
+        state=prepared.model.state,
+    )
+
+
+def zero_trial_outcomes(
+    prepared: PreparedModel, outcomes: Sequence[TaskOutcome], peer_keys: Collection[str]
+) -> list[TaskOutcome]:
+    """``outcomes`` (what the job did with each task) as the zero-trial library computes them:
+    a task in ``peer_keys`` with its peer (``implementation`` the library and call, e.g.
+    ``"openblas gemm"``), every other task with TVM's default schedule (``"default"``); no
+    times (``best_secs`` ``None``: nothing of it was measured alone)."""
+    names = _peer_names(prepared, peer_keys)
+    return [
+        dataclasses.replace(
+            outcome, implementation=names.get(outcome.key, "default"), best_secs=None
+        )
+        for outcome in outcomes
+    ]
+
+
+def _peer_names(prepared: PreparedModel, peer_keys: Collection[str]) -> dict[str, str]:
+    """By task key in ``peer_keys``, the zero-trial peer it calls (``"<library> <kind>"``)."""
+    library = library_for(prepared.target) if peer_keys else None
+    if library is None:
+        return {}
+    device = device_of(prepared.target)
+    names = {}
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        call = find_peer(extracted.dispatched[0], device) if task.key in peer_keys else None
+        if call is not None:
+            names[task.key] = f"{library.describe_for(call).get('library', 'library')} {call.kind}"
+    return names
 
 
 def publish_zero_trial(
@@ -286,11 +500,7 @@ def publish_zero_trial(
     manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
     and, for a job's preview, its ``job_id``. Returns the manifest. ``not_run_because``: built,
     not verified or timed (as :func:`publish_tuned`)."""
-    tasks = [
-        (t.key, e.dispatched[0])
-        for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
-    ]
-    executable, peers = build_zero_trial(prepared.mod, prepared.target, tasks)
+    executable, peers = build_zero_trial_of(prepared)
     extra: dict[str, Any] = {
         "tuned": False,
         "zero_trial": True,

@@ -13,7 +13,10 @@
   by side, :mod:`tuner.remeasure`; the re-measurements are stored), verified against the
   reference framework from disk, and published only if verification passes (otherwise the job
   fails, nothing is written); its manifest records the library's measured latency and, on CPU
-  targets, the reference framework's on the same inputs (``reference``).
+  targets, the reference framework's on the same inputs (``reference``);
+- the published library is the faster of the tuned build and the model's zero-trial build,
+  timed whole side by side (:mod:`tuner.final_choice`; ``TUNEHUB_FINAL_COMPARE_ROUNDS=0`` turns
+  it off); the manifest's and the summary's ``final_choice`` say which and why.
 
 A model with symbolic dimensions is one job over the union of its shape buckets' tasks
 (:mod:`compiler.buckets`: a task several buckets share is one task, its weight the sum), built
@@ -41,6 +44,7 @@ from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.config import default_storage_dir
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
 from tuner.cost_models import CostModelChoice, resolve_cost_model
+from tuner.final_choice import CompareConfig, final_choice_summary
 from tuner.finalize import (
     TaskOutcome,
     choose_winners,
@@ -64,6 +68,12 @@ RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
 @dataclass(frozen=True)
 class TuneSummary:
+    """What a job run reports (``tunehub tune --json`` prints :meth:`to_json`). ``tasks``: the
+    job's schedule table (what it did with each task, the tuned build's implementation);
+    ``measured``: the published library's timing; ``extra["final_choice"]``: whether that
+    library is the tuned or the zero-trial build (:meth:`tuner.final_choice.FinalChoice.to_json`,
+    without the unpublished build's table)."""
+
     job_id: int
     resumed: bool
     trial_budget: int
@@ -350,6 +360,7 @@ def _run_job(
 ) -> TuneSummary:
     tasks = prepared.partition.tasks
     remeasure = RemeasureConfig.from_env()  # a bad setting fails now, not after the search
+    compare = CompareConfig.from_env()
     measured_before = storage.count_records(job_id=job.id)
     remaining = max(0, job.trial_budget - measured_before)
     tuned_keys = storage.tuned_workload_keys(
@@ -432,6 +443,7 @@ def _run_job(
         force=force,
         remeasured=winners.to_json(),
         peers=winners.peers,
+        compare=compare,
     )
     store_remeasurements(
         storage,
@@ -467,5 +479,6 @@ def _run_job(
             "cost_model": cost_model.summary(),
             "sibling_seeds": seeds.summary() if seeds is not None else None,
             "search": report.to_json(),
+            "final_choice": final_choice_summary(manifest),
         },
     )

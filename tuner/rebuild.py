@@ -2,8 +2,10 @@
 
 :func:`rebuild_in_child` compiles a job's artifact on the server from a
 :class:`tuner.rebuild_plan.RebuildPlan` (stored records, and the peers and default schedules
-the worker's re-measurement chose), or a preview's zero-trial library, exactly as a worker
-would (:func:`tuner.finalize.publish_tuned` / :func:`tuner.finalize.publish_zero_trial`), and
+the worker's re-measurement chose, and the library its whole-model comparison published: the
+tuned or the zero-trial one, :mod:`tuner.final_choice`; the server times nothing), or a
+preview's zero-trial library, exactly as a worker would
+(:func:`tuner.finalize.publish_tuned` / :func:`tuner.finalize.publish_zero_trial`), and
 verifies it against the reference framework when this machine can run the target's code. It
 runs TuneHub's own code on validated inputs only (the model was validated at upload, every
 trace was replayed when it was stored); the worker's library is never loaded. The child is a
@@ -136,6 +138,7 @@ def _main() -> None:  # pragma: no cover - runs in the child
     from compiler.model_spec import ModelLimits  # noqa: PLC0415
     from compiler.prepare import prepare_model  # noqa: PLC0415
     from compiler.target import TargetSpec  # noqa: PLC0415
+    from tuner.final_choice import FinalChoice  # noqa: PLC0415
     from tuner.finalize import (  # noqa: PLC0415
         database_from_records,
         publish_tuned,
@@ -168,6 +171,10 @@ def _main() -> None:  # pragma: no cover - runs in the child
         remeasured=list(spec.plan["remeasured"]),
         peers=peers,
         not_run_because=spec.not_run_because,
+        follow=FinalChoice.from_json(spec.plan.get("final_choice"))
+        or FinalChoice.not_compared(
+            "the worker's manifest has no final_choice (the server times nothing)"
+        ),
     )
 
 

@@ -13,7 +13,10 @@ them, as its side-by-side re-measurement did (:mod:`tuner.remeasure`):
   matches it against the variants the compiler itself offers for the task, so a manifest can
   name only a call TuneHub would make);
 - a task whose chosen candidate is TVM's default schedule builds without records;
-- every other task builds with the server's best record of it (what the worker fetched).
+- every other task builds with the server's best record of it (what the worker fetched);
+- the whole library follows the worker's ``final_choice`` (:mod:`tuner.final_choice`): where the
+  worker's side-by-side timing published the zero-trial build, the server builds the zero-trial
+  library (no records: nothing to check) instead of timing anything itself.
 
 TVM-free: the API process computes the plan; the build runs in a child (:mod:`tuner.rebuild`).
 """
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from db import TuningStorage
+from tuner.final_choice import FinalChoice
 
 #: Keys of a peer candidate's description that name the call (``PeerCall.to_json()``'s); the
 #: rest of the description (library name, version, shim) is informational.
@@ -43,14 +47,18 @@ class RebuildPlan:
     uses, best first; ``peers``: by task key, the peer call the worker's re-measurement chose
     (its description's :data:`PEER_CALL_FIELDS`); ``defaults``: task keys built with TVM's
     default schedule; ``remeasured``: the manifest's re-measurement entries of the job's tasks
-    (the worker's report of why, carried into the server's manifest); ``notes``: choices the
-    server could not follow, each saying why."""
+    (the worker's report of why, carried into the server's manifest); ``final_choice``: the
+    worker's whole-model choice as :meth:`tuner.final_choice.FinalChoice.to_json` rewrites it
+    after :meth:`~tuner.final_choice.FinalChoice.from_json` read it (``None``: the worker's
+    manifest has none the server understood: the tuned library is built); ``notes``: choices
+    the server could not follow, each saying why."""
 
     records: dict[str, list[list[Any]]] = field(default_factory=dict)
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)
     defaults: tuple[str, ...] = ()
     remeasured: list[dict[str, Any]] = field(default_factory=list)
     notes: tuple[str, ...] = ()
+    final_choice: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -59,6 +67,7 @@ class RebuildPlan:
             "defaults": list(self.defaults),
             "remeasured": self.remeasured,
             "notes": list(self.notes),
+            "final_choice": self.final_choice,
         }
 
 
@@ -123,4 +132,18 @@ def plan_rebuild(storage: TuningStorage, job: Any, manifest: Mapping[str, Any]) 
         best = storage.top_k(workload_id, target.id, 1)
         if best:
             records[key] = [_record_json(best[0], target_obj)]
-    return RebuildPlan(records, peers, tuple(defaults), remeasured, tuple(notes))
+    final_choice = _final_choice(manifest, notes)
+    return RebuildPlan(records, peers, tuple(defaults), remeasured, tuple(notes), final_choice)
+
+
+def _final_choice(manifest: Any, notes: list[str]) -> dict[str, Any] | None:
+    """The worker's ``final_choice`` as the server reads it, or ``None`` (one it cannot read is
+    noted: the server builds the tuned library)."""
+    entry = manifest.get("final_choice") if isinstance(manifest, Mapping) else None
+    if entry is None:
+        return None
+    choice = FinalChoice.from_json(entry, decided_by="worker")
+    if choice is None:
+        notes.append("the worker's final_choice is not understood: built the tuned library")
+        return None
+    return choice.to_json()

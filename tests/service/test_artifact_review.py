@@ -128,6 +128,47 @@ def test_the_server_publishes_its_own_build(serve, tmp_path) -> None:
     assert not marker.exists(), "the worker's library was loaded somewhere"
 
 
+def test_the_server_follows_the_workers_whole_model_choice(serve, tmp_path) -> None:
+    """Issue 35: a worker whose final build timed the zero-trial library faster than the tuned
+    one published it; the server's own build follows that choice (it times nothing), so users
+    download the zero-trial library, built by the server, and its manifest says whose choice."""
+    from compiler.prepare import prepare_model
+    from compiler.runner import Timing
+    from compiler.target import cpu_target
+    from tuner.final_choice import decide
+    from tuner.finalize import publish_zero_trial
+
+    server = serve(workers=0)
+    marker = tmp_path / "marker"
+    evil = _evil_library(tmp_path, marker)
+    model = matmul_file(tmp_path, 8, 32, 16)
+    rounds = [Timing(s, s, s, 5) for s in (2e-4, 2.1e-4, 1.9e-4)]
+    faster = [Timing(s, s, s, 5) for s in (1e-4, 1.1e-4, 0.9e-4)]
+    choice = decide(rounds, faster).to_json()
+    with (
+        server.client(server.token("henry")) as user,
+        server.client(server.token("pool-f", kind="worker")) as worker,
+    ):
+        job_id, offer, _ = _finalize_offer(server, user, worker, "pool-f-1", model)
+        reply = _upload(worker, offer["lease_id"], evil, _manifest(final_choice=choice))
+        assert reply.status_code == 200, reply.text
+        job = user.get(f"/jobs/{job_id}").json()
+        assert job["status"] == "succeeded" and job["artifact"]["built_by"] == "server", job
+        manifest = user.get(f"/jobs/{job_id}/artifacts/manifest.json").json()
+        library = user.get(f"/jobs/{job_id}/artifacts/model.so").content
+    assert manifest["server_review"]["kind"] == "server_build", manifest["server_review"]
+    assert manifest["verification"]["passed"], manifest["verification"]
+    final = manifest["final_choice"]
+    assert final["published"] == "zero_trial" and final["decided_by"] == "worker", final
+    assert final["tuned_rounds_ms"] == pytest.approx(choice["tuned_rounds_ms"])
+    # The very bytes of the model's zero-trial build.
+    zero = publish_zero_trial(prepare_model(model, cpu_target()), tmp_path / "zero")
+    assert manifest["peers"] == zero["peers"]
+    expected = hashlib.sha256((tmp_path / "zero" / "model.so").read_bytes()).hexdigest()
+    assert hashlib.sha256(library).hexdigest() == expected
+    assert not marker.exists(), "the worker's library was loaded somewhere"
+
+
 def test_without_server_builds_the_library_runs_only_in_a_sandbox(serve, tmp_path) -> None:
     server = serve(workers=0, env={"TUNEHUB_SERVER_BUILD": "0"})
     model = matmul_file(tmp_path, 8, 32, 16)

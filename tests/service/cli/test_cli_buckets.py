@@ -113,3 +113,6 @@ def test_compile_and_tune_with_buckets(dynamic_gpt2, tmp_path, monkeypatch) -> N
     assert summary["verification"]["passed"]
     assert len(summary["verification"]["buckets"]) == 2
     assert summary["tasks_total"] == len(manifest["tasks"])  # the union of both buckets' tasks
+    # The whole tuned library was timed against the zero-trial one (at the largest bucket).
+    assert summary["final_choice"]["compared"] is True, summary["final_choice"]
+    assert summary["final_choice"]["published"] in ("tuned", "zero_trial")
