@@ -350,6 +350,24 @@ def _float32_bias(
     return run
 
 
+def torch_tensor_to_tvm(tensor: Any) -> tvm.runtime.Tensor:
+    """A weight or buffer of a program as a TVM tensor: through DLPack, on a dense contiguous
+    copy; a bfloat16 tensor some torch builds refuse to share (2.11 on the H200 machine) goes
+    through its bits, since ``Tensor.numpy()`` (TVM's fallback) has no bfloat16. Replaces the
+    importer's ``_convert_pytorch_tensor_to_tvm``, which would raise ``TypeError`` there."""
+    dense = tensor.to_dense() if tensor.layout != torch.strided else tensor
+    dense = dense.detach().contiguous()
+    try:
+        return tvm.runtime.from_dlpack(dense)
+    except (RuntimeError, BufferError):
+        if dense.dtype == torch.bfloat16:
+            import ml_dtypes  # noqa: PLC0415 - TVM's own dependency
+
+            bits = dense.view(torch.int16).numpy()
+            return tvm.runtime.tensor(bits.view(ml_dtypes.bfloat16))
+        return tvm.runtime.tensor(dense.numpy())
+
+
 def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
     """TVM's translation of the decomposed ``program`` (``from_exported_program``, with
     :data:`CONVERTERS` in place of TVM's converters of those operators), every
@@ -364,6 +382,7 @@ def translate(program: Any, state: frozenset[str] = frozenset()) -> Any:
     program = without_constant_inputs(program)
     constants = input_free_values(program)
     importer = ExportedProgramImporter()
+    importer._convert_pytorch_tensor_to_tvm = torch_tensor_to_tvm  # noqa: SLF001 - see there
 
     def folded(convert: Callable[[Any], relax.Expr]) -> Callable[[Any], relax.Expr]:
         def run(node: Any) -> relax.Expr:

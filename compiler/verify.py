@@ -33,7 +33,10 @@ TOLERANCES: dict[str, Tolerance] = {
     "float64": Tolerance(1e-7, 1e-9),
     "float32": Tolerance(1e-3, 1e-4),
     "float16": Tolerance(1e-2, 1e-2),
-    "bfloat16": Tolerance(2e-2, 2e-2),
+    # bfloat16 keeps 8 bits of mantissa (a unit roundoff of 2**-9): rounded after every
+    # operator of a deep network, a 24-layer decoder's logits differ from torch's own bfloat16
+    # run by ~2-3 % of their largest value (0.11 on the H200, 2026-12-04), over 2e-2.
+    "bfloat16": Tolerance(5e-2, 5e-2),
 }
 EXACT = Tolerance(0.0, 0.0)
 

@@ -19,6 +19,7 @@ import hashlib
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
@@ -66,7 +67,9 @@ def _constants(func: relax.Function) -> list[Any]:
 def _digest(value: Any) -> str:
     digest = hashlib.blake2b(digest_size=16)
     digest.update(f"{value.dtype}{tuple(value.shape)}".encode())
-    digest.update(memoryview(value.numpy()).cast("B"))
+    array = np.ascontiguousarray(value.numpy())
+    # Viewed as bytes: memoryview cannot cast ml_dtypes' bfloat16 ('E') directly.
+    digest.update(memoryview(array.view(np.uint8)).cast("B"))
     return digest.hexdigest()
 
 

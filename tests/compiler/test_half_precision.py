@@ -68,3 +68,22 @@ def test_a_float16_convolutions_batch_norm_is_folded_into_its_weights(tmp_path) 
     library = LoadedLibrary.from_executable(build(prepared.mod, prepared.target))
     result = verify(prepared.model, library.run)
     assert result.passed, result.message
+
+
+def test_bfloat16_weights_are_read_and_pooled_exactly() -> None:
+    """A bfloat16 weight reaches TVM with its exact bits, transposed views included (the
+    importer's own conversion falls back to ``Tensor.numpy()``, which has no bfloat16), and
+    the constant pool tells bfloat16 tensors apart by their bytes (``memoryview`` cannot cast
+    ml_dtypes' bfloat16)."""
+    import numpy as np
+
+    from compiler.pt2_ops import torch_tensor_to_tvm
+    from compiler.weights import _digest
+
+    weight = torch.randn(6, 4).to(torch.bfloat16)
+    converted = torch_tensor_to_tvm(weight.t())
+    assert str(converted.dtype) == "bfloat16"
+    np.testing.assert_array_equal(converted.numpy().astype(np.float32), weight.t().float().numpy())
+    other = torch_tensor_to_tvm(weight.t() * 2)
+    assert _digest(converted) == _digest(torch_tensor_to_tvm(weight.t().clone()))
+    assert _digest(converted) != _digest(other)

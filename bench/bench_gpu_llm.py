@@ -1,0 +1,363 @@
+"""LLM decode and prefill on the H200 (issue 34): TuneHub's zero-trial CUDA build of a decoder
+exported the way ``transformers`` documents it, beside torch on the same weights, in one run.
+
+    python -m bench.bench_gpu_llm [--model qwen2.5-0.5b] [--dtype bf16] [--contexts 128 1024]
+        [--prefill 512] [--steps 64] [--rounds 5] [--out DIR] [--tag T]
+
+- The model: :mod:`bench.llm_models`' configuration (random weights, nothing downloaded) in
+  ``--dtype``; exported by ``convert_and_export_with_cache`` (a ``StaticCache`` of capacity
+  ``max(contexts) + steps`` rounded up to 64, token count symbolic 1..128), prepared for the
+  GPU's CUDA target and built with no tuning (:func:`tuner.finalize.publish_zero_trial`:
+  DLight's default GPU schedules, CUDA graphs on), verified (greedy tokens against the exported
+  program on the CPU) and loaded from disk (:class:`compiler.llm.generate.Generator`: the cache is
+  device state written in place).
+- **TuneHub**: decode ms/token at each context (the prompt fed first, then ``--steps`` steps, the
+  median step; a step is the library call with the token's ids copied in and the logits copied
+  out), prefill of ``--prefill`` tokens (chunks of 128).
+- **torch eager** and **torch.compile(mode="reduce-overhead")** (CUDA graphs): the same weights
+  on the GPU, a decode loop over the model's forward with ``transformers``' ``StaticCache`` of the
+  same capacity (the compiled step is ``fullgraph``; ``generate()`` with it fails under CUDA
+  graphs), greedy argmax on the device, one ``.item()``-free sync per step.
+- **The limit**: weight bytes read per token (every parameter once; tied embeddings once, as the
+  LM head) divided by the measured device-to-device copy bandwidth (bytes read + written).
+
+Writes ``gpu_llm_<date>[_tag].json`` / ``.md`` into ``--out`` after every stage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import statistics
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+DTYPES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
+MAX_TOKENS = 128
+
+
+def copy_bandwidth(nbytes: int = 1 << 30, repeat: int = 20) -> float:
+    """Bytes per second a device-to-device copy moves (read + write), the median of ``repeat``."""
+    import torch
+
+    src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
+    dst = torch.empty_like(src)
+    times = []
+    for _ in range(repeat + 2):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        torch.cuda.synchronize()
+        times.append(start.elapsed_time(end) / 1e3)
+    return 2 * nbytes / statistics.median(times[2:])
+
+
+def export_static(model: Any, capacity: int, path: Path) -> None:
+    """``convert_and_export_with_cache`` of ``model`` (on the CPU): a static cache of ``capacity``
+    positions, 1..:data:`MAX_TOKENS` tokens a call."""
+    import torch
+    from transformers import GenerationConfig
+    from transformers.integrations.executorch import convert_and_export_with_cache
+
+    model.generation_config = GenerationConfig(
+        use_cache=True,
+        cache_implementation="static",
+        cache_config={"batch_size": 1, "max_cache_len": capacity},
+    )
+    tokens = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
+    program = convert_and_export_with_cache(
+        model,
+        example_input_ids=torch.zeros((1, 8), dtype=torch.int64),
+        example_cache_position=torch.arange(8),
+        strict=True,
+        dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
+    )
+    torch.export.save(program, path)
+
+
+def build_tunehub(program: Path, out: Path) -> dict[str, Any]:
+    """The zero-trial CUDA library of ``program`` in ``out`` (verified); its manifest's summary."""
+    from compiler.model_spec import ModelLimits
+    from compiler.prepare import prepare_model
+    from compiler.target import cuda_target, detect_gpu
+    from tuner.finalize import publish_zero_trial
+
+    gpu = detect_gpu()
+    if gpu is None:
+        raise RuntimeError("no CUDA GPU here")
+    start = time.perf_counter()
+    # The CLI's limits for a local file (the upload default of 512 MiB is below a 0.5 B model).
+    big = ModelLimits(max_bytes=1 << 33, max_constant_bytes=1 << 33, max_constant_elements=1 << 32)
+    prepared = prepare_model(program, cuda_target(gpu), limits=big)
+    prepared_s = time.perf_counter() - start
+    manifest = publish_zero_trial(prepared, out, force=True)
+    return {
+        "prepare_s": prepared_s,
+        "build_and_verify_s": time.perf_counter() - start - prepared_s,
+        "tasks": len(prepared.partition.tasks),
+        "generation_check": (manifest.get("generation") or {}).get("message"),
+        "verified": manifest.get("verification"),
+        "peers": manifest.get("peers"),
+    }
+
+
+def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int, prefill: int):
+    """Decode ms/token at each context and prefill ms of ``prefill`` tokens (medians), plus the
+    greedy tokens of the first context's steps."""
+    from compiler.llm.generate import Generator
+
+    generator = Generator.load(out)
+    result: dict[str, Any] = {"decode_ms": {}, "tokens": None}
+    for context in contexts:
+        generator.reset()
+        generator.prefill(prompt[:context])
+        logits = generator.prefill(prompt[context : context + 1])
+        times, tokens = [], []
+        for _ in range(steps):
+            token = int(logits[0].astype(np.float32).argmax())
+            tokens.append(token)
+            start = time.perf_counter()
+            logits = generator.step(token)
+            times.append(time.perf_counter() - start)
+        result["decode_ms"][str(context)] = statistics.median(times[3:]) * 1e3
+        if result["tokens"] is None:
+            result["tokens"] = tokens
+    prefills = []
+    for _ in range(5):
+        generator.reset()
+        start = time.perf_counter()
+        generator.prefill(prompt[:prefill])
+        prefills.append(time.perf_counter() - start)
+    result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
+    result["kernels"] = kernel_profile(lambda: generator.step(1), 20)
+    return result
+
+
+def kernel_profile(call: Any, calls: int) -> list[dict[str, Any]]:
+    """The GPU kernels ``calls`` calls of ``call`` launch (CUPTI through ``torch.profiler``, which
+    sees TVM's kernels too): name, launches per call, device ms per call; the top 15."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+    rows = []
+    for event in prof.key_averages():
+        total = getattr(event, "device_time_total", None) or getattr(event, "cuda_time_total", 0)
+        if total:
+            rows.append(
+                {
+                    "kernel": event.key[:90],
+                    "per_call": event.count / calls,
+                    "ms_per_call": total / 1e3 / calls,
+                }
+            )
+    return sorted(rows, key=lambda r: -r["ms_per_call"])[:15]
+
+
+def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, contexts, steps, prefill):
+    """The same measurements as :func:`time_tunehub` for torch on the GPU: ``mode`` ``eager`` or a
+    ``torch.compile`` mode for the one-token step (prefill stays eager)."""
+    import torch
+    from transformers import StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=capacity)
+
+    def forward(ids, positions):
+        return model(
+            input_ids=ids, cache_position=positions, past_key_values=cache, use_cache=True
+        ).logits
+
+    def step_fn(ids, positions):
+        return forward(ids, positions)[:, -1].argmax(dim=-1, keepdim=True)
+
+    step = step_fn if mode == "eager" else torch.compile(step_fn, mode=mode, fullgraph=True)
+    ids = torch.as_tensor(prompt, device="cuda").reshape(1, -1)
+    result: dict[str, Any] = {"decode_ms": {}, "tokens": None}
+    with torch.no_grad():
+        for context in contexts:
+            cache.reset()
+            forward(ids[:, :context], torch.arange(context, device="cuda"))
+            token = forward(ids[:, context : context + 1], torch.tensor([context], device="cuda"))
+            token = token[:, -1].argmax(dim=-1, keepdim=True)
+            times, tokens = [], []
+            for index in range(steps):
+                position = torch.tensor([context + 1 + index], device="cuda")
+                tokens.append(token)
+                torch.cuda.synchronize()
+                start = time.perf_counter()
+                token = step(token.clone(), position).clone()
+                torch.cuda.synchronize()
+                times.append(time.perf_counter() - start)
+            result["decode_ms"][str(context)] = statistics.median(times[3:]) * 1e3
+            if result["tokens"] is None:
+                result["tokens"] = [int(t.item()) for t in tokens]
+        prefills = []
+        for _ in range(5):
+            cache.reset()
+            torch.cuda.synchronize()
+            start = time.perf_counter()
+            forward(ids[:, :prefill], torch.arange(prefill, device="cuda"))
+            torch.cuda.synchronize()
+            prefills.append(time.perf_counter() - start)
+        result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
+    return result
+
+
+def write_report(out: Path, report: dict[str, Any]) -> None:
+    """The JSON and a Markdown table of ``report`` (written after every stage)."""
+    stem = out / f"gpu_llm_{report['date']}{('_' + report['tag']) if report['tag'] else ''}"
+    stem.with_suffix(".json").write_text(json.dumps(report, indent=1, default=str))
+    limit = report.get("limit_ms")
+    contexts = report["contexts"]
+    lines = [
+        f"# LLM decode on the GPU, {report['model']} {report['dtype']} ({report['date']})",
+        "",
+        f"Machine: {report.get('gpu')}; {report.get('versions')}. Random weights; batch 1; "
+        f"a static cache of {report['capacity']} positions. Command: `{report['command']}`.",
+        "",
+        f"Weights read per token: {report.get('weight_bytes', 0) / 1e6:.0f} MB; copy bandwidth "
+        f"{(report.get('bandwidth') or 0) / 1e12:.2f} TB/s; **limit "
+        f"{limit if limit is None else round(limit, 3)} ms/token**.",
+        "",
+        "| runtime | "
+        + " | ".join(f"decode ms/token @ {c}" for c in contexts)
+        + " | % of limit (first context) | prefill "
+        + f"{report['prefill']} ms | greedy tokens = torch eager's |",
+        "|---|" + "---|" * (len(contexts) + 3),
+    ]
+    eager_tokens = (report["runs"].get("torch eager") or {}).get("tokens")
+    for name, run in report["runs"].items():
+        if "error" in run:
+            lines.append(f"| {name} | error: {run['error'][:160]} |")
+            continue
+        decode = run["decode_ms"]
+        first = decode.get(str(contexts[0]))
+        share = f"{100 * limit / first:.0f} %" if limit and first else "-"
+        same = "-" if not eager_tokens or name == "torch eager" else run["tokens"] == eager_tokens
+        lines.append(
+            f"| {name} | "
+            + " | ".join(f"{decode.get(str(c), float('nan')):.3f}" for c in contexts)
+            + f" | {share} | {run['prefill_ms']:.2f} | {same} |"
+        )
+    kernels = (report["runs"].get("TuneHub zero-trial") or {}).get("kernels")
+    if kernels:
+        lines += ["", "TuneHub's kernels in one decode step (CUPTI):", ""]
+        lines += ["| kernel | launches | ms |", "|---|---|---|"]
+        lines += [
+            f"| `{k['kernel']}` | {k['per_call']:g} | {k['ms_per_call']:.4f} |" for k in kernels
+        ]
+    if report.get("build"):
+        lines += ["", f"TuneHub build: `{json.dumps(report['build'], default=str)[:600]}`"]
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="qwen2.5-0.5b")
+    parser.add_argument("--dtype", default="bf16", choices=sorted(DTYPES))
+    parser.add_argument("--contexts", type=int, nargs="+", default=[128, 1024])
+    parser.add_argument("--prefill", type=int, default=512)
+    parser.add_argument("--steps", type=int, default=64)
+    parser.add_argument("--work", type=Path, default=Path("/tmp/tunehub-gpu-llm"))
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    parser.add_argument("--tag", default="")
+    parser.add_argument("--skip", nargs="*", default=[], help="runtimes to leave out")
+    args = parser.parse_args(argv)
+
+    import torch
+
+    from bench.llm_models import build_model, count_parameters, get_spec, prompt_ids
+
+    spec = get_spec(args.model)
+    capacity = -(-(max(args.contexts) + args.steps + 8) // 64) * 64
+    dtype = getattr(torch, DTYPES[args.dtype])
+    args.work.mkdir(parents=True, exist_ok=True)
+    args.out.mkdir(parents=True, exist_ok=True)
+    params = count_parameters(spec)
+    report: dict[str, Any] = {
+        "model": args.model,
+        "dtype": args.dtype,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "tag": args.tag,
+        "command": "python -m bench.bench_gpu_llm " + " ".join(argv or sys.argv[1:]),
+        "contexts": args.contexts,
+        "prefill": args.prefill,
+        "capacity": capacity,
+        "parameters": params,
+        "weight_bytes": params * torch.finfo(dtype).bits // 8,
+        "gpu": torch.cuda.get_device_name(0),
+        "versions": f"torch {torch.__version__}",
+        "runs": {},
+    }
+    report["bandwidth"] = copy_bandwidth()
+    report["limit_ms"] = report["weight_bytes"] / report["bandwidth"] * 1e3
+    prompt = prompt_ids(spec, 1, max(max(args.contexts), args.prefill) + 1, seed=0)[0]
+    write_report(args.out, report)
+
+    model = build_model(spec).to(dtype).eval()
+    program = args.work / f"{args.model}-{args.dtype}-{capacity}.pt2"
+    artifact = args.work / f"{args.model}-{args.dtype}-{capacity}-zero-trial"
+    stages = [
+        ("export", lambda: program.is_file() or export_static(model, capacity, program)),
+        (
+            "build",
+            lambda: (
+                (artifact / "manifest.json").is_file()
+                or report.__setitem__("build", build_tunehub(program, artifact))
+            ),
+        ),
+    ]
+    for stage, action in stages:
+        start = time.perf_counter()
+        try:
+            action()
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            traceback.print_exc()
+            failure = f"{stage}: {type(err).__name__}: {err}"
+            report["runs"]["TuneHub zero-trial"] = {"error": failure}
+            break
+        report[f"{stage}_s"] = time.perf_counter() - start
+        print(f"{stage}: {report[f'{stage}_s']:.1f} s", flush=True)
+        write_report(args.out, report)
+    runs: list[tuple[str, Any]] = []
+    if "TuneHub zero-trial" not in report["runs"]:
+        runs.append(
+            (
+                "TuneHub zero-trial",
+                lambda: time_tunehub(artifact, prompt, args.contexts, args.steps, args.prefill),
+            )
+        )
+    gpu_model = model.to("cuda")
+    for mode in ("eager", "reduce-overhead"):
+        name = "torch eager" if mode == "eager" else f'torch.compile "{mode}"'
+        runs.append(
+            (
+                name,
+                lambda mode=mode: time_torch(
+                    gpu_model, mode, capacity, prompt, args.contexts, args.steps, args.prefill
+                ),
+            )
+        )
+    for name, run in runs:
+        if name in args.skip:
+            continue
+        try:
+            report["runs"][name] = run()
+        except Exception as err:  # noqa: BLE001 - reported in the table
+            traceback.print_exc()
+            report["runs"][name] = {"error": f"{type(err).__name__}: {err}"}
+        print(name, json.dumps(report["runs"][name])[:400], flush=True)
+        write_report(args.out, report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
