@@ -27,6 +27,7 @@ Writes ``gpu_llm_<date>[_tag].json`` / ``.md`` into ``--out`` after every stage.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as dt
 import json
 import statistics
@@ -270,6 +271,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     parser.add_argument("--tag", default="")
     parser.add_argument("--skip", nargs="*", default=[], help="runtimes to leave out")
+    parser.add_argument("--layers", type=int, default=0, help="keep this many layers (0: all)")
     args = parser.parse_args(argv)
 
     import torch
@@ -277,13 +279,16 @@ def main(argv: list[str] | None = None) -> int:
     from bench.llm_models import build_model, count_parameters, get_spec, prompt_ids
 
     spec = get_spec(args.model)
+    if args.layers:  # a shallower copy: per-layer kernels as in the full model, a faster build
+        values = {**spec.values, "num_hidden_layers": args.layers}
+        spec = dataclasses.replace(spec, name=f"{spec.name}-{args.layers}l", values=values)
     capacity = -(-(max(args.contexts) + args.steps + 8) // 64) * 64
     dtype = getattr(torch, DTYPES[args.dtype])
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)
     params = count_parameters(spec)
     report: dict[str, Any] = {
-        "model": args.model,
+        "model": spec.name,
         "dtype": args.dtype,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "tag": args.tag,
@@ -303,8 +308,8 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.out, report)
 
     model = build_model(spec).to(dtype).eval()
-    program = args.work / f"{args.model}-{args.dtype}-{capacity}.pt2"
-    artifact = args.work / f"{args.model}-{args.dtype}-{capacity}-zero-trial"
+    program = args.work / f"{spec.name}-{args.dtype}-{capacity}.pt2"
+    artifact = args.work / f"{spec.name}-{args.dtype}-{capacity}-zero-trial"
     stages = [
         ("export", lambda: program.is_file() or export_static(model, capacity, program)),
         (

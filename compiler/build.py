@@ -45,7 +45,9 @@ def build(
     :mod:`compiler.peers`; without a ``database`` the other tasks get TVM's default schedules);
     export such an executable with ``link_peers``."""
     try:
-        if database is None and not peers:
+        # CUDA always takes TuneHub's own CUDA pipeline (lowering._cuda_build: its GEMV
+        # legalization and split-reduction rule, CUDA graphs), an empty database when untuned.
+        if database is None and not peers and target.kind != "cuda":
             return build_untuned(mod, target)
         if peers:
             load_peers()  # the executable can then also run in this process, before export

@@ -273,8 +273,13 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 
 def gpu_default_rules() -> list[object]:
     """DLight's GPU rules in the order ``ms.relax_integration.compile_relax`` applies them to
-    the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`)."""
+    the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`),
+    after TuneHub's split reduction for decode attention
+    (:class:`compiler.gpu_split_reduction.SplitReduction`)."""
+    from compiler.gpu_split_reduction import SplitReduction  # noqa: PLC0415 - GPU builds only
+
     return [
+        SplitReduction(),
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),

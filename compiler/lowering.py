@@ -44,6 +44,7 @@ from compiler.compile_options import CompileOptions
 from compiler.conv_layout import to_nhwc
 from compiler.default_schedules import apply_default_schedules, gpu_default_rules
 from compiler.fast_math import fast_math
+from compiler.gpu_gemv import legalize_matmul
 from compiler.peers import apply_peers
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
@@ -77,11 +78,13 @@ def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:
     """Step 2: legalize and fuse a Relax module into primitive TIR functions for ``target``."""
+    # CUDA: decode-sized matmuls over constant weights as GEMVs over row-major weights.
+    legalize = {"relax.matmul": legalize_matmul} if target.kind.name == "cuda" else None
     with target:
         return tvm.ir.transform.Sequential(
             [
                 *relax_pipeline.library_dispatch_passes(target),
-                relax.transform.LegalizeOps(),
+                relax.transform.LegalizeOps(customize_legalize_map=legalize),
                 relax.transform.AnnotateTIROpPattern(),
                 relax.transform.FoldConstant(),
                 relax.transform.FuseOps(),
