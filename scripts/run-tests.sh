@@ -14,4 +14,6 @@ if [ -f scripts/postgres.sh ]; then
   eval "$(bash scripts/postgres.sh start)"
   trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
 fi
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 "$@"
+# Two pytest-xdist workers (TUNEHUB_TEST_WORKERS to change; 0 runs in this process): most tests
+# wait on servers, subprocesses and compilers, so two share CI's two cores well.
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 -n "${TUNEHUB_TEST_WORKERS:-2}" "$@"
