@@ -62,25 +62,12 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeat: int = 20) -> float:
 
 def export_static(model: Any, capacity: int, path: Path) -> None:
     """``convert_and_export_with_cache`` of ``model`` (on the CPU): a static cache of ``capacity``
-    positions, 1..:data:`MAX_TOKENS` tokens a call."""
+    positions, 1..:data:`MAX_TOKENS` tokens a call, saved to ``path``."""
     import torch
-    from transformers import GenerationConfig
-    from transformers.integrations.executorch import convert_and_export_with_cache
 
-    model.generation_config = GenerationConfig(
-        use_cache=True,
-        cache_implementation="static",
-        cache_config={"batch_size": 1, "max_cache_len": capacity},
-    )
-    tokens = torch.export.Dim("tokens", min=1, max=MAX_TOKENS)
-    program = convert_and_export_with_cache(
-        model,
-        example_input_ids=torch.zeros((1, 8), dtype=torch.int64),
-        example_cache_position=torch.arange(8),
-        strict=True,
-        dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
-    )
-    torch.export.save(program, path)
+    from examples.hf_exports import static_cache_export
+
+    torch.export.save(static_cache_export(model, capacity, MAX_TOKENS), path)
 
 
 def build_tunehub(program: Path, out: Path) -> dict[str, Any]:

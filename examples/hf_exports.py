@@ -68,12 +68,19 @@ def static_cache_prefill_program(
     ``max_tokens`` (``strict=True``; traced on 8 tokens): one program that decodes (1 token) and
     prefills chunks of the prompt. TuneHub compiles it for the token counts 1, 16, 32, ...
     (its shape buckets) and feeds any prompt in chunks of those."""
+    return static_cache_export(causal_lm(spec), max_cache_len, max_tokens)
+
+
+def static_cache_export(
+    model: Any, max_cache_len: int, max_tokens: int
+) -> torch.export.ExportedProgram:
+    """:func:`static_cache_prefill_program` of an already built causal LM ``model`` (in its
+    own dtype, on the CPU)."""
     from transformers import GenerationConfig  # noqa: PLC0415 - a development dependency
     from transformers.integrations.executorch import (  # noqa: PLC0415
         convert_and_export_with_cache,
     )
 
-    model = causal_lm(spec)
     model.generation_config = GenerationConfig(
         use_cache=True,
         cache_implementation="static",

@@ -508,22 +508,7 @@ def publish_zero_trial(
     }
     if job_id is not None:
         extra["job_id"] = job_id
-
-    def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
-        timing = library.time(random_inputs(prepared.model.inputs))
-        return {**extra, "measured": timing.to_json(), "reference": reference_timing(prepared)}
-
-    return publish_artifact(
-        executable,
-        prepared.model,
-        prepared.target,
-        out_dir,
-        tasks=[t.to_json() for t in prepared.partition.tasks],
-        extra=extra if not_run_because else timed_extra,
-        force=force,
-        link_peers=bool(peers),
-        not_run_because=not_run_because,
-    )
+    return _publish(prepared, executable, out_dir, extra, peers, force, not_run_because)[0]
 
 
 def tvm_module(mod_json: str) -> tvm.IRModule:
