@@ -124,13 +124,31 @@ def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int,
         generator.prefill(prompt[:prefill])
         prefills.append(time.perf_counter() - start)
     result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
-    result["kernels"] = kernel_profile(lambda: generator.step(1), 20)
+    result["vm_step_ms"] = vm_step_ms(generator.library, contexts[0])
+    result["kernels"], result["kernel_ms"] = kernel_profile(lambda: generator.step(1), 20)
+    generator.reset()
+    chunk = prompt[:MAX_TOKENS]
+    result["prefill_kernels"], result["prefill_kernel_ms"] = kernel_profile(
+        lambda: (generator.reset(), generator.prefill(chunk)), 3
+    )
     return result
 
 
-def kernel_profile(call: Any, calls: int) -> list[dict[str, Any]]:
+def vm_step_ms(library: Any, position: int) -> float:
+    """Median ms of the one-token function's VM call alone (its inputs already on the device:
+    no copies in or out, no Python), to split a step's time into the library's and the host's."""
+    ids = np.ones((1, 1), dtype="int64")
+    positions = np.array([position], dtype="int64")
+    function = library.function_for([ids, positions])
+    library.vm.set_input(function, *library._to_device([ids, positions]))  # noqa: SLF001
+    evaluator = library.vm.time_evaluator("invoke_stateful", library.device, number=20, repeat=7)
+    return float(np.median(evaluator(function).results)) * 1e3
+
+
+def kernel_profile(call: Any, calls: int) -> tuple[list[dict[str, Any]], float]:
     """The GPU kernels ``calls`` calls of ``call`` launch (CUPTI through ``torch.profiler``, which
-    sees TVM's kernels too): name, launches per call, device ms per call; the top 15."""
+    sees TVM's kernels too): name, launches per call, device ms per call; the top 15, and the
+    device ms per call of all of them."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -147,7 +165,8 @@ def kernel_profile(call: Any, calls: int) -> list[dict[str, Any]]:
                     "ms_per_call": total / 1e3 / calls,
                 }
             )
-    return sorted(rows, key=lambda r: -r["ms_per_call"])[:15]
+    total = sum(r["ms_per_call"] for r in rows)
+    return sorted(rows, key=lambda r: -r["ms_per_call"])[:15], total
 
 
 def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, contexts, steps, prefill):
@@ -235,9 +254,20 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
             + " | ".join(f"{decode.get(str(c), float('nan')):.3f}" for c in contexts)
             + f" | {share} | {run['prefill_ms']:.2f} | {same} |"
         )
-    kernels = (report["runs"].get("TuneHub zero-trial") or {}).get("kernels")
-    if kernels:
-        lines += ["", "TuneHub's kernels in one decode step (CUPTI):", ""]
+    tunehub = report["runs"].get("TuneHub zero-trial") or {}
+    if tunehub.get("vm_step_ms") is not None:
+        step = tunehub["decode_ms"].get(str(contexts[0]))
+        lines += [
+            "",
+            f"A TuneHub step at context {contexts[0]}: {step:.3f} ms in all, of which the "
+            f"library's VM call {tunehub['vm_step_ms']:.3f} ms (inputs already on the device) "
+            f"and its kernels {tunehub['kernel_ms']:.3f} ms of device time (CUPTI).",
+        ]
+    for key, what in (("kernels", "one decode step"), ("prefill_kernels", "a 128-token chunk")):
+        kernels = tunehub.get(key)
+        if not kernels:
+            continue
+        lines += ["", f"TuneHub's kernels in {what} (CUPTI, the top 15):", ""]
         lines += ["| kernel | launches | ms |", "|---|---|---|"]
         lines += [
             f"| `{k['kernel']}` | {k['per_call']:g} | {k['ms_per_call']:.4f} |" for k in kernels

@@ -274,12 +274,15 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 def gpu_default_rules() -> list[object]:
     """DLight's GPU rules in the order ``ms.relax_integration.compile_relax`` applies them to
     the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`),
-    after TuneHub's split reduction for decode attention
-    (:class:`compiler.gpu_split_reduction.SplitReduction`)."""
-    from compiler.gpu_split_reduction import SplitReduction  # noqa: PLC0415 - GPU builds only
+    after TuneHub's two rules for decode attention: its P·V
+    (:class:`compiler.gpu_split_reduction.SplitReduction`) and its q·Kᵀ
+    (:class:`compiler.gpu_short_reduction.ShortReduction`)."""
+    from compiler.gpu_short_reduction import ShortReduction  # noqa: PLC0415 - GPU builds only
+    from compiler.gpu_split_reduction import SplitReduction  # noqa: PLC0415
 
     return [
         SplitReduction(),
+        ShortReduction(),
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),

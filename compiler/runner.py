@@ -170,8 +170,23 @@ class LoadedLibrary:
 
     def _to_device(self, inputs: list[np.ndarray]) -> list[Any]:
         """``inputs`` on the device, followed by the library's state tensors and weights (a
-        library whose weights are beside it, :mod:`compiler.weights`), if any."""
-        arrays = [tvm.runtime.tensor(array, self.device) for array in inputs]
+        library whose weights are beside it, :mod:`compiler.weights`), if any.
+
+        Each input goes into a device buffer kept per (position, shape, dtype) and reused by
+        later calls: a decode step's two small inputs would otherwise cost a device allocation
+        and free each (``cudaFree`` waits for the device) every token."""
+        buffers = self.__dict__.setdefault("_input_buffers", {})
+        arrays = []
+        for index, array in enumerate(inputs):
+            array = np.ascontiguousarray(array)
+            key = (index, array.shape, str(array.dtype))
+            buffer = buffers.get(key)
+            if buffer is None:
+                buffer = buffers[key] = tvm.runtime.empty(
+                    array.shape, str(array.dtype), self.device
+                )
+            buffer.copyfrom(array)
+            arrays.append(buffer)
         return arrays + list(self.state_tensors) + list(self.weights)
 
     def run(self, inputs: list[np.ndarray]) -> list[np.ndarray]:

@@ -1,0 +1,125 @@
+"""Decode attention's two products on the GPU under each default-schedule rule (issue 34).
+
+    python -m bench.bench_gpu_decode_kernels [--cache 1152] [--heads 2] [--rows 7] [--dim 64]
+        [--out DIR]
+
+A decode step's attention, per key-value head, is ``scores[h, n, i] = Σ_d K[h, n, d] q[h, d, i]``
+(q·Kᵀ, a short reduction over the head dimension, as TVM legalizes the ``transformers`` export)
+and ``out[h, i, d] = Σ_n P[h, i, n] V[h, n, d]`` (P·V, a long reduction over the cache), with
+``i`` the query heads of a group (Qwen2.5-0.5B: 2 key-value heads of 7 query heads, head
+dimension 64). Each product is written in TE with those shapes (bfloat16), scheduled by DLight's
+matmul rule and by TuneHub's rule for it (:class:`compiler.gpu_short_reduction.ShortReduction`,
+:class:`compiler.gpu_split_reduction.SplitReduction`), built for the GPU and timed with
+``time_evaluator`` (median µs). Writes ``gpu_decode_kernels_<date>.json`` / ``.md`` to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import tvm
+from tvm import te
+from tvm.s_tir import dlight as dl
+
+
+def scores(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """q·Kᵀ as TVM legalizes the decoder's: ``K [1, h, cache, dim] @ qT [1, h, dim, rows]``."""
+    k = te.placeholder((1, heads, cache, dim), dtype, name="K")
+    q = te.placeholder((1, heads, dim, rows), dtype, name="qT")
+    d = te.reduce_axis((0, dim), name="d")
+    out = te.compute(
+        (1, heads, cache, rows),
+        lambda b, h, n, i: te.sum(k[b, h, n, d] * q[b, h, d, i], axis=d),
+        name="matmul",
+    )
+    return te.create_prim_func([k, q, out])
+
+
+def values(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.PrimFunc:
+    """P·V: ``P [1, h, rows, cache] @ V [1, h, cache, dim]``."""
+    p = te.placeholder((1, heads, rows, cache), dtype, name="P")
+    v = te.placeholder((1, heads, cache, dim), dtype, name="V")
+    n = te.reduce_axis((0, cache), name="n")
+    out = te.compute(
+        (1, heads, rows, dim),
+        lambda b, h, i, j: te.sum(p[b, h, i, n] * v[b, h, n, j], axis=n),
+        name="matmul",
+    )
+    return te.create_prim_func([p, v, out])
+
+
+def time_rule(func: tvm.tirx.PrimFunc, rule: object, target: tvm.target.Target) -> float | None:
+    """Median µs of ``func`` scheduled by ``rule`` on the GPU; ``None`` when the rule declines."""
+    with target:
+        sch = rule.apply(func, target, False)
+    if sch is None:
+        return None
+    sch = sch[0] if isinstance(sch, list) else sch
+    lib = tvm.compile(sch.mod, target=target)
+    dev = tvm.cuda(0)
+    args = [  # timing only: the values do not matter
+        tvm.runtime.empty([int(d) for d in b.shape], str(b.dtype), dev)
+        for b in func.buffer_map.values()
+    ]
+    evaluator = lib.time_evaluator("main", dev, number=200, repeat=7)
+    return float(np.median(evaluator(*args).results)) * 1e6
+
+
+def main(argv: list[str] | None = None) -> int:
+    from compiler.gpu_short_reduction import ShortReduction
+    from compiler.gpu_split_reduction import SplitReduction
+    from compiler.target import cuda_target, detect_gpu
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--cache", type=int, nargs="+", default=[1152, 4096])
+    parser.add_argument("--heads", type=int, default=2)
+    parser.add_argument("--rows", type=int, nargs="+", default=[7, 56])
+    parser.add_argument("--dim", type=int, default=64)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--out", type=Path, default=Path("bench/results"))
+    args = parser.parse_args(argv)
+    gpu = detect_gpu()
+    if gpu is None:
+        raise SystemExit("no CUDA GPU here")
+    target = cuda_target(gpu).tvm_target()
+    rows_out = []
+    for cache in args.cache:
+        for rows in args.rows:
+            for product, build, rule in (
+                ("q·Kᵀ", scores, ShortReduction()),
+                ("P·V", values, SplitReduction()),
+            ):
+                func = build(args.heads, rows, cache, args.dim, args.dtype)
+                entry = {"product": product, "cache": cache, "rows": rows}
+                for name, candidate in (("dlight matmul", dl.gpu.Matmul()), ("tunehub", rule)):
+                    entry[name] = time_rule(func, candidate, target)
+                rows_out.append(entry)
+                print(json.dumps(entry), flush=True)
+    date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
+    args.out.mkdir(parents=True, exist_ok=True)
+    stem = args.out / f"gpu_decode_kernels_{date}"
+    stem.with_suffix(".json").write_text(json.dumps({"gpu": gpu.name, "rows": rows_out}, indent=1))
+    lines = [
+        f"# Decode attention kernels by schedule rule ({gpu.name}, {date})",
+        "",
+        f"{args.heads} key-value heads, head dimension {args.dim}, {args.dtype}; median µs.",
+        "",
+        "| product | cache | query rows | DLight matmul | TuneHub rule |",
+        "|---|---|---|---|---|",
+    ]
+    for e in rows_out:
+        cells = [
+            f"{e[k]:.2f}" if e[k] is not None else "declined" for k in ("dlight matmul", "tunehub")
+        ]
+        lines.append(f"| {e['product']} | {e['cache']} | {e['rows']} | {' | '.join(cells)} |")
+    stem.with_suffix(".md").write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
