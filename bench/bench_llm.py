@@ -10,6 +10,7 @@ with TuneHub's runtimes registered:
   ``tunehub compile`` with no tuning (library peers and TVM's default schedules), run through
   :class:`compiler.llm.generate.Generator` (the cache kept as the library's state, written in
   place; a prompt fed in chunks of the compiled token counts);
+- ``tunehub-zero-bf16``: the same exported in bfloat16 (named with ``--runtimes``);
 - ``tunehub-tuned``: the same after ``tunehub tune --trials N`` (named with ``--runtimes``).
 
 Compiling happens once per model (cached under the work dir, like the peers' conversions) and
@@ -37,24 +38,19 @@ MAX_TOKENS = 128
 REPO = Path(__file__).resolve().parents[1]
 
 
-def _export(folder: Path, path: Path, capacity: int) -> None:
-    """The deployment export of the model in ``folder`` (see the module docstring), written
-    atomically to ``path`` in a child process (torch's export holds the model's memory)."""
+def _export(folder: Path, path: Path, capacity: int, dtype: str = "float32") -> None:
+    """The deployment export of the model in ``folder`` in ``dtype``
+    (:func:`examples.hf_exports.static_cache_export`), written atomically to ``path`` in a child
+    process (torch's export holds the model's memory)."""
     code = f"""
 import torch
-from bench.llm_models import load_saved_model
-from transformers import GenerationConfig
-from transformers.integrations.executorch import convert_and_export_with_cache
-from examples.export import _atomic_write
 from pathlib import Path
-model = load_saved_model(Path({str(folder)!r}))
-model.generation_config = GenerationConfig(use_cache=True, cache_implementation="static",
-    cache_config={{"batch_size": 1, "max_cache_len": {capacity}}})
-tokens = torch.export.Dim("tokens", min=1, max={MAX_TOKENS})
-ep = convert_and_export_with_cache(model, example_input_ids=torch.zeros((1, 8), dtype=torch.int64),
-    example_cache_position=torch.arange(8), strict=True,
-    dynamic_shapes={{"input_ids": {{1: tokens}}, "cache_position": {{0: tokens}}}})
-_atomic_write(Path({str(path)!r}), lambda f: torch.export.save(ep, f))
+from bench.llm_models import load_saved_model
+from examples.export import _atomic_write
+from examples.hf_exports import static_cache_export
+model = load_saved_model(Path({str(folder)!r})).to(torch.{dtype})
+program = static_cache_export(model, {capacity}, {MAX_TOKENS})
+_atomic_write(Path({str(path)!r}), lambda f: torch.export.save(program, f))
 """
     subprocess.run([sys.executable, "-c", code], cwd=REPO, check=True)
 
@@ -66,8 +62,10 @@ class TuneHubRuntime:
     precision = "fp32"
     compiles = False
 
-    def __init__(self, trials: int = 0) -> None:
+    def __init__(self, trials: int = 0, precision: str = "fp32") -> None:
         self.trials = trials
+        self.precision = precision
+        self.dtype = {"fp32": "float32", "bf16": "bfloat16"}[precision]
         self.variant = f"tuned ({trials} trials)" if trials else "zero-trial"
         self.generator: Any = None
         self.details: dict[str, Any] = {}
@@ -86,11 +84,12 @@ class TuneHubRuntime:
         capacity = -(-capacity // 64) * 64
         folder = model.cache_dir / "tunehub"
         folder.mkdir(parents=True, exist_ok=True)
-        program = folder / f"static-{capacity}.pt2"
+        suffix = "" if self.precision == "fp32" else f"-{self.precision}"
+        program = folder / f"static-{capacity}{suffix}.pt2"
         start = time.perf_counter()
         if not program.is_file():
-            _export(model.folder, program, capacity)
-        out = folder / (f"tuned-{self.trials}" if self.trials else "zero-trial")
+            _export(model.folder, program, capacity, self.dtype)
+        out = folder / ((f"tuned-{self.trials}" if self.trials else "zero-trial") + suffix)
         if not (out / "manifest.json").is_file():
             self._compile(program, out, folder, settings.threads)
         self.details = {
@@ -152,6 +151,9 @@ def run(argv: list[str] | None = None) -> int:
         trials = int(args[index + 1])
         del args[index : index + 2]
     register_runtime("tunehub-zero", TuneHubRuntime)
+    # bfloat16 weights and activations, as exported (a CPU with AVX512_BF16 or AMX runs them
+    # natively; elsewhere LLVM widens them): named with --runtimes.
+    register_runtime("tunehub-zero-bf16", lambda: TuneHubRuntime(precision="bf16"), default=False)
     if trials:
         register_runtime("tunehub-tuned", lambda: TuneHubRuntime(trials))
     return main(args)

@@ -92,6 +92,11 @@ def _contiguous_innermost(sch: s_tir.Schedule, info: object) -> bool:
     store = block.body
     if not isinstance(store, tirx.BufferStore) or not _is_var(store.indices[-1], var):
         return False
+    if store.buffer.dtype == "bfloat16":
+        # TVM 0.27's CPU bfloat16 legalization rewrites the buffer to uint16 storage but keeps
+        # a vectorized reduction's bfloat16x8 store ("dtype mismatch on BufferStore"): such a
+        # block (a bfloat16 attention matmul) stays scalar.
+        return False
     for load in buffer_loads(store.value):
         if load.source.same_as(store.buffer):
             continue
