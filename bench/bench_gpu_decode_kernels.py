@@ -8,9 +8,10 @@ A decode step's attention, per key-value head, is ``scores[h, n, i] = Σ_d K[h, 
 and ``out[h, i, d] = Σ_n P[h, i, n] V[h, n, d]`` (P·V, a long reduction over the cache), with
 ``i`` the query heads of a group (Qwen2.5-0.5B: 2 key-value heads of 7 query heads, head
 dimension 64). Each product is written in TE with those shapes (bfloat16), scheduled by DLight's
-matmul rule and by TuneHub's rule for it (:class:`compiler.gpu_short_reduction.ShortReduction`,
-:class:`compiler.gpu_split_reduction.SplitReduction`), built for the GPU and timed with
-``time_evaluator`` (median µs). Writes ``gpu_decode_kernels_<date>.json`` / ``.md`` to ``--out``.
+matmul rule alone and by TuneHub's default CUDA rules
+(:func:`compiler.default_schedules.gpu_default_rules`, the first that takes it: the split
+reduction for P·V), built for the GPU and timed with ``time_evaluator`` (median µs). Writes
+``gpu_decode_kernels_<date>.json`` / ``.md`` to ``--out``.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import datetime as dt
 import json
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import tvm
@@ -27,7 +29,7 @@ from tvm import te
 from tvm.s_tir import dlight as dl
 
 
-def scores(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.PrimFunc:
+def scores(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tuple[Any, list[Any]]:
     """q·Kᵀ as TVM legalizes the decoder's: ``K [1, h, cache, dim] @ qT [1, h, dim, rows]``."""
     k = te.placeholder((1, heads, cache, dim), dtype, name="K")
     q = te.placeholder((1, heads, dim, rows), dtype, name="qT")
@@ -37,10 +39,10 @@ def scores(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.
         lambda b, h, n, i: te.sum(k[b, h, n, d] * q[b, h, d, i], axis=d),
         name="matmul",
     )
-    return te.create_prim_func([k, q, out])
+    return te.create_prim_func([k, q, out]), [k, q, out]
 
 
-def values(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.PrimFunc:
+def values(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tuple[Any, list[Any]]:
     """P·V: ``P [1, h, rows, cache] @ V [1, h, cache, dim]``."""
     p = te.placeholder((1, heads, rows, cache), dtype, name="P")
     v = te.placeholder((1, heads, cache, dim), dtype, name="V")
@@ -50,10 +52,12 @@ def values(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tvm.tirx.
         lambda b, h, i, j: te.sum(p[b, h, i, n] * v[b, h, n, j], axis=n),
         name="matmul",
     )
-    return te.create_prim_func([p, v, out])
+    return te.create_prim_func([p, v, out]), [p, v, out]
 
 
-def time_rule(func: tvm.tirx.PrimFunc, rule: object, target: tvm.target.Target) -> float | None:
+def time_rule(
+    func: tvm.tirx.PrimFunc, tensors: list[Any], rule: object, target: tvm.target.Target
+) -> float | None:
     """Median µs of ``func`` scheduled by ``rule`` on the GPU; ``None`` when the rule declines."""
     with target:
         sch = rule.apply(func, target, False)
@@ -63,16 +67,28 @@ def time_rule(func: tvm.tirx.PrimFunc, rule: object, target: tvm.target.Target) 
     lib = tvm.compile(sch.mod, target=target)
     dev = tvm.cuda(0)
     args = [  # timing only: the values do not matter
-        tvm.runtime.empty([int(d) for d in b.shape], str(b.dtype), dev)
-        for b in func.buffer_map.values()
+        tvm.runtime.empty([int(d) for d in t.shape], str(t.dtype), dev) for t in tensors
     ]
-    evaluator = lib.time_evaluator("main", dev, number=200, repeat=7)
+    evaluator = lib.mod.time_evaluator("main", dev, number=200, repeat=7)
     return float(np.median(evaluator(*args).results)) * 1e6
 
 
+class FirstRule:
+    """A list of DLight rules as one: the schedule of the first that takes the function."""
+
+    def __init__(self, rules: list[Any]) -> None:
+        self.rules = rules
+
+    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
+        for rule in self.rules:
+            sch = rule.apply(func, target, tunable)
+            if sch is not None:
+                return sch
+        return None
+
+
 def main(argv: list[str] | None = None) -> int:
-    from compiler.gpu_short_reduction import ShortReduction
-    from compiler.gpu_split_reduction import SplitReduction
+    from compiler.default_schedules import gpu_default_rules
     from compiler.target import cuda_target, detect_gpu
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -90,14 +106,14 @@ def main(argv: list[str] | None = None) -> int:
     rows_out = []
     for cache in args.cache:
         for rows in args.rows:
-            for product, build, rule in (
-                ("q·Kᵀ", scores, ShortReduction()),
-                ("P·V", values, SplitReduction()),
-            ):
-                func = build(args.heads, rows, cache, args.dim, args.dtype)
+            for product, build in (("q·Kᵀ", scores), ("P·V", values)):
+                func, tensors = build(args.heads, rows, cache, args.dim, args.dtype)
                 entry = {"product": product, "cache": cache, "rows": rows}
-                for name, candidate in (("dlight matmul", dl.gpu.Matmul()), ("tunehub", rule)):
-                    entry[name] = time_rule(func, candidate, target)
+                for name, candidate in (
+                    ("dlight matmul", dl.gpu.Matmul()),
+                    ("tunehub", FirstRule(gpu_default_rules())),
+                ):
+                    entry[name] = time_rule(func, tensors, candidate, target)
                 rows_out.append(entry)
                 print(json.dumps(entry), flush=True)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
@@ -109,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
         "",
         f"{args.heads} key-value heads, head dimension {args.dim}, {args.dtype}; median µs.",
         "",
-        "| product | cache | query rows | DLight matmul | TuneHub rule |",
+        "| product | cache | query rows | DLight matmul | TuneHub default rules |",
         "|---|---|---|---|---|",
     ]
     for e in rows_out:

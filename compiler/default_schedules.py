@@ -279,15 +279,14 @@ def apply_default_schedules(mod: tvm.IRModule, target: tvm.target.Target) -> tvm
 def gpu_default_rules() -> list[object]:
     """DLight's GPU rules in the order ``ms.relax_integration.compile_relax`` applies them to
     the tasks a CUDA build has no record for (:func:`compiler.lowering.build_with_database`),
-    after TuneHub's two rules for decode attention: its P·V
-    (:class:`compiler.gpu_split_reduction.SplitReduction`) and its q·Kᵀ
-    (:class:`compiler.gpu_short_reduction.ShortReduction`)."""
-    from compiler.gpu_short_reduction import ShortReduction  # noqa: PLC0415 - GPU builds only
-    from compiler.gpu_split_reduction import SplitReduction  # noqa: PLC0415
+    after TuneHub's split reduction for decode attention's P·V
+    (:class:`compiler.gpu_split_reduction.SplitReduction`). Its q·Kᵀ stays with DLight's matmul
+    rule: a warp-per-cache-row rule measured slower (4.4 against 3.8 µs on an H100,
+    ``bench/results/gpu_decode_kernels_2026-12-06_h100.md``)."""
+    from compiler.gpu_split_reduction import SplitReduction  # noqa: PLC0415 - GPU builds only
 
     return [
         SplitReduction(),
-        ShortReduction(),
         dl.gpu.Matmul(),
         dl.gpu.GEMV(),
         dl.gpu.Reduction(),

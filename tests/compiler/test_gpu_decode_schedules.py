@@ -6,8 +6,6 @@
   peers anchor on).
 - :mod:`compiler.gpu_split_reduction`: a decode attention's probabilities × values (few rows,
   a long reduction) is split across threads; a prefill-sized one is left to the matmul rule.
-- :mod:`compiler.gpu_short_reduction`: a decode attention's keys × queries (a short reduction
-  over the head dimension, a few query columns) gets a warp per cache row.
 """
 
 from __future__ import annotations
@@ -18,8 +16,6 @@ import tvm
 from tvm import relax, te
 from tvm.s_tir import dlight as dl
 
-from compiler.default_schedules import gpu_default_rules
-from compiler.gpu_short_reduction import ShortReduction
 from compiler.gpu_split_reduction import SplitReduction
 from compiler.lowering import fuse
 from compiler.target import GpuInfo, cuda_target
@@ -104,44 +100,3 @@ def test_prefill_attention_and_short_reductions_are_left_to_the_matmul_rule() ->
         assert SplitReduction().apply(_probabilities_times_values(128), target, False) is None
         short = _probabilities_times_values(7, cache=128)
         assert SplitReduction().apply(short, target, False) is None
-
-
-def _keys_times_queries(rows: int, cache: int = 1152, heads: int = 2, dim: int = 64):
-    k = te.placeholder((1, heads, cache, dim), "bfloat16", name="K")
-    q = te.placeholder((1, heads, dim, rows), "bfloat16", name="qT")
-    d = te.reduce_axis((0, dim), name="d")
-    out = te.compute(
-        (1, heads, cache, rows),
-        lambda b, h, n, i: te.sum(k[b, h, n, d] * q[b, h, d, i], axis=d),
-        name="matmul",
-    )
-    return te.create_prim_func([k, q, out])
-
-
-def test_decode_scores_get_a_warp_per_cache_row_and_build() -> None:
-    target = cuda_target(H200).tvm_target()
-    with target:
-        sch = ShortReduction().apply(_keys_times_queries(7), target, False)
-        assert sch is not None
-        loops = [sch.get(loop) for loop in sch.get_loops(sch.get_sblock("matmul"))]
-        bound = {
-            str(loop.thread_binding.thread_tag): int(loop.extent)
-            for loop in loops
-            if loop.thread_binding is not None
-        }
-        assert bound == {"blockIdx.x": 2 * 1152 // 8, "threadIdx.y": 8, "threadIdx.x": 32}
-        tvm.compile(sch.mod, target=target)  # lowers, with the cross-thread reduction
-        # Before DLight's matmul rule in the default rules.
-        names = [type(rule).__name__ for rule in gpu_default_rules()]
-        assert names.index("ShortReduction") < names.index("Matmul")
-
-
-def test_prefill_scores_and_long_reductions_are_left_to_other_rules() -> None:
-    target = cuda_target(H200).tvm_target()
-    with target:
-        assert ShortReduction().apply(_keys_times_queries(896), target, False) is None
-        assert ShortReduction().apply(_probabilities_times_values(7), target, False) is None
-        # A short P·V: its columns are the head dimension, too many for a warp per row.
-        assert (
-            ShortReduction().apply(_probabilities_times_values(7, cache=64), target, False) is None
-        )
