@@ -50,6 +50,11 @@ CASES: dict[str, tuple] = {
     "bert dense 128x1024->256": ("gemm", 128, 1024, 256),
     "decoder dense 16x512->1536": ("gemm", 16, 512, 1536),
     "decoder dense 128x512->1408": ("gemm", 128, 512, 1408),
+    # Qwen2.5-0.5B's prefill (a 128-token chunk): weights of 17 MB, far past the L2 cache.
+    "qwen0.5b mlp up 128x896->4864": ("gemm", 128, 896, 4864),
+    "qwen0.5b mlp down 128x4864->896": ("gemm", 128, 4864, 896),
+    "qwen0.5b attn out 128x896->896": ("gemm", 128, 896, 896),
+    "qwen0.5b mlp up 16x896->4864": ("gemm", 16, 896, 4864),
 }
 
 

@@ -50,6 +50,8 @@
 #include <string>
 #include <vector>
 
+#include <unistd.h>  // sysconf: the weight cache's budget
+
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>  // the packed GEMM's micro-kernels (compiled per ISA by target attributes)
 #endif
