@@ -29,6 +29,8 @@ NAME = re.compile(r"^(?P<bench>[a-z0-9_]+?)_(?P<date>\d{4}-\d{2}-\d{2})(?:_(?P<t
 
 #: Files kept as the evidence of a bug, never a benchmark's current result.
 EVIDENCE_ONLY = frozenset({"onednn_peers_2026-12-02_openmp_bug"})
+#: Files a run of the same day replaces, though committed (or renamed) after it.
+SUPERSEDED = frozenset({"llm_2026-12-06_cache1g_qwen05"})
 
 #: Machine names: (pattern in the machine line, label). A line naming several (a CPU run on the
 #: GPU machine's host) is the first one it names.
@@ -149,13 +151,14 @@ def scan(results: Path = RESULTS) -> list[Result]:
 
 
 def group(results: list[Result]) -> dict[tuple[str, str], list[Result]]:
-    """Results by ``(benchmark, machine)``, each list newest first; evidence-only files last."""
+    """Results by ``(benchmark, machine)``, each list newest first; evidence-only and superseded
+    files last."""
     groups: dict[tuple[str, str], list[Result]] = {}
     for result in results:
         groups.setdefault((result.benchmark, result.machine), []).append(result)
     for files in groups.values():
         files.sort(key=lambda r: r.sort_key, reverse=True)
-        files.sort(key=lambda r: r.path.stem in EVIDENCE_ONLY)
+        files.sort(key=lambda r: r.path.stem in EVIDENCE_ONLY | SUPERSEDED)
     return dict(sorted(groups.items()))
 
 
