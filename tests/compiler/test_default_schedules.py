@@ -67,3 +67,35 @@ def test_row_softmax_schedules_rows_and_matches_numpy(
     expected = np.exp(x - x.max(axis=-1, keepdims=True))
     expected /= expected.sum(axis=-1, keepdims=True)
     np.testing.assert_allclose(out.numpy(), expected, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bfloat16_attention_matmul_gets_a_cpu_schedule_that_builds_and_computes() -> None:
+    """A bfloat16 batched matmul (a bfloat16 decoder's attention) once broke the CPU build:
+    TVM 0.27's bfloat16 legalization kept the vectorized reduction's ``bfloat16x8`` store into
+    the ``uint16`` storage it made ("dtype mismatch on BufferStore"). It stays scalar now."""
+    import ml_dtypes  # noqa: PLC0415 - numpy's bfloat16, a TVM dependency
+
+    p = relax.Var("p", relax.TensorType((1, 2, 4, 32), "bfloat16"))
+    v = relax.Var("v", relax.TensorType((1, 2, 32, 64), "bfloat16"))
+    builder = relax.BlockBuilder()
+    with builder.function("main", [p, v]):
+        with builder.dataflow():
+            out = builder.emit_output(relax.op.matmul(p, v))
+        builder.emit_func_output(out)
+    target = resolve_target("cpu").tvm_target()
+    fused = fuse(builder.get(), target)
+    (func,) = [f for _, f in fused.functions_items() if isinstance(f, tvm.tirx.PrimFunc)]
+    scheduled = default_task_module(
+        tvm.IRModule({"main": func.with_attr("global_symbol", "main")}), target
+    )
+    assert scheduled is not None
+    lib = tvm.compile(scheduled, target=target)
+    rng = np.random.default_rng(0)
+    a = rng.standard_normal((1, 2, 4, 32)).astype(ml_dtypes.bfloat16)
+    b = rng.standard_normal((1, 2, 32, 64)).astype(ml_dtypes.bfloat16)
+    dev = tvm.cpu()
+    c = tvm.runtime.empty((1, 2, 4, 64), "bfloat16", dev)
+    lib["main"](tvm.runtime.tensor(a, dev), tvm.runtime.tensor(b, dev), c)
+    want = a.astype(np.float32) @ b.astype(np.float32)
+    # Accumulated in bfloat16 (TVM's legalization): 32 terms, each rounding at 2**-9.
+    np.testing.assert_allclose(c.numpy().astype(np.float32), want, rtol=5e-2, atol=0.25)
