@@ -151,6 +151,11 @@ class LlamaCppRuntime:
             )
         if importlib.util.find_spec("sentencepiece") is None:
             return "sentencepiece is not installed (llama.cpp's converter imports it)"
+        if self.outtype == "q8_0" and _cpu_has("amx_int8"):
+            return (
+                "llama.cpp's Q8_0 segfaults on this AMX-int8 CPU for batches of 4+ tokens "
+                "(llama-cpp-python 0.3.36, in GOMP_parallel; 1 token works)"
+            )
         return None
 
     def batch_unsupported(self, batch: int) -> str | None:
@@ -272,3 +277,12 @@ class LlamaCppRuntime:
             self.ll.llama_model_free(self.model)
             self.model = None
         gc.collect()
+
+
+def _cpu_has(flag: str) -> bool:
+    """Whether ``/proc/cpuinfo`` lists ``flag`` (False where it cannot be read)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    return any(line.startswith("flags") and flag in line.split() for line in text.splitlines())

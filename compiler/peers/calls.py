@@ -23,6 +23,11 @@ PACKED_FUNCTIONS = {
     "gemm": "tunehub_peer_gemm_packed",
     "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_packed",
 }
+#: The shim's bfloat16 GEMMs (``shim_bf16.inc``; bfloat16 input and weight, accumulated in
+#: float32), by ``algorithm``: ``bf16`` writes bfloat16, ``bf16_f32`` float32 (a bfloat16
+#: linear layer's product before its cast, with the epilogue). The same arguments as
+#: :data:`FUNCTIONS`'.
+BF16_FUNCTIONS = {"bf16": "tunehub_peer_gemm_bf16", "bf16_f32": "tunehub_peer_gemm_bf16_f32"}
 #: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
 #: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
 #: argument (0: not Winograd).
@@ -69,6 +74,8 @@ class PeerCall:
             return ONEDNN_FUNCTIONS[self.kind]
         if self.algorithm == "packed":
             return PACKED_FUNCTIONS[self.kind]
+        if self.algorithm in BF16_FUNCTIONS:
+            return BF16_FUNCTIONS[self.algorithm]
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:

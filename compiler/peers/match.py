@@ -9,7 +9,9 @@ library implements, or ``None``:
   with ``C``'s batch dimensions. With a 2-D ``B`` (a weight) it has two variants
   (:data:`GEMM_ALGORITHMS`): ``packed`` (the shim's GEMM on the weight packed once), the
   default with more than one row, and OpenBLAS (``""``: ``sgemm``, ``sgemv`` for one row, the
-  default of a GEMV); a batched ``B`` has OpenBLAS only;
+  default of a GEMV); a batched ``B`` has OpenBLAS only. With ``A`` and ``B`` in bfloat16 it has
+  one: the shim's bfloat16 GEMM (float32 accumulation, any ``B``), ``bf16`` for a bfloat16 ``C``,
+  ``bf16_f32`` for a float32 one (its epilogue fused as for float32);
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
   of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
@@ -76,9 +78,15 @@ def _dtypes_supported(device: str, store: Any, a: Any, b: Any) -> bool:
     if device == "cuda":
         pair = (str(a.source.dtype), str(store.buffer.dtype))
         return str(b.source.dtype) == pair[0] and pair in CUDA_DTYPES
+    if _bfloat16(a.source, b.source) and str(store.buffer.dtype) in ("bfloat16", "float32"):
+        return True  # the loads, or their casts to float32 (_reduction_parts checked them)
     if not _float32(store.buffer, a.source, b.source):
         return False
     return isinstance(store.value.b.a, _Load) and isinstance(store.value.b.b, _Load)
+
+
+def _bfloat16(*buffers: Any) -> bool:
+    return all(str(b.dtype) == "bfloat16" for b in buffers)
 
 
 def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
@@ -106,7 +114,10 @@ def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     rows = 1
     for d in store.buffer.shape[:-1]:
         rows *= int(d)
-    algorithm = "packed" if len(b.source.shape) == 2 and rows > 1 else ""
+    if _bfloat16(a.source):  # the shim's bfloat16 GEMM, whatever the rows
+        algorithm = "bf16" if _bfloat16(store.buffer) else "bf16_f32"
+    else:
+        algorithm = "packed" if len(b.source.shape) == 2 and rows > 1 else ""
     return PeerCall(
         "gemm", (a.source.name, b.source.name), store.buffer.name, config, device, algorithm
     )
@@ -400,6 +411,8 @@ def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
+    if call.kind == "gemm" and call.algorithm.startswith("bf16"):
+        return [call.algorithm]  # the one bfloat16 kernel
     if call.kind == "gemm":  # a batched B: OpenBLAS only
         return list(GEMM_ALGORITHMS) if len(buffers[call.inputs[1]].shape) == 2 else []
     return conv_algorithms(_ConvShape.of(call, buffers[call.inputs[1]], buffers[call.output]))

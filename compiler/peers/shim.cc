@@ -37,6 +37,7 @@
 //   shim_packed.inc        the packed-weight GEMM and its micro-kernels (namespace packed)
 //   shim_winograd.inc      the Winograd convolutions
 //   shim_depthwise.inc     the depthwise convolution (namespace depthwise)
+//   shim_bf16.inc          the bfloat16 GEMM (namespace bf16)
 //   shim_onednn.inc        the oneDNN peers (built with -DTUNEHUB_ONEDNN only)
 #include <algorithm>
 #include <array>
@@ -184,6 +185,7 @@ void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
 #include "shim_packed.inc"
 #include "shim_winograd.inc"
 #include "shim_depthwise.inc"
+#include "shim_bf16.inc"
 
 // ---------------------------------------------------------------------------------------------
 // The C entry points.
@@ -226,6 +228,29 @@ extern "C" int tunehub_peer_conv2d_nhwc_winograd(const float* x, const float* w,
     ConvWinograd<F2>(s, x, w, y, e);
   else
     ConvIm2col(s, x, w, y, e);  // not a tile size this shim has: the direct convolution
+  return 0;
+}
+
+// C = A x B in bfloat16 (bf16::Gemm): the same arguments as tunehub_peer_gemm, A and B
+// bfloat16 (uint16) data and C bfloat16. The epilogue arguments are ignored: the matcher fuses
+// an epilogue only into a float32 output (compiler/peers/epilogue.py).
+extern "C" int tunehub_peer_gemm_bf16(const uint16_t* a, const uint16_t* b, uint16_t* c,
+                                      int64_t batch, int64_t m, int64_t n, int64_t k,
+                                      int32_t trans_b, int32_t b_batched, int32_t /*flags*/,
+                                      const float* /*bias*/, const float* /*residual*/,
+                                      float /*lo*/, float /*hi*/) {
+  bf16::Gemm(a, b, {nullptr, c}, batch, m, n, k, trans_b != 0, b_batched != 0, Epilogue{});
+  return 0;
+}
+
+// The same with C in float32 (a bfloat16 linear layer's product before its cast), epilogue
+// included.
+extern "C" int tunehub_peer_gemm_bf16_f32(const uint16_t* a, const uint16_t* b, float* c,
+                                          int64_t batch, int64_t m, int64_t n, int64_t k,
+                                          int32_t trans_b, int32_t b_batched,
+                                          TUNEHUB_EPILOGUE_ARGS) {
+  bf16::Gemm(a, b, {c, nullptr}, batch, m, n, k, trans_b != 0, b_batched != 0,
+             TUNEHUB_EPILOGUE);
   return 0;
 }
 
