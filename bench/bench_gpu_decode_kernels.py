@@ -8,8 +8,8 @@ A decode step's attention, per key-value head, is ``scores[h, n, i] = Σ_d K[h, 
 and ``out[h, i, d] = Σ_n P[h, i, n] V[h, n, d]`` (P·V, a long reduction over the cache), with
 ``i`` the query heads of a group (Qwen2.5-0.5B: 2 key-value heads of 7 query heads, head
 dimension 64). Each product is written in TE with those shapes (bfloat16), scheduled by DLight's
-matmul rule alone and by TuneHub's default CUDA rules
-(:func:`compiler.default_schedules.gpu_default_rules`, the first that takes it: the split
+matmul rule alone and as a zero-trial CUDA build schedules it
+(:func:`compiler.default_schedules.default_task_module`: TuneHub's default CUDA rules, the split
 reduction for P·V), built for the GPU and timed with ``time_evaluator`` (median µs). Writes
 ``gpu_decode_kernels_<date>.json`` / ``.md`` to ``--out``.
 """
@@ -55,16 +55,21 @@ def values(heads: int, rows: int, cache: int, dim: int, dtype: str) -> tuple[Any
     return te.create_prim_func([p, v, out]), [p, v, out]
 
 
-def time_rule(
-    func: tvm.tirx.PrimFunc, tensors: list[Any], rule: object, target: tvm.target.Target
-) -> float | None:
-    """Median µs of ``func`` scheduled by ``rule`` on the GPU; ``None`` when the rule declines."""
+def dlight_matmul(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule | None:
+    """``mod`` scheduled by DLight's matmul rule alone; ``None`` when the rule declines."""
     with target:
-        sch = rule.apply(func, target, False)
-    if sch is None:
+        scheduled = dl.ApplyDefaultSchedule(dl.gpu.Matmul())(mod.clone())
+    attrs = scheduled["main"].attrs
+    return scheduled if attrs and attrs.get("tirx.is_scheduled", False) else None
+
+
+def time_module(
+    scheduled: tvm.IRModule | None, tensors: list[Any], target: tvm.target.Target
+) -> float | None:
+    """Median µs of a scheduled module on the GPU; ``None`` for no schedule."""
+    if scheduled is None:
         return None
-    sch = sch[0] if isinstance(sch, list) else sch
-    lib = tvm.compile(sch.mod, target=target)
+    lib = tvm.compile(scheduled, target=target)
     dev = tvm.cuda(0)
     args = [  # timing only: the values do not matter
         tvm.runtime.empty([int(d) for d in t.shape], str(t.dtype), dev) for t in tensors
@@ -73,22 +78,8 @@ def time_rule(
     return float(np.median(evaluator(*args).results)) * 1e6
 
 
-class FirstRule:
-    """A list of DLight rules as one: the schedule of the first that takes the function."""
-
-    def __init__(self, rules: list[Any]) -> None:
-        self.rules = rules
-
-    def apply(self, func: Any, target: Any, tunable: bool) -> Any:
-        for rule in self.rules:
-            sch = rule.apply(func, target, tunable)
-            if sch is not None:
-                return sch
-        return None
-
-
 def main(argv: list[str] | None = None) -> int:
-    from compiler.default_schedules import gpu_default_rules
+    from compiler.default_schedules import default_task_module
     from compiler.target import cuda_target, detect_gpu
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -108,12 +99,13 @@ def main(argv: list[str] | None = None) -> int:
         for rows in args.rows:
             for product, build in (("q·Kᵀ", scores), ("P·V", values)):
                 func, tensors = build(args.heads, rows, cache, args.dim, args.dtype)
+                mod = tvm.IRModule({"main": func})
                 entry = {"product": product, "cache": cache, "rows": rows}
-                for name, candidate in (
-                    ("dlight matmul", dl.gpu.Matmul()),
-                    ("tunehub", FirstRule(gpu_default_rules())),
+                for name, scheduled in (
+                    ("dlight matmul", dlight_matmul(mod, target)),
+                    ("tunehub", default_task_module(mod, target)),
                 ):
-                    entry[name] = time_rule(func, tensors, candidate, target)
+                    entry[name] = time_module(scheduled, tensors, target)
                 rows_out.append(entry)
                 print(json.dumps(entry), flush=True)
     date = dt.datetime.now(dt.UTC).strftime("%Y-%m-%d")
