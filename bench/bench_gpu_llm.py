@@ -126,7 +126,6 @@ def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int,
     result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
     result["vm_step_ms"] = vm_step_ms(generator.library, contexts[0])
     result["kernels"], result["kernel_ms"] = kernel_profile(lambda: generator.step(1), 20)
-    generator.reset()
     chunk = prompt[:MAX_TOKENS]
     result["prefill_kernels"], result["prefill_kernel_ms"] = kernel_profile(
         lambda: (generator.reset(), generator.prefill(chunk)), 3
