@@ -70,6 +70,7 @@ class LoadedLibrary:
         state: Sequence[Any] | None = None,
     ) -> None:
         self.device = tvm.device(device, 0)
+        self._input_buffers: dict[tuple[int, tuple[int, ...], str], Any] = {}  # _to_device's
         self.module = tvm.runtime.load_module(str(path))
         self.vm = relax.VirtualMachine(self.module, self.device)
         model = _manifest_model(path)
@@ -94,6 +95,7 @@ class LoadedLibrary:
     ) -> LoadedLibrary:
         self = cls.__new__(cls)
         self.device = tvm.device(device, 0)
+        self._input_buffers = {}
         self.weights = []
         if isinstance(executable, ExternalWeights):
             self.weights = [p.copyto(self.device) for p in executable.params]
@@ -175,7 +177,7 @@ class LoadedLibrary:
         Each input goes into a device buffer kept per (position, shape, dtype) and reused by
         later calls: a decode step's two small inputs would otherwise cost a device allocation
         and free each (``cudaFree`` waits for the device) every token."""
-        buffers = self.__dict__.setdefault("_input_buffers", {})
+        buffers = self._input_buffers
         arrays = []
         for index, array in enumerate(inputs):
             array = np.ascontiguousarray(array)

@@ -408,11 +408,11 @@ def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
     """The algorithms the CPU shim has for the anchor of ``call`` (a task's :func:`find_peer`)."""
     if call.kind == "depthwise_conv2d_nhwc":
         return depthwise_algorithms()
+    if call.kind == "gemm" and call.algorithm.startswith("bf16"):
+        return [call.algorithm]  # the one bfloat16 kernel
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
-    if call.kind == "gemm" and call.algorithm.startswith("bf16"):
-        return [call.algorithm]  # the one bfloat16 kernel
     if call.kind == "gemm":  # a batched B: OpenBLAS only
         return list(GEMM_ALGORITHMS) if len(buffers[call.inputs[1]].shape) == 2 else []
     return conv_algorithms(_ConvShape.of(call, buffers[call.inputs[1]], buffers[call.output]))
