@@ -70,7 +70,7 @@ from bench.llm_models import (
     save_model_folder,
 )
 from bench.llm_peers import OPTIONAL_PEERS, PEERS, measure
-from bench.llm_runtime import PeerResult, PreparedModel, RuntimeFactory, Settings
+from bench.llm_runtime import PeerResult, PreparedModel, RuntimeFactory, Settings, cpu_flags
 
 log = logging.getLogger("bench.llm_compare")
 
@@ -103,13 +103,12 @@ def machine(threads: int) -> dict[str, Any]:
         text = ""
     for line in text.splitlines():
         key, _, value = line.partition(":")
-        key = key.strip()
-        if key == "model name":
+        if key.strip() == "model name":
             info["cpu"] = value.strip()
-        elif key == "flags":
-            flags = set(value.split())
-            info["flags"] = {f: f in flags for f in CPU_FLAGS}
             break
+    flags = cpu_flags()
+    if flags:
+        info["flags"] = {f: f in flags for f in CPU_FLAGS}
     try:
         mem = Path("/proc/meminfo").read_text().splitlines()[0].split()
         info["memory_gib"] = round(int(mem[1]) / 2**20, 1)

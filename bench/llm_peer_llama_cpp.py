@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.llm_runtime import PreparedModel, Settings, _greedy, _run_logged
+from bench.llm_runtime import PreparedModel, Settings, _greedy, _run_logged, cpu_flags
 
 GGUF_TYPES = {"f32": "fp32", "bf16": "bf16", "q8_0": "8-bit"}
 
@@ -151,7 +151,7 @@ class LlamaCppRuntime:
             )
         if importlib.util.find_spec("sentencepiece") is None:
             return "sentencepiece is not installed (llama.cpp's converter imports it)"
-        if self.outtype == "q8_0" and _cpu_has("amx_int8"):
+        if self.outtype == "q8_0" and "amx_int8" in cpu_flags():
             return (
                 "llama.cpp's Q8_0 segfaults on this AMX-int8 CPU for batches of 4+ tokens "
                 "(llama-cpp-python 0.3.36, in GOMP_parallel; 1 token works)"
@@ -277,12 +277,3 @@ class LlamaCppRuntime:
             self.ll.llama_model_free(self.model)
             self.model = None
         gc.collect()
-
-
-def _cpu_has(flag: str) -> bool:
-    """Whether ``/proc/cpuinfo`` lists ``flag`` (False where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return any(line.startswith("flags") and flag in line.split() for line in text.splitlines())
