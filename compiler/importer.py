@@ -208,7 +208,20 @@ def _bind_symbols(mod: tvm.IRModule, model: LoadedModel) -> tvm.IRModule:
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
     """A program with symbolic dimensions bound by ``model`` is exported again at its static
     shapes when torch can (:func:`compiler.pt2_loader.specialize_program`: the same tasks as a
-    static export), else translated symbolically and bound in Relax."""
+    static export), else translated symbolically and bound in Relax. A decoder that keeps its
+    last position's logits (``model.last_logits``) is cut to them here
+    (:mod:`compiler.llm.last_logits`)."""
+    mod = _import_static_pt2(model)
+    if model.last_logits:
+        from compiler.llm.last_logits import last_position_logits  # noqa: PLC0415 - decoders only
+
+        for gvar, func in list(mod.functions_items()):
+            if isinstance(func, relax.Function):
+                mod[gvar] = last_position_logits(func)[0]
+    return mod
+
+
+def _import_static_pt2(model: LoadedModel) -> tvm.IRModule:
     if model.symbol_values:
         from compiler.pt2_loader import specialize_program  # noqa: PLC0415 - torch, .pt2 only
 

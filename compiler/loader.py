@@ -104,6 +104,7 @@ def _several_programs(
             f"{display_name} holds several programs ({names}); --input-shape and --buckets "
             "apply to a single program: export each program with static shapes instead",
         )
+    from compiler.llm.last_logits import keeps_last_logits  # noqa: PLC0415 - torch, .pt2 only
     from compiler.llm.state import program_state  # noqa: PLC0415 - torch, .pt2 only
 
     functions: list[Bucket] = []
@@ -132,7 +133,16 @@ def _several_programs(
             )
         seen[shapes] = name
         states[name] = program_state(program)
-        model = LoadedModel("pt2", sha256, size, specs, program, bindings, state=states[name])
+        model = LoadedModel(
+            "pt2",
+            sha256,
+            size,
+            specs,
+            program,
+            bindings,
+            state=states[name],
+            last_logits=bool(states[name]) and keeps_last_logits(program),
+        )
         functions.append(Bucket(name, (), model))
     if len({tuple(states[n]) for n in states}) > 1:
         raise ModelError(
@@ -285,6 +295,7 @@ def load_model(
             one = LoadedModel("onnx", sha256, len(data), specs, model, values, past_present=layout)
             loaded.append((values, one))
         return _bucketed(loaded, spec, dims, proto)
+    from compiler.llm.last_logits import keeps_last_logits  # noqa: PLC0415 - torch, .pt2 only
     from compiler.llm.state import DECODER_BUCKETS, program_state  # noqa: PLC0415 - torch, .pt2 only
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
@@ -295,6 +306,7 @@ def load_model(
         )
     (program,) = programs.values()
     state = program_state(program)
+    last_logits = bool(state) and keeps_last_logits(program)
     dims, declared = pt2_symbolic_dims(program)
     if state:  # a decoder's token count: a decode step (1) and prefill chunks, by default
         for dim in dims:
@@ -304,6 +316,8 @@ def load_model(
     spec, plans = _specializations(dims, declared, shapes, wanted)
     for values, bucket_shapes in plans:
         specs, bindings = pt2_input_specs(program, bucket_shapes, limits)
-        model = LoadedModel("pt2", sha256, len(data), specs, program, bindings, state=state)
+        model = LoadedModel(
+            "pt2", sha256, len(data), specs, program, bindings, state=state, last_logits=last_logits
+        )
         loaded.append((values, model))
     return _bucketed(loaded, spec, dims, program)

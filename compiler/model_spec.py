@@ -93,6 +93,9 @@ class LoadedModel:
     #: (``past_key_values.*`` / ``present.*``): its :class:`compiler.llm.past_present.
     #: PastPresentLayout` (how the library is driven for generation).
     past_present: Any = None
+    #: A stateful decoder compiled to return its last position's logits only, ``[batch, 1,
+    #: vocabulary]`` (:mod:`compiler.llm.last_logits`): what generation reads.
+    last_logits: bool = False
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -107,6 +110,8 @@ class LoadedModel:
             described["state"] = [spec.to_json() for spec in self.state]
         if self.past_present is not None:
             described["past_present"] = self.past_present.to_json()
+        if self.last_logits:
+            described["logits"] = "last_position"
         return described
 
 

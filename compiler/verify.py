@@ -88,7 +88,12 @@ def reference_outputs(
     with torch.no_grad(), _strict_float32():
         tensors = [_to_torch(array).to(torch_device) for array in inputs]
         result = call_program(model.source, module, tensors)
-    return [_to_numpy(t) for t in _flatten_torch(result)]
+    outputs = [_to_numpy(t) for t in _flatten_torch(result)]
+    if model.last_logits:  # the library returns the last position's logits only
+        from compiler.llm.last_logits import reference_last_position  # noqa: PLC0415
+
+        return reference_last_position(outputs)
+    return outputs
 
 
 def _to_torch(array: np.ndarray) -> Any:

@@ -121,11 +121,33 @@ def test_the_static_cache_export_generates_torchs_tokens(exports, tmp_path) -> N
     ours.library.run([np.array([[1]]), np.array([CACHE + 5])])
 
 
+def test_a_prefill_computes_its_last_positions_logits_only(exports) -> None:
+    """The LM head of an 8-token program is one row's matmul: ``[1, 1, vocabulary]`` out."""
+    model = load_model(exports["archive"])
+    assert model.last_logits and model.describe()["logits"] == "last_position"
+    module = import_model(model)
+    vocabulary = int(module["tokens_1"].ret_ty.fields[0].shape[2])
+    for name in ("tokens_1", "tokens_8"):
+        (logits,) = module[name].ret_ty.fields
+        assert [int(v) for v in logits.shape] == [1, 1, vocabulary]
+        heads = [
+            binding.value.ty.shape
+            for block in module[name].body.blocks
+            for binding in block.bindings
+            if isinstance(binding.value, relax.Call)
+            and getattr(binding.value.op, "name", "") == "relax.matmul"
+            and int(binding.value.ty.shape[-1]) == vocabulary
+        ]
+        assert [[int(v) for v in shape] for shape in heads] == [[1, vocabulary]], name
+
+
 def test_prefill_and_decode_programs_share_one_cache(exports, tmp_path) -> None:
     prepared = prepare_model(exports["archive"], cpu_target())
     assert prepared.model.programs == ("tokens_1", "tokens_8")
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     assert manifest["generation"]["passed"], manifest["generation"]
+    assert manifest["model"]["logits"] == "last_position"
+    assert manifest["verification"]["passed"], manifest["verification"]
     signature = decoder_signature(manifest["model"])
     assert signature.lengths == (8, 1) and signature.chunks(19) == [8, 8, 1, 1, 1]
     ours = Generator.load(tmp_path / "out")
