@@ -2,22 +2,26 @@
 exported the way ``transformers`` documents it, beside torch on the same weights, in one run.
 
     python -m bench.bench_gpu_llm [--model qwen2.5-0.5b] [--dtype bf16] [--contexts 128 1024]
-        [--prefill 512] [--steps 64] [--rounds 5] [--out DIR] [--tag T]
+        [--prefill 512] [--steps 64] [--batch 1] [--out DIR] [--tag T]
 
 - The model: :mod:`bench.llm_models`' configuration (random weights, nothing downloaded) in
   ``--dtype``; exported by ``convert_and_export_with_cache`` (a ``StaticCache`` of capacity
-  ``max(contexts) + steps`` rounded up to 64, token count symbolic 1..128), prepared for the
+  ``max(contexts) + steps`` rounded up to 64, token count symbolic 1..128, ``--batch``
+  sequences: a static cache has its batch size built in), prepared for the
   GPU's CUDA target and built with no tuning (:func:`tuner.finalize.publish_zero_trial`:
   DLight's default GPU schedules, CUDA graphs on), verified (greedy tokens against the exported
   program on the CPU) and loaded from disk (:class:`compiler.llm.generate.Generator`: the cache is
   device state written in place).
 - **TuneHub**: decode ms/token at each context (the prompt fed first, then ``--steps`` steps, the
   median step; a step is the library call with the token's ids copied in and the logits copied
-  out), prefill of ``--prefill`` tokens (chunks of 128).
+  out), prefill of ``--prefill`` tokens (chunks of 128; the library returns the last
+  position's logits, :mod:`compiler.llm.last_logits`). At ``--batch`` B every sequence gets the
+  same prompt and a step feeds B tokens: its time is per step (B tokens).
 - **torch eager** and **torch.compile(mode="reduce-overhead")** (CUDA graphs): the same weights
   on the GPU, a decode loop over the model's forward with ``transformers``' ``StaticCache`` of the
   same capacity (the compiled step is ``fullgraph``; ``generate()`` with it fails under CUDA
-  graphs), greedy argmax on the device, one ``.item()``-free sync per step.
+  graphs), greedy argmax on the device, one ``.item()``-free sync per step; the prefill
+  computes the last position's logits only (``logits_to_keep=1``, as ``generate`` does).
 - **The limit**: weight bytes read per token (every parameter once; tied embeddings once, as the
   LM head) divided by the measured device-to-device copy bandwidth (bytes read + written).
 
@@ -60,14 +64,14 @@ def copy_bandwidth(nbytes: int = 1 << 30, repeat: int = 20) -> float:
     return 2 * nbytes / statistics.median(times[2:])
 
 
-def export_static(model: Any, capacity: int, path: Path) -> None:
+def export_static(model: Any, capacity: int, path: Path, batch: int = 1) -> None:
     """``convert_and_export_with_cache`` of ``model`` (on the CPU): a static cache of ``capacity``
-    positions, 1..:data:`MAX_TOKENS` tokens a call, saved to ``path``."""
+    positions for ``batch`` sequences, 1..:data:`MAX_TOKENS` tokens a call, saved to ``path``."""
     import torch
 
     from examples.hf_exports import static_cache_export
 
-    torch.export.save(static_cache_export(model, capacity, MAX_TOKENS), path)
+    torch.export.save(static_cache_export(model, capacity, MAX_TOKENS, batch), path)
 
 
 def build_tunehub(program: Path, out: Path) -> dict[str, Any]:
@@ -109,8 +113,8 @@ def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int,
         logits = generator.prefill(prompt[context : context + 1])
         times, tokens = [], []
         for _ in range(steps):
-            token = int(logits[0].astype(np.float32).argmax())
-            tokens.append(token)
+            token = logits.astype(np.float32).argmax(axis=-1)  # one per sequence
+            tokens.append(int(token[0]))
             start = time.perf_counter()
             logits = generator.step(token)
             times.append(time.perf_counter() - start)
@@ -124,7 +128,7 @@ def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int,
         generator.prefill(prompt[:prefill])
         prefills.append(time.perf_counter() - start)
     result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
-    result["vm_step_ms"] = vm_step_ms(generator.library, contexts[0])
+    result["vm_step_ms"] = vm_step_ms(generator.library, contexts[0], generator.signature.batch)
     result["kernels"], result["kernel_ms"] = kernel_profile(lambda: generator.step(1), 20)
     chunk = prompt[:MAX_TOKENS]
     result["prefill_kernels"], result["prefill_kernel_ms"] = kernel_profile(
@@ -133,10 +137,10 @@ def time_tunehub(out: Path, prompt: np.ndarray, contexts: list[int], steps: int,
     return result
 
 
-def vm_step_ms(library: Any, position: int) -> float:
+def vm_step_ms(library: Any, position: int, batch: int = 1) -> float:
     """Median ms of the one-token function's VM call alone (its inputs already on the device:
     no copies in or out, no Python), to split a step's time into the library's and the host's."""
-    ids = np.ones((1, 1), dtype="int64")
+    ids = np.ones((batch, 1), dtype="int64")
     positions = np.array([position], dtype="int64")
     function = library.function_for([ids, positions])
     library.vm.set_input(function, *library._to_device([ids, positions]))  # noqa: SLF001
@@ -168,7 +172,9 @@ def kernel_profile(call: Any, calls: int) -> tuple[list[dict[str, Any]], float]:
     return sorted(rows, key=lambda r: -r["ms_per_call"])[:15], total
 
 
-def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, contexts, steps, prefill):
+def time_torch(
+    model: Any, mode: str, capacity: int, prompt: np.ndarray, contexts, steps, prefill, batch=1
+):
     """The same measurements as :func:`time_tunehub` for torch on the GPU: ``mode`` ``eager`` or a
     ``torch.compile`` mode for the one-token step (prefill stays eager)."""
     import torch
@@ -176,16 +182,20 @@ def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, context
 
     cache = StaticCache(config=model.config, max_cache_len=capacity)
 
-    def forward(ids, positions):
+    def forward(ids, positions, keep=0):
         return model(
-            input_ids=ids, cache_position=positions, past_key_values=cache, use_cache=True
+            input_ids=ids,
+            cache_position=positions,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=keep,
         ).logits
 
     def step_fn(ids, positions):
         return forward(ids, positions)[:, -1].argmax(dim=-1, keepdim=True)
 
     step = step_fn if mode == "eager" else torch.compile(step_fn, mode=mode, fullgraph=True)
-    ids = torch.as_tensor(prompt, device="cuda").reshape(1, -1)
+    ids = torch.as_tensor(prompt, device="cuda").reshape(1, -1).expand(batch, -1).contiguous()
     result: dict[str, Any] = {"decode_ms": {}, "tokens": None}
     with torch.no_grad():
         for context in contexts:
@@ -196,7 +206,7 @@ def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, context
             times, tokens = [], []
             for index in range(steps):
                 position = torch.tensor([context + 1 + index], device="cuda")
-                tokens.append(token)
+                tokens.append(token[0])
                 torch.cuda.synchronize()
                 start = time.perf_counter()
                 token = step(token.clone(), position).clone()
@@ -210,7 +220,7 @@ def time_torch(model: Any, mode: str, capacity: int, prompt: np.ndarray, context
             cache.reset()
             torch.cuda.synchronize()
             start = time.perf_counter()
-            forward(ids[:, :prefill], torch.arange(prefill, device="cuda"))
+            forward(ids[:, :prefill], torch.arange(prefill, device="cuda"), keep=1)
             torch.cuda.synchronize()
             prefills.append(time.perf_counter() - start)
         result["prefill_ms"] = statistics.median(prefills[1:]) * 1e3
@@ -226,7 +236,8 @@ def write_report(out: Path, report: dict[str, Any]) -> None:
     lines = [
         f"# LLM decode on the GPU, {report['model']} {report['dtype']} ({report['date']})",
         "",
-        f"Machine: {report.get('gpu')}; {report.get('versions')}. Random weights; batch 1; "
+        f"Machine: {report.get('gpu')}; {report.get('versions')}. Random weights; batch "
+        f"{report.get('batch', 1)} (a decode step feeds one token per sequence); "
         f"a static cache of {report['capacity']} positions. Command: `{report['command']}`.",
         "",
         f"Weights read per token: {report.get('weight_bytes', 0) / 1e6:.0f} MB; copy bandwidth "
@@ -288,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="")
     parser.add_argument("--skip", nargs="*", default=[], help="runtimes to leave out")
     parser.add_argument("--layers", type=int, default=0, help="keep this many layers (0: all)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences decoded together")
     args = parser.parse_args(argv)
 
     import torch
@@ -311,6 +323,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m bench.bench_gpu_llm " + " ".join(argv or sys.argv[1:]),
         "contexts": args.contexts,
         "prefill": args.prefill,
+        "batch": args.batch,
         "capacity": capacity,
         "parameters": params,
         "weight_bytes": params * torch.finfo(dtype).bits // 8,
@@ -324,10 +337,14 @@ def main(argv: list[str] | None = None) -> int:
     write_report(args.out, report)
 
     model = build_model(spec).to(dtype).eval()
-    program = args.work / f"{spec.name}-{args.dtype}-{capacity}.pt2"
-    artifact = args.work / f"{spec.name}-{args.dtype}-{capacity}-zero-trial"
+    name = f"{spec.name}-{args.dtype}-{capacity}" + (f"-b{args.batch}" if args.batch > 1 else "")
+    program = args.work / f"{name}.pt2"
+    artifact = args.work / f"{name}-zero-trial"
     stages = [
-        ("export", lambda: program.is_file() or export_static(model, capacity, program)),
+        (
+            "export",
+            lambda: program.is_file() or export_static(model, capacity, program, args.batch),
+        ),
         (
             "build",
             lambda: (
@@ -363,7 +380,14 @@ def main(argv: list[str] | None = None) -> int:
             (
                 name,
                 lambda mode=mode: time_torch(
-                    gpu_model, mode, capacity, prompt, args.contexts, args.steps, args.prefill
+                    gpu_model,
+                    mode,
+                    capacity,
+                    prompt,
+                    args.contexts,
+                    args.steps,
+                    args.prefill,
+                    args.batch,
                 ),
             )
         )

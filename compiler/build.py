@@ -22,12 +22,12 @@ import tvm
 from compiler.errors import CompileError
 from compiler.lowering import build_untuned, build_with_database
 from compiler.peers import (
-    find_peer,
     library_for,
     library_unavailable_reason,
     load_peers,
     peer_library,
     peers_supported,
+    zero_trial_peer,
 )
 from compiler.target import TargetSpec
 from compiler.weights import PARAMS_NAME, ExternalWeights, save_params
@@ -63,17 +63,21 @@ def build(
 def build_zero_trial(
     mod: tvm.IRModule, target: TargetSpec, tasks: Sequence[tuple[str, tvm.IRModule]]
 ) -> tuple[Any, frozenset[str]]:
-    """The build without a tuning database (``tunehub compile`` with no ``--db``): on a CPU
-    target with the current compile options, every task of ``tasks`` (``(workload key, task
-    module)``) that has a library peer uses it and the others get TVM's default schedules
-    (:mod:`compiler.default_schedules`); other targets (and a machine without the peer
-    library) get :func:`build`'s untuned fallback for what has no peer. Returns the executable
-    and the keys of the tasks built with their peer (export it with ``link_peers`` when any)."""
-    if not peers_supported(target) or target.kind != "cpu":
+    """The build without a tuning database (``tunehub compile`` with no ``--db``): every task of
+    ``tasks`` (``(workload key, task module)``) that :func:`compiler.peers.zero_trial_peer`
+    gives to its library peer uses it (a CPU target with the current compile options: every
+    task that has one; CUDA: half-precision GEMMs of several rows, on cuBLAS), and the others get
+    TVM's default schedules (:mod:`compiler.default_schedules`; DLight on CUDA). Other targets,
+    and a machine without the peer library, get :func:`build`'s untuned fallback for what has no
+    peer. Returns the executable and the keys of the tasks built with their peer (export it with
+    ``link_peers`` when any)."""
+    if not peers_supported(target):
         return build(mod, target), frozenset()
     keys: frozenset[str] = frozenset()
-    if peer_library() is not None:
-        keys = frozenset(key for key, task in tasks if find_peer(task) is not None)
+    if library_for(target) is not None:
+        keys = frozenset(key for key, task in tasks if zero_trial_peer(task, target))
+    if target.kind == "cuda":
+        return build(mod, target, peers=keys), keys
     from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only this path
 
     return build(mod, target, ms.database.MemoryDatabase(), peers=keys), keys

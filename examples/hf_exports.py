@@ -62,20 +62,24 @@ def static_cache_program(
 
 
 def static_cache_prefill_program(
-    spec: DecoderSpec | str, max_cache_len: int = DEFAULT_CACHE, max_tokens: int = 32
+    spec: DecoderSpec | str,
+    max_cache_len: int = DEFAULT_CACHE,
+    max_tokens: int = 32,
+    batch: int = 1,
 ) -> torch.export.ExportedProgram:
     """``convert_and_export_with_cache`` of ``spec`` with a symbolic token count from 1 to
-    ``max_tokens`` (``strict=True``; traced on 8 tokens): one program that decodes (1 token) and
-    prefills chunks of the prompt. TuneHub compiles it for the token counts 1, 16, 32, ...
-    (its shape buckets) and feeds any prompt in chunks of those."""
-    return static_cache_export(causal_lm(spec), max_cache_len, max_tokens)
+    ``max_tokens`` (``strict=True``; traced on 8 tokens) for ``batch`` sequences: one program
+    that decodes (1 token) and prefills chunks of the prompt. TuneHub compiles it for the token
+    counts 1, 16, 32, ... (its shape buckets) and feeds any prompt in chunks of those."""
+    return static_cache_export(causal_lm(spec), max_cache_len, max_tokens, batch)
 
 
 def static_cache_export(
-    model: Any, max_cache_len: int, max_tokens: int
+    model: Any, max_cache_len: int, max_tokens: int, batch: int = 1
 ) -> torch.export.ExportedProgram:
     """:func:`static_cache_prefill_program` of an already built causal LM ``model`` (in its
-    own dtype, on the CPU)."""
+    own dtype, on the CPU), for ``batch`` sequences at once (a static cache has its batch size
+    built in: one export per batch size)."""
     from transformers import GenerationConfig  # noqa: PLC0415 - a development dependency
     from transformers.integrations.executorch import (  # noqa: PLC0415
         convert_and_export_with_cache,
@@ -84,13 +88,13 @@ def static_cache_export(
     model.generation_config = GenerationConfig(
         use_cache=True,
         cache_implementation="static",
-        cache_config={"batch_size": 1, "max_cache_len": max_cache_len},
+        cache_config={"batch_size": batch, "max_cache_len": max_cache_len},
     )
     tokens = torch.export.Dim("tokens", min=1, max=max_tokens)
     example = min(8, max_tokens)
     return convert_and_export_with_cache(
         model,
-        example_input_ids=torch.zeros((1, example), dtype=torch.int64),
+        example_input_ids=torch.zeros((batch, example), dtype=torch.int64),
         example_cache_position=torch.arange(example, dtype=torch.int64),
         dynamic_shapes={"input_ids": {1: tokens}, "cache_position": {0: tokens}},
         strict=True,

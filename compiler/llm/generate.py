@@ -174,17 +174,19 @@ class _Driver:
         """Feed one token (per sequence of the batch); the next logits ``[batch, vocab]``."""
         return self.prefill(np.asarray(token).reshape(-1, 1) if np.ndim(token) else [token])
 
-    def generate(self, prompt: Sequence[int], max_new_tokens: int) -> Generation:
-        """Greedy decoding of ``max_new_tokens`` after ``prompt`` from an empty cache, timed.
-        Raises ``ModelError("cache_full")`` before running when prompt and new tokens do not
-        fit in the cache."""
+    def generate(self, prompt: Sequence[int] | np.ndarray, max_new_tokens: int) -> Generation:
+        """Greedy decoding of ``max_new_tokens`` after ``prompt`` (``[n]``, the same for every
+        sequence of the batch, or ``[batch, n]``) from an empty cache, timed. Raises
+        ``ModelError("cache_full")`` before running when prompt and new tokens do not fit in
+        the cache."""
         if max_new_tokens < 0:
             raise ModelError("bad_input", f"max_new_tokens must be >= 0, got {max_new_tokens}")
-        total = len(prompt) + max_new_tokens
+        count = int(np.shape(prompt)[-1])
+        total = count + max_new_tokens
         if total > self.signature.capacity:
             raise ModelError(
                 "cache_full",
-                f"{len(prompt)} prompt tokens and {max_new_tokens} new ones need "
+                f"{count} prompt tokens and {max_new_tokens} new ones need "
                 f"{total} positions; this decoder's KV cache holds {self.signature.capacity}",
             )
         self.reset()

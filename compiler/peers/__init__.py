@@ -20,15 +20,16 @@ import tvm
 from tvm import tirx
 
 from compiler.keys import workload_key
-from compiler.peers.calls import PeerCall
+from compiler.peers.calls import CUDA_DTYPES, PeerCall
 from compiler.peers.cuda_library import cuda_peer_library, cuda_unavailable_reason
 from compiler.peers.library import PeerLibrary, peer_library, unavailable_reason
 from compiler.peers.library import load_peers as _load_cpu_peers
-from compiler.peers.match import find_peer, peer_variants
+from compiler.peers.match import find_peer, gemm_rows, peer_variants
 from compiler.peers.rewrite import peer_function
 from compiler.target import TargetSpec
 
 __all__ = [
+    "CUDA_HALF_GEMM_MIN_ROWS",
     "PeerCall",
     "PeerLibrary",
     "apply_peers",
@@ -43,7 +44,19 @@ __all__ = [
     "peer_variants",
     "peers_supported",
     "unavailable_reason",
+    "zero_trial_peer",
 ]
+
+#: A zero-trial CUDA build computes a half-precision GEMM of at least this many rows with cuBLAS
+#: (tensor cores); DLight's default schedule keeps the rest. DLight's rule has no tensor-core
+#: schedule there: a 2048³ float16 GEMM took 0.632 ms under it and 0.027 ms on the cuBLAS peer
+#: (``bench/results/gpu_peers_2026-12-02.md``, H200). Fewer rows are decode's GEMVs, where
+#: DLight's GEMV rule reads the weight once as cuBLAS does, without the call's overhead. float32
+#: GEMMs stay DLight's: on BERT at sequence 128 its default beat the peer on four of five tasks.
+CUDA_HALF_GEMM_MIN_ROWS = 16
+_HALF_CODES = frozenset(
+    code for (dtype, _), code in CUDA_DTYPES.items() if dtype in ("float16", "bfloat16")
+)
 
 
 def peers_supported(target: TargetSpec) -> bool:
@@ -87,6 +100,25 @@ def load_peers() -> None:
             logging.getLogger("tunehub.peers").warning(
                 "the CUDA peer library did not load: %s", err
             )
+
+
+def zero_trial_peer(task: tvm.IRModule, target: TargetSpec) -> bool:
+    """Whether a zero-trial build (no tuning database) of ``target`` computes ``task`` (a task
+    module) with its library peer: on a CPU target every task that has one (the shim's
+    algorithms were chosen by measurement: :mod:`compiler.peers.algorithms`); on CUDA a
+    half-precision GEMM of :data:`CUDA_HALF_GEMM_MIN_ROWS` rows or more. Whether the library is
+    on this machine is the caller's to check."""
+    if not peers_supported(target):
+        return False
+    device = device_of(target)
+    call = find_peer(task, device)
+    if call is None or device == "cpu":
+        return call is not None
+    return (
+        call.kind == "gemm"
+        and dict(call.config).get("dtype") in _HALF_CODES
+        and gemm_rows(task, call) >= CUDA_HALF_GEMM_MIN_ROWS
+    )
 
 
 def _has_cuda() -> bool:

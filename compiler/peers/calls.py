@@ -40,7 +40,20 @@ ONEDNN_FUNCTIONS = {
     "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc_onednn",
 }
 #: ``dtype`` codes of ``tunehub_cuda_gemm``: (input dtype, output dtype).
-CUDA_DTYPES = {("float32", "float32"): 0, ("float16", "float16"): 1, ("float16", "float32"): 2}
+CUDA_DTYPES = {
+    ("float32", "float32"): 0,
+    ("float16", "float16"): 1,
+    ("float16", "float32"): 2,
+    ("bfloat16", "bfloat16"): 3,
+    ("bfloat16", "float32"): 4,
+}
+#: A half-precision CUDA GEMM accumulated in float32 (``dtype`` code) whose output is cast to
+#: half precision after it: the code of the call that writes that precision itself, and the
+#: cast's dtype (:func:`compiler.peers.match._fold_output_cast`).
+CUDA_FOLDED_CASTS = {
+    CUDA_DTYPES[("float16", "float32")]: (CUDA_DTYPES[("float16", "float16")], "float16"),
+    CUDA_DTYPES[("bfloat16", "float32")]: (CUDA_DTYPES[("bfloat16", "bfloat16")], "bfloat16"),
+}
 
 
 @dataclass(frozen=True)

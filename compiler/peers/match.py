@@ -44,6 +44,7 @@ then writes the last of those blocks' buffer, and only the rest of the epilogue 
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -59,7 +60,7 @@ from compiler.peers.algorithms import (
     default_depthwise_algorithm,
     depthwise_algorithms,
 )
-from compiler.peers.calls import CUDA_DTYPES, PeerCall
+from compiler.peers.calls import CUDA_DTYPES, CUDA_FOLDED_CASTS, PeerCall
 from compiler.peers.epilogue import _fuse_epilogue
 from compiler.peers.patterns import (
     _buffers_by_name,
@@ -352,17 +353,20 @@ def _anchor(func: tirx.PrimFunc, device: str = "cpu") -> tuple[PeerCall, int] | 
 def _fold_output_cast(
     call: PeerCall, stages: list[_Stage], params: set[str]
 ) -> tuple[PeerCall, int]:
-    """A CUDA GEMM accumulated in float32 whose whole epilogue is its cast to a float16 output
-    parameter writes that output itself (cuBLAS casts as it stores: one kernel less); returns
-    the call and the index of the last stage it computes."""
-    if len(stages) != 2 or dict(call.config).get("dtype") != CUDA_DTYPES[("float16", "float32")]:
+    """A CUDA GEMM accumulated in float32 whose whole epilogue is its cast to a half-precision
+    output parameter (float16 or bfloat16, as its inputs) writes that output itself (cuBLAS casts
+    as it stores: one kernel less); returns the call and the index of the last stage it
+    computes."""
+    folded = CUDA_FOLDED_CASTS.get(dict(call.config).get("dtype", -1))
+    if len(stages) != 2 or folded is None:
         return call, 0
+    code, half = folded
     store = stages[1].block.body
     value = store.value if isinstance(store, tirx.BufferStore) else None
     spatial = [iv.var for iv in stages[1].block.iter_vars]
     if not (
         isinstance(value, ir.prim.expr.Cast)
-        and str(value.ty) == "float16"
+        and str(value.ty) == half
         and isinstance(value.value, _Load)
         and str(value.value.source.name) == call.output
         and str(store.buffer.name) in params
@@ -370,20 +374,28 @@ def _fold_output_cast(
         and _is_vars(value.value.indices, spatial)
     ):
         return call, 0
-    config = tuple(
-        (k, CUDA_DTYPES[("float16", "float16")] if k == "dtype" else v) for k, v in call.config
-    )
+    config = tuple((k, code if k == "dtype" else v) for k, v in call.config)
     return PeerCall(call.kind, call.inputs, str(store.buffer.name), config, call.device), 1
 
 
 def find_peer(mod: tvm.IRModule, device: str = "cpu") -> PeerCall | None:
     """The library peer of a task module (one PrimFunc) on ``device`` (``cpu``: OpenBLAS;
-    ``cuda``: cuBLAS, GEMMs only, float32 or float16), or ``None`` (see module docstring)."""
+    ``cuda``: cuBLAS, GEMMs only, float32, float16 or bfloat16), or ``None`` (see module
+    docstring)."""
     funcs = [f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc)]
     if len(funcs) != 1:
         return None
     found = _anchor(funcs[0], device)
     return found[0] if found else None
+
+
+def gemm_rows(mod: tvm.IRModule, call: PeerCall) -> int:
+    """The rows of a GEMM peer ``call`` of task module ``mod``: its output's elements over its
+    last dimension (a batched GEMM's batch included)."""
+    func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
+    root, _ = _stages(func)  # type: ignore[misc]
+    shape = [int(d) for d in _buffers_by_name(func, root)[call.output].shape]
+    return math.prod(shape[:-1])
 
 
 def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:

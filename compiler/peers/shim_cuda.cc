@@ -10,8 +10,9 @@
 //   tunehub_cuda_gemm(A, B, C, batch, M, N, K, trans_b, b_batched, dtype)
 //       C[b, M, N] = A[b, M, K] x B[b?, K, N]; B is [N, K] when trans_b; with b_batched == 0 one
 //       B (a weight) serves every batch (the batch folds into M). dtype: 0 = float32 in and out
-//       (fp32 math, no TF32), 1 = float16 in and out, 2 = float16 in, float32 out (both with
-//       fp32 accumulation). Returns 0, or the cuBLAS status of a failed call.
+//       (fp32 math, no TF32), 1 = float16 in and out, 2 = float16 in, float32 out, 3 = bfloat16
+//       in and out, 4 = bfloat16 in, float32 out (all half precision with fp32 accumulation).
+//       Returns 0, or the cuBLAS status of a failed call.
 //   tunehub_cuda_conv2d_nchw(X, W, Y, n, c, h, w, k, kh, kw, oh, ow, sh, sw, ph, pw, dh, dw,
 //                            dtype)
 //       Y[n, k, oh, ow] = conv(X[n, c, h, w], W[k, c, kh, kw]), groups 1, zero padding ph / pw on
@@ -89,7 +90,7 @@ void* TVMFFIEnvGetStream(int32_t device_type, int32_t device_id);  // tvm-ffi
 namespace {
 
 enum { kOpN = 0, kOpT = 1 };                      // cublasOperation_t
-enum { kR32F = 0, kR16F = 2 };                    // cudaDataType_t
+enum { kR32F = 0, kR16F = 2, kR16BF = 14 };       // cudaDataType_t
 enum { kCompute32F = 68 };                        // cublasComputeType_t (no TF32)
 enum { kGemmDefault = -1 };                       // cublasGemmAlgo_t
 enum { kDLCUDA = 2 };                             // DLDeviceType
@@ -121,8 +122,14 @@ extern "C" int tunehub_cuda_gemm(const void* a, const void* b, void* c, int64_t 
   }
   int status = cublasSetStream_v2(handle, TVMFFIEnvGetStream(kDLCUDA, device));
   if (status != 0) return status;
-  const int in_type = dtype == 0 ? kR32F : kR16F;
-  const int out_type = dtype == 1 ? kR16F : kR32F;
+  static const int kIn[] = {kR32F, kR16F, kR16F, kR16BF, kR16BF};
+  static const int kOut[] = {kR32F, kR16F, kR32F, kR16BF, kR32F};
+  if (dtype < 0 || dtype > 4) {
+    std::fprintf(stderr, "tunehub_cuda_gemm: unknown dtype code %d\n", dtype);
+    return 1;
+  }
+  const int in_type = kIn[dtype];
+  const int out_type = kOut[dtype];
   const float alpha = 1.0f, beta = 0.0f;
   // Row-major C = A x op(B) is column-major C^T = op(B)^T x A^T: cuBLAS gets (B, A) swapped,
   // with B transposed exactly when trans_b is not set.

@@ -15,7 +15,14 @@ from tvm.s_tir import meta_schedule as ms
 
 from bench.bench_gpu import gemm_module
 from compiler.build import build
-from compiler.peers import find_peer, library_for, peer_task_module, peers_supported
+from compiler.peers import (
+    CUDA_HALF_GEMM_MIN_ROWS,
+    find_peer,
+    library_for,
+    peer_task_module,
+    peers_supported,
+    zero_trial_peer,
+)
 from compiler.peers.calls import CUDA_DTYPES
 from compiler.prepare import prepare_model
 from compiler.target import GpuInfo, cpu_target, cuda_target, detect_gpu
@@ -39,6 +46,40 @@ def test_gemm_peer_calls_cublas_and_writes_a_float16_output_itself() -> None:
     script = peer_task_module(gemm_module(256, "float16"), "cuda").script()
     assert "tunehub_cuda_gemm" in script and "blockIdx" not in script  # no epilogue kernel
     assert peers_supported(cuda_target(H200)) and peers_supported(cpu_target())
+
+
+@pytest.mark.parametrize("rows", [1, 16])
+def test_a_zero_trial_build_gives_bfloat16_gemms_of_several_rows_to_cublas(rows, tmp_path) -> None:
+    """bfloat16 linear layers (float32 accumulation, cast back; one with a bias): their GEMMs
+    call cuBLAS in bfloat16 (the cast folded into the call where it is the whole epilogue); a
+    zero-trial build takes the peer for 16 rows (a prefill) and leaves one row (a decode step's
+    GEMV) to DLight."""
+    import torch
+
+    class TwoLinear(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.up = torch.nn.Linear(64, 128)
+            self.down = torch.nn.Linear(128, 32, bias=False)
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            return self.down(torch.relu(self.up(x)))
+
+    torch.manual_seed(0)
+    module = TwoLinear().to(torch.bfloat16).eval()
+    example = (torch.zeros(1, rows, 64, dtype=torch.bfloat16),)
+    torch.export.save(torch.export.export(module, example), tmp_path / "linear.pt2")
+    prepared = prepare_model(tmp_path / "linear.pt2", cuda_target(H200))
+    calls = {}
+    for task, extracted in zip(prepared.partition.tasks, prepared.partition.extracted):
+        call = find_peer(extracted.dispatched[0], "cuda")
+        if call is not None:
+            calls[task.name] = (call, zero_trial_peer(extracted.dispatched[0], prepared.target))
+    codes = {dict(call.config)["dtype"] for call, _ in calls.values()}
+    assert codes <= {CUDA_DTYPES[("bfloat16", "bfloat16")], CUDA_DTYPES[("bfloat16", "float32")]}
+    assert CUDA_DTYPES[("bfloat16", "bfloat16")] in codes  # a cast folded into the call
+    wanted = rows >= CUDA_HALF_GEMM_MIN_ROWS
+    assert calls and all(chosen == wanted for _, chosen in calls.values())
 
 
 def test_a_model_builds_for_cuda_with_its_gemms_on_cublas() -> None:
