@@ -6,7 +6,7 @@ exported the way ``transformers`` documents it, beside torch on the same weights
 
 - The model: :mod:`bench.llm_models`' configuration (random weights, nothing downloaded) in
   ``--dtype``; exported by ``convert_and_export_with_cache`` (a ``StaticCache`` of capacity
-  ``max(contexts) + steps`` rounded up to 64, token count symbolic 1..128, ``--batch``
+  ``max(contexts, prefill) + steps`` rounded up to 64, token count symbolic 1..128, ``--batch``
   sequences: a static cache has its batch size built in), prepared for the
   GPU's CUDA target and built with no tuning (:func:`tuner.finalize.publish_zero_trial`:
   DLight's default GPU schedules, CUDA graphs on), verified (greedy tokens against the exported
@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.layers:  # a shallower copy: per-layer kernels as in the full model, a faster build
         values = {**spec.values, "num_hidden_layers": args.layers}
         spec = dataclasses.replace(spec, name=f"{spec.name}-{args.layers}l", values=values)
-    capacity = -(-(max(args.contexts) + args.steps + 8) // 64) * 64
+    capacity = -(-(max(*args.contexts, args.prefill) + args.steps + 8) // 64) * 64
     dtype = getattr(torch, DTYPES[args.dtype])
     args.work.mkdir(parents=True, exist_ok=True)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -84,6 +84,23 @@ def convert_sdpa(node: Any, importer: Any, fallback: Any) -> relax.Expr:
     )
 
 
+#: Query rows (``n_rep`` x tokens) from which the scores are ``q k^T`` (over a copy of the
+#: cache's ``k^T``, the size of the cache) instead of ``(k q^T)^T`` (the cache read as stored,
+#: the scores transposed after). A decode step's few rows keep the latter; a prefill chunk's
+#: scores are ``n_rep * tokens / dim`` times the size of its ``k``, and their transpose costs
+#: about as much as the GEMM. Measured on Qwen2.5-0.5B's attention (14 query heads over 2, a
+#: cache of 1,088, zero-trial CPU build, 2-core Xeon, ms per layer, ``(k q^T)^T`` / ``q k^T``):
+#: 4 tokens (28 rows) 0.604 / 0.641, 16 tokens (112 rows) 0.804 / 0.678, 128 tokens 4.91 / 3.96.
+PREFILL_SCORES_MIN_ROWS = 64
+
+
+def _rows(n_rep: int, seq: Any) -> int:
+    try:
+        return n_rep * int(seq)
+    except TypeError:  # a symbolic token count: the decode form
+        return 0
+
+
 def grouped_attention(
     builder: relax.BlockBuilder,
     q: relax.Expr,
@@ -105,8 +122,12 @@ def grouped_attention(
     batch, heads, seq, dim = (q.ty.shape[i] for i in range(4))
     kv, length = k.ty.shape[1], k.ty.shape[2]
     grouped = emit(relax.op.reshape(q, [batch, kv, n_rep * seq, dim]))
-    scores_t = emit(relax.op.matmul(k, emit(relax.op.permute_dims(grouped, [0, 1, 3, 2]))))
-    scores = emit(relax.op.permute_dims(scores_t, [0, 1, 3, 2]))
+    if _rows(n_rep, seq) >= PREFILL_SCORES_MIN_ROWS:  # q k^T: a GEMM over a small copy of k^T
+        keys_t = emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
+        scores = emit(relax.op.matmul(grouped, keys_t))
+    else:
+        scores_t = emit(relax.op.matmul(k, emit(relax.op.permute_dims(grouped, [0, 1, 3, 2]))))
+        scores = emit(relax.op.permute_dims(scores_t, [0, 1, 3, 2]))
     scores = emit(relax.op.reshape(scores, [batch, heads, seq, length]))
     scores = emit(relax.op.multiply(scores, relax.const(scale, str(q.ty.dtype))))
     if mask is not None:

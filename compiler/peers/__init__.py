@@ -48,12 +48,14 @@ __all__ = [
 ]
 
 #: A zero-trial CUDA build computes a half-precision GEMM of at least this many rows with cuBLAS
-#: (tensor cores); DLight's default schedule keeps the rest. DLight's rule has no tensor-core
-#: schedule there: a 2048³ float16 GEMM took 0.632 ms under it and 0.027 ms on the cuBLAS peer
-#: (``bench/results/gpu_peers_2026-12-02.md``, H200). Fewer rows are decode's GEMVs, where
-#: DLight's GEMV rule reads the weight once as cuBLAS does, without the call's overhead. float32
-#: GEMMs stay DLight's: on BERT at sequence 128 its default beat the peer on four of five tasks.
-CUDA_HALF_GEMM_MIN_ROWS = 16
+#: (tensor cores); DLight's default schedule keeps the rest. DLight's matmul rule has no
+#: tensor-core schedule there: a 2048³ float16 GEMM took 0.632 ms under it and 0.027 ms on the
+#: cuBLAS peer (``bench/results/gpu_peers_2026-12-02.md``, H200), and a Qwen2.5-0.5B decode step
+#: at batch 8 (8-row GEMMs) took 19.7 ms with it (``gpu_llm_2026-12-06_b8.md``). One row is a
+#: decode step's GEMV: DLight's GEMV rule (:mod:`compiler.gpu_gemv`) reads the weight once, as
+#: cuBLAS does, without the call's overhead. float32 GEMMs stay DLight's: on BERT at sequence
+#: 128 its default beat the peer on four of five tasks.
+CUDA_HALF_GEMM_MIN_ROWS = 2
 _HALF_CODES = frozenset(
     code for (dtype, _), code in CUDA_DTYPES.items() if dtype in ("float16", "bfloat16")
 )

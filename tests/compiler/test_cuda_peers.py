@@ -53,7 +53,7 @@ def test_a_zero_trial_build_gives_bfloat16_gemms_of_several_rows_to_cublas(rows,
     """bfloat16 linear layers (float32 accumulation, cast back; one with a bias): their GEMMs
     call cuBLAS in bfloat16 (the cast folded into the call where it is the whole epilogue); a
     zero-trial build takes the peer for 16 rows (a prefill) and leaves one row (a decode step's
-    GEMV) to DLight."""
+    GEMV) to DLight's GEMV rule."""
     import torch
 
     class TwoLinear(torch.nn.Module):
