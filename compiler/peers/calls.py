@@ -36,6 +36,7 @@ CONV_ALGORITHMS = {"packed": 0, "im2col": 0, "winograd_f2": 2, "winograd_f4": 4,
 #: the same arguments as :data:`FUNCTIONS`'. Offered only where the peer library was built
 #: against oneDNN (:func:`compiler.peers.library.onednn_available`).
 ONEDNN_FUNCTIONS = {
+    "gemm": "tunehub_peer_gemm_onednn",
     "conv2d_nhwc": "tunehub_peer_conv2d_nhwc_onednn",
     "depthwise_conv2d_nhwc": "tunehub_peer_depthwise_conv2d_nhwc_onednn",
 }

@@ -6,10 +6,12 @@ library implements, or ``None``:
 
 - ``gemm``: a ``matmul`` block ``C[..., i, j] += A[..., i, k] * B[(...,) k, j]`` (or
   ``B[(...,) j, k]``), float32, ``A`` and ``B`` parameters of the task, ``B`` 2-D (a weight) or
-  with ``C``'s batch dimensions. With a 2-D ``B`` (a weight) it has two variants
-  (:data:`GEMM_ALGORITHMS`): ``packed`` (the shim's GEMM on the weight packed once), the
-  default with more than one row, and OpenBLAS (``""``: ``sgemm``, ``sgemv`` for one row, the
-  default of a GEMV); a batched ``B`` has OpenBLAS only. With ``A`` and ``B`` in bfloat16 it has
+  with ``C``'s batch dimensions. With a 2-D ``B`` (a weight) it has the variants of
+  :func:`~compiler.peers.algorithms.gemm_algorithms`: ``packed`` (the shim's GEMM on the weight
+  packed once), OpenBLAS (``""``: ``sgemm``, ``sgemv`` for one row) and, where the library has
+  oneDNN, ``onednn`` (its matmul, one column block a worker);
+  :func:`~compiler.peers.algorithms.default_gemm_algorithm` picks one by the rows. A batched
+  ``B`` has OpenBLAS only. With ``A`` and ``B`` in bfloat16 it has
   one: the shim's bfloat16 GEMM (float32 accumulation, any ``B``), ``bf16`` for a bfloat16 ``C``,
   ``bf16_f32`` for a float32 one (its epilogue fused as for float32);
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
@@ -53,12 +55,13 @@ from tvm import ir, tirx
 
 from compiler.peers import epilogue as peer_epilogue
 from compiler.peers.algorithms import (
-    GEMM_ALGORITHMS,
     _ConvShape,
     conv_algorithms,
     default_conv_algorithm,
     default_depthwise_algorithm,
+    default_gemm_algorithm,
     depthwise_algorithms,
+    gemm_algorithms,
 )
 from compiler.peers.calls import CUDA_DTYPES, CUDA_FOLDED_CASTS, PeerCall
 from compiler.peers.epilogue import _fuse_epilogue
@@ -118,7 +121,7 @@ def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     if _bfloat16(a.source):  # the shim's bfloat16 GEMM, whatever the rows
         algorithm = "bf16" if _bfloat16(store.buffer) else "bf16_f32"
     else:
-        algorithm = "packed" if len(b.source.shape) == 2 and rows > 1 else ""
+        algorithm = default_gemm_algorithm(rows) if len(b.source.shape) == 2 else ""
     return PeerCall(
         "gemm", (a.source.name, b.source.name), store.buffer.name, config, device, algorithm
     )
@@ -401,7 +404,7 @@ def gemm_rows(mod: tvm.IRModule, call: PeerCall) -> int:
 def peer_variants(mod: tvm.IRModule, device: str = "cpu") -> list[PeerCall]:
     """Every library call that can replace the anchor of a task module on ``device``: the call
     :func:`find_peer` picks first, then (CPU) the other algorithms of a convolution
-    (:func:`conv_algorithms`) or of a packed GEMM (:data:`GEMM_ALGORITHMS`), oneDNN's for a
+    (:func:`conv_algorithms`) or of a GEMM over a weight (:func:`gemm_algorithms`), oneDNN's for a
     depthwise convolution (where the library has it); empty when the task has no peer. Each
     builds with ``peer_function(func, device, call=...)`` /
     ``peer_task_module(mod, device, call=...)`` and is told apart by ``algorithm`` (in its
@@ -426,5 +429,5 @@ def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
     if call.kind == "gemm":  # a batched B: OpenBLAS only
-        return list(GEMM_ALGORITHMS) if len(buffers[call.inputs[1]].shape) == 2 else []
+        return gemm_algorithms() if len(buffers[call.inputs[1]].shape) == 2 else []
     return conv_algorithms(_ConvShape.of(call, buffers[call.inputs[1]], buffers[call.output]))

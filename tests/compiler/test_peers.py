@@ -332,6 +332,7 @@ def test_only_3x3_stride_1_convolutions_have_winograd_variants():
     assert [(v.kind, v.algorithm) for m in gemm for v in peer_variants(m)] == [
         ("gemm", "packed"),
         ("gemm", ""),
+        *(("gemm", a) for a in ONEDNN),
     ]
     task = _conv_task(conv_model(8, 16, 13, 3, 2, 1), target)
     with pytest.raises(ValueError, match="not a peer variant"):
@@ -384,17 +385,16 @@ def test_cached_weights_are_transformed_again_when_they_change(proto, algorithm)
     ],
 )
 def test_every_gemm_variant_matches_the_task(label, proto):
-    """A GEMM against a weight runs on the packed-weight GEMM by default and has OpenBLAS as
-    its other variant; a single row (a GEMV) the other way round (OpenBLAS's sgemv first).
-    Each agrees with the task's TIR."""
+    """A GEMM against a weight runs on the packed-weight GEMM by default and has OpenBLAS (and
+    oneDNN's matmul, where the library has oneDNN) as its other variants; a single row (a
+    GEMV) the other way round (OpenBLAS's sgemv first). Each agrees with the task's TIR."""
     target = cpu_target(2)
     parts = _partition(proto, target)
     (task,) = [e.dispatched[0] for e in parts.extracted if find_peer(e.dispatched[0])]
     variants = peer_variants(task)
     rows = int(task["main"].params[0].shape[0])
-    assert [v.algorithm for v in variants] == (["packed", ""] if rows > 1 else ["", "packed"]), (
-        label
-    )
+    first = ["packed", ""] if rows > 1 else ["", "packed"]
+    assert [v.algorithm for v in variants] == [*first, *ONEDNN], label
     for call in variants:
         _check_peer(task, target, call)
 
@@ -450,13 +450,17 @@ def test_packed_variants_match_under_every_isa(isa):
         ("depthwise batch 2, unpadded", conv_model(16, 16, 9, 3, 1, 0, groups=16, batch=2)),
         ("conv + bias + residual + relu6", epilogue_model("residual relu6", "conv", 16)),
         ("depthwise + bias + residual + relu6", epilogue_model("residual relu6", "depthwise", 72)),
+        ("gemm: rows past a block, columns past a panel", gemm_model(131, 300, 70)),
+        ("gemm: few rows, many columns", gemm_model(5, 64, 200)),
+        ("gemm + bias + residual + relu6", epilogue_model("residual relu6", "gemm")),
     ],
 )
 def test_onednn_variant_matches_the_task(label, proto):
-    """Every convolution and depthwise convolution has a oneDNN variant (the output rows split
-    into one slab a TVM worker, each a single-threaded primitive; the epilogue as the
-    primitive's bias, binary-add and clip post-ops), and it agrees with the task's TIR, run
-    three times (primitives and reordered weights come from the caches after the first)."""
+    """Every convolution, depthwise convolution and GEMM over a weight has a oneDNN variant
+    (convolutions: the output rows split into one slab a TVM worker, each a single-threaded
+    primitive, the epilogue as the primitive's bias, binary-add and clip post-ops; a GEMM: one
+    block of columns a worker, the shim's epilogue after), and it agrees with the task's TIR,
+    run three times (primitives and reordered weights come from the caches after the first)."""
     target = cpu_target(2)
     task = _conv_task(proto, target)
     (call,) = [v for v in peer_variants(task) if v.algorithm == "onednn"]
