@@ -309,9 +309,10 @@ def load_model(
     last_logits = bool(state) and keeps_last_logits(program)
     dims, declared = pt2_symbolic_dims(program)
     if state:  # a decoder's token count: a decode step (1) and prefill chunks, by default
+        capacity = min(spec.capacity for spec in state)  # a chunk never outgrows the cache
         for dim in dims:
             if not {dim.symbol, dim.alias} & set(wanted) and dim.input not in shapes:
-                top = dim.maximum or max(DECODER_BUCKETS)
+                top = min(dim.maximum or max(DECODER_BUCKETS), capacity)
                 wanted[dim.symbol] = [v for v in DECODER_BUCKETS if dim.minimum <= v <= top]
     spec, plans = _specializations(dims, declared, shapes, wanted)
     for values, bucket_shapes in plans:

@@ -60,6 +60,20 @@ def random_inputs(specs: tuple[TensorSpec, ...], seed: int = 0) -> list[np.ndarr
     return arrays
 
 
+def model_inputs(model: LoadedModel, seed: int = 0) -> list[np.ndarray]:
+    """:func:`random_inputs` for ``model``, except a stateful decoder's ``cache_position``:
+    ``0 .. n - 1``, the positions a prompt's first chunk has. Random positions repeat, and a
+    cache written twice at one position in one call holds whichever write came last, which
+    torch's program and the library need not agree on (``transformers``' static cache even
+    fails on some: 64 random positions of 0 and 1 in a cache of 64)."""
+    arrays = random_inputs(model.inputs, seed)
+    if model.state:
+        for index, spec in enumerate(model.inputs):
+            if spec.name == "cache_position" and len(spec.shape) == 1:
+                arrays[index] = np.arange(spec.shape[0], dtype=np.dtype(spec.dtype))
+    return arrays
+
+
 def reference_outputs(
     model: LoadedModel, inputs: list[np.ndarray], device: str = "cpu"
 ) -> list[np.ndarray]:
@@ -310,7 +324,7 @@ def verify(model: LoadedModel, run: Any, seed: int = 0, device: str = "cpu") -> 
     """
     if model.buckets:
         return _verify_buckets(model, run, seed, device)
-    inputs = random_inputs(model.inputs, seed)
+    inputs = model_inputs(model, seed)
     reference = reference_name(model, device)
     return compare(run(inputs), reference_outputs(model, inputs, device), reference)
 
@@ -360,7 +374,7 @@ def time_reference(model: LoadedModel, *, repeat: int = 20, threads: int | None 
     ONNX Runtime (``threads`` intra-op threads) for ONNX models, the ``torch.export`` program in
     eager mode for ``.pt2`` models: the bar a tuned artifact is compared with.
     """
-    inputs = random_inputs(model.inputs)
+    inputs = model_inputs(model)
     if model.format == "onnx":
         import onnxruntime
 

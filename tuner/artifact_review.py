@@ -363,7 +363,7 @@ def _reference_main() -> None:  # pragma: no cover - runs in the trusted child
 
     from compiler.buckets import bucket_values  # noqa: PLC0415
     from compiler.loader import load_model  # noqa: PLC0415
-    from compiler.verify import random_inputs, reference_name, reference_outputs  # noqa: PLC0415
+    from compiler.verify import model_inputs, reference_name, reference_outputs  # noqa: PLC0415
 
     model_path, model_format, buckets_json, device, work = sys.argv[1:6]
     model = load_model(
@@ -375,7 +375,7 @@ def _reference_main() -> None:  # pragma: no cover - runs in the trusted child
     parts = [(b.function, b.model) for b in model.buckets] or [("main", model)]
     plan, inputs, expected = [], {}, {}
     for i, (function, part) in enumerate(parts):
-        arrays = random_inputs(part.inputs)
+        arrays = model_inputs(part)
         outputs = reference_outputs(part, arrays, device)
         plan.append(
             {

@@ -35,7 +35,7 @@ from compiler.errors import VerificationError
 from compiler.peers import device_of, find_peer, library_for
 from compiler.prepare import PreparedModel
 from compiler.runner import LoadedLibrary, Timing
-from compiler.verify import random_inputs, time_reference
+from compiler.verify import model_inputs, time_reference
 from db.metaschedule_database import record_as_json, replay_error
 from db.types import measurement
 from tuner.final_choice import (
@@ -366,7 +366,7 @@ def _publish(
     timing: dict[str, Timing] = {}
 
     def timed_extra(library: LoadedLibrary) -> dict[str, Any]:
-        timing["t"] = library.time(random_inputs(prepared.model.inputs))
+        timing["t"] = library.time(model_inputs(prepared.model))
         return {**extra, "measured": timing["t"].to_json(), "reference": reference_timing(prepared)}
 
     manifest = publish_artifact(
@@ -422,9 +422,7 @@ def _compare(
                 _exported(prepared, executable, keys, Path(tmp) / name / LIBRARY_NAME)
                 for name, (executable, keys) in ((TUNED, tuned), (ZERO_TRIAL, zero_trial))
             ]
-            tuned_rounds, zero_rounds = time_side_by_side(
-                libraries, random_inputs(model.inputs), config
-            )
+            tuned_rounds, zero_rounds = time_side_by_side(libraries, model_inputs(model), config)
     except Exception as err:  # noqa: BLE001 - never fail a job over the comparison
         logger.warning("the final comparison failed: %s", err)
         return FinalChoice.not_compared(
