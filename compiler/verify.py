@@ -68,8 +68,10 @@ def model_inputs(model: LoadedModel, seed: int = 0) -> list[np.ndarray]:
     fails on some: 64 random positions of 0 and 1 in a cache of 64)."""
     arrays = random_inputs(model.inputs, seed)
     if model.state:
+        from compiler.llm.generate import POSITIONS  # noqa: PLC0415 - decoders only
+
         for index, spec in enumerate(model.inputs):
-            if spec.name == "cache_position" and len(spec.shape) == 1:
+            if spec.name == POSITIONS and len(spec.shape) == 1:
                 arrays[index] = np.arange(spec.shape[0], dtype=np.dtype(spec.dtype))
     return arrays
 

@@ -30,11 +30,7 @@ import tvm
 from tvm import relax
 
 from compiler.errors import ModelError
-
-IDS = "input_ids"
-
-#: The manifest's ``model["logits"]`` of a library that returns the last position only.
-LAST_POSITION = "last_position"
+from compiler.llm.generate import IDS
 
 
 def keeps_last_logits(program: Any) -> bool:
@@ -119,7 +115,7 @@ def _hoistable_head(logits: relax.Expr, var2val: dict) -> tuple[relax.Expr, rela
     shape = _shape(rows)
     if weight is None or len(weight) != 2 or shape is None or len(shape) != 3:
         return None
-    if shape[2] != weight[0]:
+    if shape[2] != weight[0] or shape[:2] != _shape(logits)[:2]:  # [b, n, h] -> [b, n, v]
         return None
     return rows, matmul
 
