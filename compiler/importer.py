@@ -208,16 +208,19 @@ def _bind_symbols(mod: tvm.IRModule, model: LoadedModel) -> tvm.IRModule:
 def _import_pt2(model: LoadedModel) -> tvm.IRModule:
     """A program with symbolic dimensions bound by ``model`` is exported again at its static
     shapes when torch can (:func:`compiler.pt2_loader.specialize_program`: the same tasks as a
-    static export), else translated symbolically and bound in Relax. A decoder that keeps its
-    last position's logits (``model.last_logits``) is cut to them here
-    (:mod:`compiler.llm.last_logits`)."""
+    static export), else translated symbolically and bound in Relax. A stateful decoder's
+    attention then takes its prefill form where its chunk is long enough
+    (:func:`compiler.llm.attention.prefill_scores`), and one that keeps its last position's
+    logits (``model.last_logits``) is cut to them (:mod:`compiler.llm.last_logits`)."""
     mod = _import_static_pt2(model)
-    if model.last_logits:
-        from compiler.llm.last_logits import last_position_logits  # noqa: PLC0415 - decoders only
+    if model.state:  # a decoder, its shapes bound: the prefill form of attention, the LM head
+        from compiler.llm.attention import prefill_scores  # noqa: PLC0415 - decoders only
+        from compiler.llm.last_logits import last_position_logits  # noqa: PLC0415
 
         for gvar, func in list(mod.functions_items()):
             if isinstance(func, relax.Function):
-                mod[gvar] = last_position_logits(func)[0]
+                func = prefill_scores(func)
+                mod[gvar] = last_position_logits(func)[0] if model.last_logits else func
     return mod
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import relax
+from tvm.relax.dpl import is_op, rewrite_call, wildcard
 
 SDPA = "scaled_dot_product_attention.default"
 _REPEAT_OPS = {"view.default", "_unsafe_view.default", "clone.default", "reshape.default"}
@@ -86,19 +87,46 @@ def convert_sdpa(node: Any, importer: Any, fallback: Any) -> relax.Expr:
 
 #: Query rows (``n_rep`` x tokens) from which the scores are ``q k^T`` (over a copy of the
 #: cache's ``k^T``, the size of the cache) instead of ``(k q^T)^T`` (the cache read as stored,
-#: the scores transposed after). A decode step's few rows keep the latter; a prefill chunk's
-#: scores are ``n_rep * tokens / dim`` times the size of its ``k``, and their transpose costs
-#: about as much as the GEMM. Measured on Qwen2.5-0.5B's attention (14 query heads over 2, a
-#: cache of 1,088, zero-trial CPU build, 2-core Xeon, ms per layer, ``(k q^T)^T`` / ``q k^T``):
-#: 4 tokens (28 rows) 0.604 / 0.641, 16 tokens (112 rows) 0.804 / 0.678, 128 tokens 4.91 / 3.96.
+#: the scores transposed after): :func:`prefill_scores`. A decode step's few rows keep the
+#: latter; a prefill chunk's scores are ``n_rep * tokens / dim`` times the size of its ``k``, and
+#: their transpose costs about as much as the GEMM. Measured on Qwen2.5-0.5B's attention (14
+#: query heads over 2, a cache of 1,088, zero-trial CPU build, 2-core Xeon, ms per layer,
+#: ``(k q^T)^T`` / ``q k^T``): 4 tokens (28 rows) 0.604 / 0.641, 16 tokens (112 rows) 0.804 /
+#: 0.678, 128 tokens 4.91 / 3.96.
 PREFILL_SCORES_MIN_ROWS = 64
+_SWAP = [0, 1, 3, 2]
 
 
-def _rows(n_rep: int, seq: Any) -> int:
-    try:
-        return n_rep * int(seq)
-    except TypeError:  # a symbolic token count: the decode form
-        return 0
+def _swaps_last_two(call: relax.Call) -> bool:
+    axes = call.attrs.axes
+    return axes is not None and [int(a) for a in axes] == _SWAP
+
+
+def prefill_scores(func: relax.Function) -> relax.Function:
+    """``func`` with each ``(k q^T)^T`` of :func:`grouped_attention` whose query rows are static
+    and at least :data:`PREFILL_SCORES_MIN_ROWS` computed as ``q k^T``. Run after a bucket's
+    token count is bound (the converter may see it symbolic)."""
+    swapped_q = is_op("relax.permute_dims")(wildcard())
+    product = is_op("relax.matmul")(wildcard(), swapped_q)
+    pattern = is_op("relax.permute_dims")(product)
+
+    def rewrite(expr: relax.Call, matches: dict) -> relax.Expr:
+        query_t = matches[swapped_q]
+        if not (_swaps_last_two(expr) and _swaps_last_two(query_t)):
+            return expr
+        grouped, keys = query_t.args[0], matches[product].args[0]
+        shape = grouped.ty.shape
+        if len(shape) != 4 or len(keys.ty.shape) != 4:
+            return expr
+        try:
+            rows = int(shape[2])
+        except TypeError:  # still symbolic
+            return expr
+        if rows < PREFILL_SCORES_MIN_ROWS:
+            return expr
+        return relax.op.matmul(grouped, relax.op.permute_dims(keys, _SWAP))
+
+    return rewrite_call(pattern, rewrite, func)
 
 
 def grouped_attention(
@@ -122,12 +150,8 @@ def grouped_attention(
     batch, heads, seq, dim = (q.ty.shape[i] for i in range(4))
     kv, length = k.ty.shape[1], k.ty.shape[2]
     grouped = emit(relax.op.reshape(q, [batch, kv, n_rep * seq, dim]))
-    if _rows(n_rep, seq) >= PREFILL_SCORES_MIN_ROWS:  # q k^T: a GEMM over a small copy of k^T
-        keys_t = emit(relax.op.permute_dims(k, [0, 1, 3, 2]))
-        scores = emit(relax.op.matmul(grouped, keys_t))
-    else:
-        scores_t = emit(relax.op.matmul(k, emit(relax.op.permute_dims(grouped, [0, 1, 3, 2]))))
-        scores = emit(relax.op.permute_dims(scores_t, [0, 1, 3, 2]))
+    scores_t = emit(relax.op.matmul(k, emit(relax.op.permute_dims(grouped, _SWAP))))
+    scores = emit(relax.op.permute_dims(scores_t, _SWAP))  # see prefill_scores
     scores = emit(relax.op.reshape(scores, [batch, heads, seq, length]))
     scores = emit(relax.op.multiply(scores, relax.const(scale, str(q.ty.dtype))))
     if mask is not None:
