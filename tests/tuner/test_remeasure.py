@@ -13,6 +13,7 @@ import pytest
 import db
 from compiler.default_schedules import default_task_module
 from compiler.peers import find_peer, peer_library
+from compiler.peers.algorithms import gemm_algorithms
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from tuner.remeasure import RemeasureConfig
@@ -68,12 +69,11 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
         peers = [c for c in candidates if "peer" in c]
         defaults = [c for c in candidates if "default" in c]
         assert len(records) == (config.top if task["key"] in expected else len(records))
-        # Every variant of the task's peer (a GEMM against a weight: the packed GEMM and
-        # OpenBLAS), each its own candidate.
-        assert len(peers) == (2 if task["key"] in with_peer else 0)
-        assert {c["peer"].get("algorithm", "") for c in peers} == (
-            {"packed", ""} if task["key"] in with_peer else set()
-        )
+        # Every variant of the task's peer (a GEMM against a weight: the packed GEMM, OpenBLAS
+        # and, where the library has it, oneDNN's matmul), each its own candidate.
+        variants = set(gemm_algorithms()) if task["key"] in with_peer else set()
+        assert len(peers) == len(variants)
+        assert {c["peer"].get("algorithm", "") for c in peers} == variants
         assert len(defaults) == (task["key"] in with_default)
         recorded_ms = [c["recorded_ms"] for c in records]
         assert recorded_ms == sorted(recorded_ms)  # best recorded first
@@ -118,10 +118,11 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     # The peers' and the defaults' measurements are library records of their tasks, shared
     # like schedules.
     library = storage.list_library_records(job_id=summary.job_id)
-    assert {r.workload_key for r in library if r.library == "openblas"} == with_peer
+    assert {r.workload_key for r in library if r.library != "tvm"} == with_peer
+    assert {r.library for r in library} <= {"openblas", "onednn", "tvm"}
     assert {r.workload_key for r in library if r.library == "tvm"} == with_default
     for record in library:
-        assert record.call["kind"] == ("gemm" if record.library == "openblas" else "default")
+        assert record.call["kind"] == ("default" if record.library == "tvm" else "gemm")
         assert len(record.run_secs) == config.rounds
     # The estimate adds up the re-measured times.
     assert summary.estimated_secs == pytest.approx(
