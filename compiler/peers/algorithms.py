@@ -93,6 +93,29 @@ def default_gemm_algorithm(rows: int) -> str:
     return "packed" if rows > 1 else ""
 
 
+#: :func:`bf16_algorithms` offers oneDNN's bfloat16 matmul for a GEMM over a weight of at least
+#: this many rows, and :func:`default_bf16_algorithm` picks it.
+ONEDNN_BF16_MIN_ROWS = 16
+
+
+def bf16_algorithms(base: str, rows: int, weight: bool) -> list[str]:
+    """The algorithms of a bfloat16 GEMM whose shim kernel is ``base`` (``bf16`` / ``bf16_f32``):
+    that kernel, and oneDNN's matmul (``<base>_onednn``) for a weight ``B`` of
+    :data:`ONEDNN_BF16_MIN_ROWS` rows or more where the peer library has oneDNN."""
+    onednn = weight and rows >= ONEDNN_BF16_MIN_ROWS and onednn_available()
+    return [base] + ([f"{base}_onednn"] if onednn else [])
+
+
+def default_bf16_algorithm(base: str, rows: int, weight: bool) -> str:
+    """The algorithm :func:`find_peer` picks for a bfloat16 GEMM: oneDNN's matmul where
+    :func:`bf16_algorithms` offers it, else the shim's kernel. oneDNN's runs on AMX where the
+    CPU has it: on a 2-core Xeon with AMX (2 threads), a 128 x 896 x 4,864 bfloat16 GEMM took
+    1.52 ms in oneDNN 3.2 alone (734 GFLOP/s), where the float32 packed GEMM takes 4.8 ms and
+    the shim's bfloat16 loop is slower still (a bfloat16 Qwen2.5-0.5B's 128-token prefill took
+    3.0 s on it, `llm_2026-12-06_qwen05_lastlogits.md`)."""
+    return bf16_algorithms(base, rows, weight)[-1]
+
+
 def default_conv_algorithm(shape: _ConvShape) -> str:
     """The algorithm :func:`find_peer` picks for a convolution (what a zero-trial build uses;
     a final build measures every variant instead). Winograd (rule from

@@ -25,9 +25,15 @@ PACKED_FUNCTIONS = {
 }
 #: The shim's bfloat16 GEMMs (``shim_bf16.inc``; bfloat16 input and weight, accumulated in
 #: float32), by ``algorithm``: ``bf16`` writes bfloat16, ``bf16_f32`` float32 (a bfloat16
-#: linear layer's product before its cast, with the epilogue). The same arguments as
-#: :data:`FUNCTIONS`'.
-BF16_FUNCTIONS = {"bf16": "tunehub_peer_gemm_bf16", "bf16_f32": "tunehub_peer_gemm_bf16_f32"}
+#: linear layer's product before its cast, with the epilogue); ``*_onednn`` the same on oneDNN's
+#: bfloat16 matmul (AMX where the CPU has it; a weight ``B`` only, else the shim's). The same
+#: arguments as :data:`FUNCTIONS`'.
+BF16_FUNCTIONS = {
+    "bf16": "tunehub_peer_gemm_bf16",
+    "bf16_f32": "tunehub_peer_gemm_bf16_f32",
+    "bf16_onednn": "tunehub_peer_gemm_bf16_onednn",
+    "bf16_f32_onednn": "tunehub_peer_gemm_bf16_f32_onednn",
+}
 #: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
 #: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
 #: argument (0: not Winograd).

@@ -12,8 +12,10 @@ library implements, or ``None``:
   oneDNN, ``onednn`` (its matmul, one column block a worker);
   :func:`~compiler.peers.algorithms.default_gemm_algorithm` picks one by the rows. A batched
   ``B`` has OpenBLAS only. With ``A`` and ``B`` in bfloat16 it has
-  one: the shim's bfloat16 GEMM (float32 accumulation, any ``B``), ``bf16`` for a bfloat16 ``C``,
-  ``bf16_f32`` for a float32 one (its epilogue fused as for float32);
+  the shim's bfloat16 GEMM (float32 accumulation, any ``B``), ``bf16`` for a bfloat16 ``C``,
+  ``bf16_f32`` for a float32 one (its epilogue fused as for float32), and over a weight of
+  enough rows oneDNN's bfloat16 matmul (``bf16_onednn`` / ``bf16_f32_onednn``, the default
+  there: :func:`~compiler.peers.algorithms.default_bf16_algorithm`);
 - ``conv2d_nhwc``: a ``conv2d_nhwc`` block ``Y[n, y, x, f] += P[n, y*sh + ry*dh, x*sw + rx*dw,
   c] * W[ry, rx, c, f]`` (groups 1, float32), where ``P`` is a parameter or the zero-padding
   of one (the ``pad_temp`` block before it). Its ``algorithm`` is one of
@@ -56,7 +58,9 @@ from tvm import ir, tirx
 from compiler.peers import epilogue as peer_epilogue
 from compiler.peers.algorithms import (
     _ConvShape,
+    bf16_algorithms,
     conv_algorithms,
+    default_bf16_algorithm,
     default_conv_algorithm,
     default_depthwise_algorithm,
     default_gemm_algorithm,
@@ -118,8 +122,9 @@ def _gemm(block: Any, params: set[str], device: str = "cpu") -> PeerCall | None:
     rows = 1
     for d in store.buffer.shape[:-1]:
         rows *= int(d)
-    if _bfloat16(a.source):  # the shim's bfloat16 GEMM, whatever the rows
-        algorithm = "bf16" if _bfloat16(store.buffer) else "bf16_f32"
+    if _bfloat16(a.source):  # the shim's bfloat16 GEMM, or oneDNN's over a weight
+        base = "bf16" if _bfloat16(store.buffer) else "bf16_f32"
+        algorithm = default_bf16_algorithm(base, rows, len(b.source.shape) == 2)
     else:
         algorithm = default_gemm_algorithm(rows) if len(b.source.shape) == 2 else ""
     return PeerCall(
@@ -423,11 +428,13 @@ def _cpu_algorithms(mod: tvm.IRModule, call: PeerCall) -> list[str]:
     """The algorithms the CPU shim has for the anchor of ``call`` (a task's :func:`find_peer`)."""
     if call.kind == "depthwise_conv2d_nhwc":
         return depthwise_algorithms()
-    if call.kind == "gemm" and call.algorithm.startswith("bf16"):
-        return [call.algorithm]  # the one bfloat16 kernel
     func = next(f for f in mod.functions.values() if isinstance(f, tirx.PrimFunc))
     root, _ = _stages(func)  # type: ignore[misc]
     buffers = _buffers_by_name(func, root)
+    if call.kind == "gemm" and call.algorithm.startswith("bf16"):
+        base = call.algorithm.removesuffix("_onednn")
+        weight = len(buffers[call.inputs[1]].shape) == 2
+        return bf16_algorithms(base, gemm_rows(mod, call), weight)
     if call.kind == "gemm":  # a batched B: OpenBLAS only
         return gemm_algorithms() if len(buffers[call.inputs[1]].shape) == 2 else []
     return conv_algorithms(_ConvShape.of(call, buffers[call.inputs[1]], buffers[call.output]))

@@ -14,8 +14,9 @@ import pytest
 import tvm
 from tvm import te
 
-from compiler.peers import find_peer, load_peers, peer_task_module
-from compiler.peers.library import peer_library
+from compiler.peers import find_peer, load_peers, peer_task_module, peer_variants
+from compiler.peers.algorithms import ONEDNN_BF16_MIN_ROWS
+from compiler.peers.library import onednn_available, peer_library
 from compiler.target import resolve_target
 
 pytestmark = pytest.mark.skipif(peer_library() is None, reason="no peer library on this machine")
@@ -52,10 +53,10 @@ def _attention(batch: int, rows: int, k: int, n: int, transposed: bool) -> tuple
     return tvm.IRModule({"main": te.create_prim_func([a, b, out])}), [a, b, out]
 
 
-def _run(mod: tvm.IRModule, tensors: list[te.Tensor]) -> list[np.ndarray]:
+def _run(mod: tvm.IRModule, tensors: list[te.Tensor], call=None) -> list[np.ndarray]:
     target = resolve_target("cpu").tvm_target()
     load_peers()  # the peer calls the shim's symbols: they must be in the process
-    peer = peer_task_module(mod)
+    peer = peer_task_module(mod, call=call)
     assert peer is not None
     values = [
         RNG.standard_normal([int(d) for d in t.shape]).astype(ml_dtypes.bfloat16)
@@ -67,16 +68,26 @@ def _run(mod: tvm.IRModule, tensors: list[te.Tensor]) -> list[np.ndarray]:
     return [*values, out.numpy()]
 
 
-@pytest.mark.parametrize(("rows", "k", "n"), [(1, 96, 300), (5, 64, 130), (17, 40, 257)])
+@pytest.mark.parametrize(
+    ("rows", "k", "n"), [(1, 96, 300), (5, 64, 130), (17, 40, 257), (33, 96, 200)]
+)
 def test_a_bfloat16_linear_layer_takes_the_bf16_gemm_and_matches_numpy(rows, k, n) -> None:
+    """Few rows take the shim's kernel; from :data:`ONEDNN_BF16_MIN_ROWS` rows, where the
+    library has oneDNN, its bfloat16 matmul is the default and the shim's kernel the other
+    variant. Every variant matches numpy."""
     mod, tensors = _linear(rows, k, n)
-    assert find_peer(mod).algorithm == "bf16_f32"
-    x, w, out = _run(mod, tensors)
-    want = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
-    # One rounding to bfloat16 of the same float32 sum, up to its order of summation.
-    np.testing.assert_allclose(
-        out.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=1e-3
-    )
+    onednn = rows >= ONEDNN_BF16_MIN_ROWS and onednn_available()
+    assert find_peer(mod).algorithm == ("bf16_f32_onednn" if onednn else "bf16_f32")
+    variants = peer_variants(mod)  # the default first
+    want = ["bf16_f32_onednn", "bf16_f32"] if onednn else ["bf16_f32"]
+    assert [v.algorithm for v in variants] == want
+    for call in variants:
+        x, w, out = _run(mod, tensors, call)
+        want = (x.astype(np.float32) @ w.astype(np.float32)).astype(ml_dtypes.bfloat16)
+        # One rounding to bfloat16 of the same float32 sum, up to its order of summation.
+        np.testing.assert_allclose(
+            out.astype(np.float32), want.astype(np.float32), rtol=2**-7, atol=1e-3
+        )
 
 
 @pytest.mark.parametrize("transposed", [False, True])
