@@ -5,7 +5,9 @@ rules from the benchmarks they cite)."""
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from compiler.peers.calls import PeerCall
@@ -101,9 +103,26 @@ ONEDNN_BF16_MIN_ROWS = 16
 def bf16_algorithms(base: str, rows: int, weight: bool) -> list[str]:
     """The algorithms of a bfloat16 GEMM whose shim kernel is ``base`` (``bf16`` / ``bf16_f32``):
     that kernel, and oneDNN's matmul (``<base>_onednn``) for a weight ``B`` of
-    :data:`ONEDNN_BF16_MIN_ROWS` rows or more where the peer library has oneDNN."""
-    onednn = weight and rows >= ONEDNN_BF16_MIN_ROWS and onednn_available()
+    :data:`ONEDNN_BF16_MIN_ROWS` rows or more where the peer library has oneDNN and the CPU
+    computes bfloat16 natively (AMX or AVX-512 BF16: :func:`native_bfloat16`; elsewhere oneDNN
+    3.2 may have no bfloat16 matmul to give)."""
+    onednn = weight and rows >= ONEDNN_BF16_MIN_ROWS and onednn_available() and native_bfloat16()
     return [base] + ([f"{base}_onednn"] if onednn else [])
+
+
+@functools.cache
+def native_bfloat16() -> bool:
+    """Whether this CPU has bfloat16 instructions (``amx_bf16`` or ``avx512_bf16`` in
+    ``/proc/cpuinfo``)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return False
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "flags":
+            return bool({"amx_bf16", "avx512_bf16"} & set(value.split()))
+    return False
 
 
 def default_bf16_algorithm(base: str, rows: int, weight: bool) -> str:

@@ -15,7 +15,7 @@ import tvm
 from tvm import te
 
 from compiler.peers import find_peer, load_peers, peer_task_module, peer_variants
-from compiler.peers.algorithms import ONEDNN_BF16_MIN_ROWS
+from compiler.peers.algorithms import ONEDNN_BF16_MIN_ROWS, native_bfloat16
 from compiler.peers.library import onednn_available, peer_library
 from compiler.target import resolve_target
 
@@ -76,7 +76,7 @@ def test_a_bfloat16_linear_layer_takes_the_bf16_gemm_and_matches_numpy(rows, k, 
     library has oneDNN, its bfloat16 matmul is the default and the shim's kernel the other
     variant. Every variant matches numpy."""
     mod, tensors = _linear(rows, k, n)
-    onednn = rows >= ONEDNN_BF16_MIN_ROWS and onednn_available()
+    onednn = rows >= ONEDNN_BF16_MIN_ROWS and onednn_available() and native_bfloat16()
     assert find_peer(mod).algorithm == ("bf16_f32_onednn" if onednn else "bf16_f32")
     variants = peer_variants(mod)  # the default first
     want = ["bf16_f32_onednn", "bf16_f32"] if onednn else ["bf16_f32"]
