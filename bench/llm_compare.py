@@ -70,7 +70,8 @@ from bench.llm_models import (
     save_model_folder,
 )
 from bench.llm_peers import OPTIONAL_PEERS, PEERS, measure
-from bench.llm_runtime import PeerResult, PreparedModel, RuntimeFactory, Settings, cpu_flags
+from bench.llm_runtime import PeerResult, PreparedModel, RuntimeFactory, Settings
+from compiler.target import cpu_flags
 
 log = logging.getLogger("bench.llm_compare")
 

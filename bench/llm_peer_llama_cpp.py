@@ -15,7 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from bench.llm_runtime import PreparedModel, Settings, _greedy, _run_logged, cpu_flags
+from bench.llm_runtime import PreparedModel, Settings, _greedy, _run_logged
+from compiler.target import cpu_flags
 
 GGUF_TYPES = {"f32": "fp32", "bf16": "bf16", "q8_0": "8-bit"}
 

@@ -183,16 +183,3 @@ def _run_logged(cmd: list[str], log_path: Path, env: Mapping[str, str] | None = 
     if proc.returncode != 0:
         tail = log_path.read_text(errors="replace")[-3000:]
         raise RuntimeError(f"{cmd[:4]} failed (exit {proc.returncode}); log {log_path}:\n{tail}")
-
-
-def cpu_flags() -> frozenset[str]:
-    """The feature flags ``/proc/cpuinfo`` lists for this CPU (empty where it cannot be read)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return frozenset(value.split())
-    return frozenset()

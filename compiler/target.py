@@ -17,6 +17,7 @@ live under another target key; tuning and the final build read them off the same
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import platform
@@ -47,15 +48,29 @@ def canonical_target_json(target: tvm.target.Target) -> str:
     return json.dumps(_plain(target.export()), sort_keys=True, separators=(",", ":"))
 
 
-def _cpu_model_name() -> str:
+def _cpuinfo_value(key: str) -> str | None:
+    """The value of the first ``key`` line of ``/proc/cpuinfo`` (``None`` where it has none or
+    cannot be read)."""
     try:
-        with open("/proc/cpuinfo", encoding="utf-8") as cpuinfo:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as cpuinfo:
             for line in cpuinfo:
-                if line.startswith("model name"):
-                    return line.split(":", 1)[1].strip()
+                name, _, value = line.partition(":")
+                if name.strip() == key:
+                    return value.strip()
     except OSError:
         pass
-    return platform.processor() or "unknown"
+    return None
+
+
+def _cpu_model_name() -> str:
+    return _cpuinfo_value("model name") or platform.processor() or "unknown"
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The feature flags ``/proc/cpuinfo`` lists for this CPU (empty where it cannot be read):
+    what run-time choices of instructions read (AVX-512, AMX, bfloat16)."""
+    return frozenset((_cpuinfo_value("flags") or "").split())
 
 
 @dataclass(frozen=True)

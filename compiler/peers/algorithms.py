@@ -5,13 +5,12 @@ rules from the benchmarks they cite)."""
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from compiler.peers.calls import PeerCall
 from compiler.peers.library import onednn_available
+from compiler.target import cpu_flags
 
 #: :func:`default_conv_algorithm` leaves 1x1 convolutions of more input channels than this to
 #: the packed GEMM.
@@ -110,19 +109,9 @@ def bf16_algorithms(base: str, rows: int, weight: bool) -> list[str]:
     return [base] + ([f"{base}_onednn"] if onednn else [])
 
 
-@functools.cache
 def native_bfloat16() -> bool:
-    """Whether this CPU has bfloat16 instructions (``amx_bf16`` or ``avx512_bf16`` in
-    ``/proc/cpuinfo``)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "flags":
-            return bool({"amx_bf16", "avx512_bf16"} & set(value.split()))
-    return False
+    """Whether this CPU has bfloat16 instructions (``amx_bf16`` or ``avx512_bf16``)."""
+    return bool({"amx_bf16", "avx512_bf16"} & cpu_flags())
 
 
 def default_bf16_algorithm(base: str, rows: int, weight: bool) -> str:

@@ -79,25 +79,23 @@ def test_any_other_output_is_sliced_after_it() -> None:
     np.testing.assert_allclose(got, _run(func, x, WEIGHT)[:, -1:], rtol=1e-5, atol=1e-5)
 
 
-def test_one_position_is_left_as_it_is() -> None:
-    x = relax.Var("x", relax.TensorType([1, 1, HIDDEN], "float32"))
+def _head_only(shape: list[int]) -> relax.Function:
+    """``(x @ WEIGHT,)`` on ``x`` of ``shape``."""
+    x = relax.Var("x", relax.TensorType(shape, "float32"))
     builder = relax.BlockBuilder()
     with builder.function("main", [x]):
         with builder.dataflow():
             product = builder.emit(relax.op.matmul(x, relax.const(WEIGHT)))
             out = builder.emit_output(relax.Tuple([product]))
         builder.emit_func_output(out)
-    func = builder.get()["main"]
+    return builder.get()["main"]
+
+
+def test_one_position_is_left_as_it_is() -> None:
+    func = _head_only([1, 1, HIDDEN])
     assert last_position_logits(func)[0].same_as(func)
 
 
 def test_an_output_that_is_not_logits_is_refused() -> None:
-    x = relax.Var("x", relax.TensorType([TOKENS, HIDDEN], "float32"))
-    builder = relax.BlockBuilder()
-    with builder.function("main", [x]):
-        with builder.dataflow():
-            product = builder.emit(relax.op.matmul(x, relax.const(WEIGHT)))
-            out = builder.emit_output(relax.Tuple([product]))
-        builder.emit_func_output(out)
     with pytest.raises(ModelError, match="static \\[batch, tokens, vocabulary\\]"):
-        last_position_logits(builder.get()["main"])
+        last_position_logits(_head_only([TOKENS, HIDDEN]))
