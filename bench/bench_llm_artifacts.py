@@ -58,6 +58,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--tag", default="")
     parser.add_argument("--out", type=Path, default=Path("bench/results"))
     args = parser.parse_args(argv)
+    if any("=" not in item for item in args.artifacts):
+        parser.error("each artifact is NAME=ARTIFACT_DIR")
     named = dict(item.split("=", 1) for item in args.artifacts)
     generators = {name: Generator.load(Path(folder)) for name, folder in named.items()}
     prompt = np.random.default_rng(0).integers(0, 150_000, max(PROMPTS)).astype(np.int64)
