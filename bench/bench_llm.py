@@ -11,6 +11,8 @@ with TuneHub's runtimes registered:
   :class:`compiler.llm.generate.Generator` (the cache kept as the library's state, written in
   place; a prompt fed in chunks of the compiled token counts);
 - ``tunehub-zero-bf16``: the same exported in bfloat16 (named with ``--runtimes``);
+- ``tunehub-zero-q8``: the float32 export compiled with ``--weights q8_0`` (llama.cpp's 8-bit
+  blocks, applied at load: :mod:`compiler.weight_formats`);
 - ``tunehub-tuned``: the same after ``tunehub tune --trials N`` (named with ``--runtimes``).
 
 Compiling happens once per model (cached under the work dir, like the peers' conversions) and
@@ -67,8 +69,11 @@ class TuneHubRuntime:
     def __init__(self, trials: int = 0, precision: str = "fp32") -> None:
         self.trials = trials
         self.precision = precision
-        self.dtype = {"fp32": "float32", "bf16": "bfloat16"}[precision]
+        self.dtype = {"fp32": "float32", "bf16": "bfloat16", "8-bit": "float32"}[precision]
+        self.weights = "q8_0" if precision == "8-bit" else "as_exported"
         self.variant = f"tuned ({trials} trials)" if trials else "zero-trial"
+        if self.weights != "as_exported":
+            self.variant += f" {self.weights.upper()}"
         self.generator: Any = None
         self.generators: dict[int, Any] = {}  # by batch size: one artifact each
         self.details: dict[str, Any] = {}
@@ -87,13 +92,14 @@ class TuneHubRuntime:
         capacity = -(-capacity // 64) * 64
         folder = model.cache_dir / "tunehub"
         folder.mkdir(parents=True, exist_ok=True)
-        suffix = "" if self.precision == "fp32" else f"-{self.precision}"
+        suffix = {"fp32": "", "bf16": "-bf16", "8-bit": "-q8_0"}[self.precision]
         start = time.perf_counter()
         batches = [1] + ([4] if settings.batch4_contexts else [])
         artifacts = {}
         for batch in batches:  # every compile before any library is loaded: memory
             tag = suffix + (f"-b{batch}" if batch > 1 else "")
-            program = folder / f"static-{capacity}{tag}.pt2"
+            export_tag = tag.replace("-q8_0", "")  # the float32 export, quantized at compile
+            program = folder / f"static-{capacity}{export_tag}.pt2"
             if not program.is_file():
                 _export(model.folder, program, capacity, self.dtype, batch)
             out = folder / ((f"tuned-{self.trials}" if self.trials else "zero-trial") + tag)
@@ -130,6 +136,7 @@ class TuneHubRuntime:
             ]  # fmt: skip
         else:
             command = ["compile", str(program), "-o", str(out), "--num-cores", str(threads)]
+        command += ["--weights", self.weights]
         subprocess.run(
             [sys.executable, "-m", "service.cli", *command], cwd=REPO, env=env, check=True
         )
@@ -174,6 +181,7 @@ def run(argv: list[str] | None = None) -> int:
     # bfloat16 weights and activations, as exported (a CPU with AVX512_BF16 or AMX runs them
     # natively; elsewhere LLVM widens them): named with --runtimes.
     register_runtime("tunehub-zero-bf16", lambda: TuneHubRuntime(precision="bf16"), default=False)
+    register_runtime("tunehub-zero-q8", lambda: TuneHubRuntime(precision="8-bit"), default=False)
     if trials:
         register_runtime("tunehub-tuned", lambda: TuneHubRuntime(trials))
     return main(args)

@@ -27,7 +27,7 @@ from compiler.peers import (
     load_peers,
     peer_library,
     peers_supported,
-    zero_trial_peer,
+    zero_trial_call,
 )
 from compiler.target import TargetSpec
 from compiler.weights import PARAMS_NAME, ExternalWeights, save_params
@@ -65,7 +65,8 @@ def build_zero_trial(
 ) -> tuple[Any, frozenset[str]]:
     """The build without a tuning database (``tunehub compile`` with no ``--db``): every task of
     ``tasks`` (``(workload key, task module)``) that :func:`compiler.peers.zero_trial_peer`
-    gives to its library peer uses it (a CPU target with the current compile options: every
+    gives to its library peer uses it (the call :func:`compiler.peers.zero_trial_call`
+    picks) (a CPU target with the current compile options: every
     task that has one; CUDA: half-precision GEMMs of several rows, on cuBLAS), and the others get
     TVM's default schedules (:mod:`compiler.default_schedules`; DLight on CUDA). Other targets,
     and a machine without the peer library, get :func:`build`'s untuned fallback for what has no
@@ -73,14 +74,15 @@ def build_zero_trial(
     ``link_peers`` when any)."""
     if not peers_supported(target):
         return build(mod, target), frozenset()
-    keys: frozenset[str] = frozenset()
+    calls: dict[str, Any] = {}
     if library_for(target) is not None:
-        keys = frozenset(key for key, task in tasks if zero_trial_peer(task, target))
+        calls = {key: call for key, task in tasks if (call := zero_trial_call(task, target))}
+    keys = frozenset(calls)
     if target.kind == "cuda":
-        return build(mod, target, peers=keys), keys
+        return build(mod, target, peers=calls), keys
     from tvm.s_tir import meta_schedule as ms  # noqa: PLC0415 - only this path
 
-    return build(mod, target, ms.database.MemoryDatabase(), peers=keys), keys
+    return build(mod, target, ms.database.MemoryDatabase(), peers=calls), keys
 
 
 def export_library(

@@ -29,6 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from compiler.weight_formats import WEIGHT_FORMATS
+
 ConvLayout = Literal["NCHW", "NHWC"]
 _LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
 
@@ -38,14 +40,20 @@ class CompileOptions:
     """``conv_layout``: the data layout of every 2-D convolution (``"NCHW"`` as imported, or
     ``"NHWC"`` with ``HWIO`` weights). ``prepack``: weights are marked layout-free before task
     extraction (MetaSchedule's ``RewriteLayout`` may tile them) and the tiling is folded into the
-    constants at build time."""
+    constants at build time. ``weights``: the weight format applied at load, one of
+    :data:`compiler.weight_formats.WEIGHT_FORMATS` (a user's choice, not measured: ``q8_0``
+    changes the model's numbers). A target of another weight format is another target, so its
+    jobs and records never mix with the float32 model's."""
 
     conv_layout: ConvLayout = "NCHW"
     prepack: bool = False
+    weights: str = "as_exported"
 
     def __post_init__(self) -> None:
         if self.conv_layout not in _LAYOUTS:
             raise ValueError(f"conv_layout must be one of {_LAYOUTS}, got {self.conv_layout!r}")
+        if self.weights not in WEIGHT_FORMATS:
+            raise ValueError(f"weights must be one of {WEIGHT_FORMATS}, got {self.weights!r}")
 
     @property
     def is_legacy(self) -> bool:
@@ -53,7 +61,10 @@ class CompileOptions:
         return self == LEGACY
 
     def to_json(self) -> dict[str, Any]:
-        return {"conv_layout": self.conv_layout, "prepack": self.prepack}
+        out: dict[str, Any] = {"conv_layout": self.conv_layout, "prepack": self.prepack}
+        if self.weights != "as_exported":  # absent as before: the keys of existing targets hold
+            out["weights"] = self.weights
+        return out
 
     @staticmethod
     def from_json(data: dict[str, Any] | None) -> CompileOptions:
@@ -63,10 +74,12 @@ class CompileOptions:
         return CompileOptions(
             conv_layout=str(data.get("conv_layout", "NCHW")),  # type: ignore[arg-type]
             prepack=bool(data.get("prepack", False)),
+            weights=str(data.get("weights", "as_exported")),
         )
 
     def describe(self) -> str:
-        return f"{self.conv_layout}{' prepacked' if self.prepack else ''}"
+        weights = "" if self.weights == "as_exported" else f", weights {self.weights}"
+        return f"{self.conv_layout}{' prepacked' if self.prepack else ''}{weights}"
 
 
 LEGACY = CompileOptions("NCHW", False)

@@ -30,6 +30,7 @@ from compiler.buckets import (
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.model_spec import Bucket, LoadedModel, ModelFormat, ModelLimits
 from compiler.onnx_loader import onnx_symbolic_dims, specialize_onnx, validate_onnx
+from compiler.weight_formats import apply_weight_format, check_weight_format
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -239,6 +240,7 @@ def load_model(
     expected_format: ModelFormat | None = None,
     allow_external_data: bool = True,
     display_name: str | None = None,
+    weights: str = "as_exported",
 ) -> LoadedModel:
     """Validate and load a model from bytes (upload) or a path (local file).
 
@@ -251,9 +253,12 @@ def load_model(
     folder; ``False`` (every upload: its folder is the service's staging area) refuses external
     data whatever it names, as bytes always do. ``display_name`` is how messages name the file
     (default: the path's file name, or ``<upload>`` for bytes), so a server's temp names never
-    reach a user.
+    reach a user. ``weights``: a format of :data:`compiler.weight_formats.WEIGHT_FORMATS`, applied
+    to the program's weights as it loads (``.pt2`` only; the model returned then carries its
+    ``weight_format`` report).
     """
     limits = limits or ModelLimits()
+    check_weight_format(weights)
     base_dir: Path | None = None
     if isinstance(source, Path):
         data = read_model_file(source, limits)
@@ -275,6 +280,12 @@ def load_model(
     shapes = dict(input_shapes or {})
     wanted = dict(buckets or {})
     loaded: list[tuple[tuple[tuple[str, int], ...], LoadedModel]] = []
+    if fmt == "onnx" and weights != "as_exported":
+        raise ModelError(
+            "bad_weights",
+            f"--weights {weights} applies to torch.export programs (.pt2); an ONNX model keeps its "
+            "weights as exported",
+        )
     if fmt == "onnx":
         from compiler.llm.past_present import (  # noqa: PLC0415
             bucket_plan,
@@ -300,10 +311,12 @@ def load_model(
     from compiler.pt2_loader import pt2_input_specs, pt2_symbolic_dims  # noqa: PLC0415 - torch, .pt2 only
 
     programs = _load_programs(data, limits, display_name or "<upload>")
+    report = apply_weight_format(programs.values(), weights)
     if len(programs) > 1:
-        return _several_programs(
+        several = _several_programs(
             programs, limits, sha256, len(data), shapes, wanted, display_name or "<upload>"
         )
+        return replace(several, weight_format=report)
     (program,) = programs.values()
     state = program_state(program)
     last_logits = bool(state) and keeps_last_logits(program)
@@ -321,4 +334,4 @@ def load_model(
             "pt2", sha256, len(data), specs, program, bindings, state=state, last_logits=last_logits
         )
         loaded.append((values, model))
-    return _bucketed(loaded, spec, dims, program)
+    return replace(_bucketed(loaded, spec, dims, program), weight_format=report)

@@ -96,6 +96,9 @@ class LoadedModel:
     #: A stateful decoder compiled to return its last position's logits only, ``[batch, 1,
     #: vocabulary]`` (:mod:`compiler.llm.last_logits`): what generation reads.
     last_logits: bool = False
+    #: The weight format applied at load (:mod:`compiler.weight_formats`): its
+    #: ``WeightFormatReport``, or ``None`` for the weights as exported.
+    weight_format: Any = None
 
     def describe(self) -> dict[str, Any]:
         described: dict[str, Any] = {
@@ -112,6 +115,8 @@ class LoadedModel:
             described["past_present"] = self.past_present.to_json()
         if self.last_logits:
             described["logits"] = "last_position"
+        if self.weight_format is not None:
+            described["weights"] = self.weight_format.to_json()
         return described
 
 

@@ -41,7 +41,8 @@ def prepare_model(
     """Load, validate, import and partition a model for ``target``.
 
     ``input_shapes``, ``buckets``, ``allow_external_data`` and ``display_name`` are passed to
-    :func:`load_model` (a model with symbolic dimensions is prepared as one module with a
+    :func:`load_model`, and the target's weight format (``target.compile_options.weights``) with
+    them (a model with symbolic dimensions is prepared as one module with a
     function per shape bucket: :mod:`compiler.bucket_module`). Every tensor
     TVM folds is bounded by ``limits`` (:mod:`compiler.constant_limits`), and running out of
     memory while folding is a ``ModelError("out_of_memory")``. Raises
@@ -57,6 +58,7 @@ def prepare_model(
         expected_format=expected_format,
         allow_external_data=allow_external_data,
         display_name=display_name,
+        weights=target.compile_options.weights,
     )
     with bounded_folding("importing the model"):
         mod = import_model(model)

@@ -21,7 +21,7 @@ import functools
 import hashlib
 import json
 import platform
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cached_property
 from typing import Any
 
@@ -30,6 +30,7 @@ import tvm
 from compiler.compile_options import CPU_DEFAULT, CompileOptions
 from compiler.errors import ModelError
 from compiler.threads import usable_cores
+from compiler.weight_formats import check_weight_format
 
 
 def _plain(value: Any) -> Any:
@@ -237,16 +238,29 @@ def cuda_target(gpu: GpuInfo) -> TargetSpec:
 
 
 def resolve_target(
-    name: str, num_cores: int | None = None, *, gpu: GpuInfo | None = None
+    name: str,
+    num_cores: int | None = None,
+    *,
+    gpu: GpuInfo | None = None,
+    weights: str = "as_exported",
 ) -> TargetSpec:
     """Map a user-facing target name to a :class:`TargetSpec`.
 
     ``cpu`` (or ``llvm``): this machine's CPU. ``cuda``: this machine's first GPU (``gpu``, when
-    given, replaces detection). Raises :class:`ModelError` (code ``bad_target``) for unknown names
-    and for ``cuda`` on a machine without a CUDA GPU.
+    given, replaces detection). ``weights``: the weight format of the CPU target's compile options
+    (:mod:`compiler.weight_formats`). Raises :class:`ModelError` (code ``bad_target``) for unknown
+    names and for ``cuda`` on a machine without a CUDA GPU, ``bad_weights`` for an unknown format
+    or one the target has no kernels for (CUDA keeps the weights as exported).
     """
+    check_weight_format(weights)
     if name in ("cpu", "llvm"):
-        return cpu_target(num_cores)
+        return cpu_target(num_cores, replace(CPU_DEFAULT, weights=weights))
+    if weights != "as_exported" and name == "cuda":
+        raise ModelError(
+            "bad_weights",
+            f"--weights {weights} is a CPU weight format; target 'cuda' keeps the weights as "
+            "exported (export the model in float16 or bfloat16 for half the bytes)",
+        )
     if name == "cuda":
         gpu = gpu or detect_gpu()
         if gpu is None:

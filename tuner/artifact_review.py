@@ -338,6 +338,7 @@ def _reference_cases(context: ReviewContext, work: Path) -> list[dict[str, Any]]
                 context.buckets_json or "",
                 context.target.device,
                 str(work),
+                context.target.compile_options.weights,
             ],
             cwd=str(Path(__file__).resolve().parents[1]),
             capture_output=True,
@@ -365,12 +366,13 @@ def _reference_main() -> None:  # pragma: no cover - runs in the trusted child
     from compiler.loader import load_model  # noqa: PLC0415
     from compiler.verify import model_inputs, reference_name, reference_outputs  # noqa: PLC0415
 
-    model_path, model_format, buckets_json, device, work = sys.argv[1:6]
+    model_path, model_format, buckets_json, device, work, weights = sys.argv[1:7]
     model = load_model(
         Path(model_path),
         allow_external_data=False,
         buckets=bucket_values(buckets_json or None),
         expected_format=model_format or None,  # type: ignore[arg-type]
+        weights=weights,  # the job's target's: the reference is the model quantized the same way
     )
     parts = [(b.function, b.model) for b in model.buckets] or [("main", model)]
     plan, inputs, expected = [], {}, {}

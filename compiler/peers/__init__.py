@@ -14,12 +14,14 @@ keep their path.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping
+from dataclasses import replace
 from typing import Any
 
 import tvm
 from tvm import tirx
 
 from compiler.keys import workload_key
+from compiler.peers.algorithms import Q8_MAX_ROWS
 from compiler.peers.calls import CUDA_DTYPES, PeerCall
 from compiler.peers.cuda_library import cuda_peer_library, cuda_unavailable_reason
 from compiler.peers.library import PeerLibrary, peer_library, unavailable_reason
@@ -44,6 +46,7 @@ __all__ = [
     "peer_variants",
     "peers_supported",
     "unavailable_reason",
+    "zero_trial_call",
     "zero_trial_peer",
 ]
 
@@ -121,6 +124,27 @@ def zero_trial_peer(task: tvm.IRModule, target: TargetSpec) -> bool:
         and dict(call.config).get("dtype") in _HALF_CODES
         and gemm_rows(task, call) >= CUDA_HALF_GEMM_MIN_ROWS
     )
+
+
+def zero_trial_call(task: tvm.IRModule, target: TargetSpec) -> PeerCall | None:
+    """The peer call a zero-trial build of ``target`` makes for ``task`` (``None``: none, see
+    :func:`zero_trial_peer`): :func:`find_peer`'s, except that on a target whose weights are
+    ``q8_0`` (:mod:`compiler.weight_formats`) a GEMM over a weight of at most
+    :data:`~compiler.peers.algorithms.Q8_MAX_ROWS` rows streams its 8-bit copy (``q8``)."""
+    if not zero_trial_peer(task, target):
+        return None
+    call = find_peer(task, device_of(target))
+    if (
+        call is not None
+        and target.kind == "cpu"
+        and target.compile_options.weights == "q8_0"
+        and call.kind == "gemm"
+        and call.algorithm in ("", "packed")
+        and gemm_rows(task, call) <= Q8_MAX_ROWS
+        and "q8" in {v.algorithm for v in peer_variants(task)}
+    ):
+        call = replace(call, algorithm="q8")
+    return call
 
 
 def _has_cuda() -> bool:

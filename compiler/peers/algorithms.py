@@ -19,9 +19,17 @@ ONEDNN_POINTWISE_MAX_CHANNELS = 32
 #: least this many output pixels.
 ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
 #: ``gemm`` algorithms: the shim's packed-weight GEMM, OpenBLAS (``""``, the older records'
-#: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``); oneDNN's matmul
+#: name: sgemm, sgemv for one row, per-batch sgemm for a batched ``B``), the GEMM over 8-bit
+#: weights (``q8``: a weight on Q8_0's grid, else as the rows' default); oneDNN's matmul
 #: (``onednn``) too where the peer library has it (:func:`gemm_algorithms`).
-GEMM_ALGORITHMS = ("packed", "")
+GEMM_ALGORITHMS = ("packed", "", "q8")
+#: A zero-trial build of a target whose weights are ``q8_0`` computes a GEMM over a weight of at
+#: most this many rows with ``q8`` (:func:`compiler.peers.zero_trial_call`). Over all of
+#: Qwen2.5-0.5B's GEMMs (169, each its own weight), 2 threads on a 2-core Zen 5, ``q8`` took
+#: 0.39x the best float32 algorithm's time at 1 row, 0.42x at 4, 0.61x at 16, 0.81x at 32 and
+#: 1.00x at 128 (``bench/results/q8_gemm_2026-12-06.md``); above 32 rows the packed GEMM, whose
+#: cached panels the float32 path keeps anyway, stays the choice.
+Q8_MAX_ROWS = 32
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).
 WINOGRAD_MIN_CHANNELS = 8
@@ -86,7 +94,8 @@ def gemm_algorithms() -> list[str]:
 def default_gemm_algorithm(rows: int) -> str:
     """The algorithm :func:`find_peer` picks for a GEMM over a weight of ``rows`` rows (what a
     zero-trial build uses; a final build measures every variant of :func:`gemm_algorithms`):
-    OpenBLAS (``""``: its ``sgemv``) for one row, else ``packed``. oneDNN's matmul is a variant
+    OpenBLAS (``""``: its ``sgemv``) for one row, else ``packed`` (``q8`` where the target's
+    weights are ``q8_0``: :func:`compiler.peers.zero_trial_call`). oneDNN's matmul is a variant
     only: on a 2-core Xeon (AVX-512, AMX), 2 threads, over Qwen2.5-0.5B's prefill GEMMs it took
     0.79x the packed GEMM's time on the 4,864 x 896 down projection at 128 rows (4.29 against
     5.44 ms) and 0.98-1.22x on the others (16 to 128 rows, 896 x 4,864 / 896 / 128), within

@@ -34,6 +34,11 @@ BF16_FUNCTIONS = {
     "bf16_onednn": "tunehub_peer_gemm_bf16_onednn",
     "bf16_f32_onednn": "tunehub_peer_gemm_bf16_f32_onednn",
 }
+#: The shim's GEMM over 8-bit weights (``algorithm`` ``q8``; ``shim_q8.inc``): the same
+#: arguments as :data:`FUNCTIONS`'. It holds a weight ``B`` in Q8_0's blocks where ``B``'s values
+#: are exactly on that grid (weights quantized at load, :mod:`compiler.weight_formats`) and
+#: computes any other ``B`` as the rows' default algorithm does.
+Q8_FUNCTION = "tunehub_peer_gemm_q8"
 #: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
 #: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
 #: argument (0: not Winograd).
@@ -96,6 +101,8 @@ class PeerCall:
             return PACKED_FUNCTIONS[self.kind]
         if self.algorithm in BF16_FUNCTIONS:
             return BF16_FUNCTIONS[self.algorithm]
+        if self.algorithm == "q8":
+            return Q8_FUNCTION
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:

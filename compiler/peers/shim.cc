@@ -16,6 +16,10 @@
 //       The same arguments, on the shim's own GEMM: the weight packed once into the micro-kernel's
 //       panels (cached), AVX-512 or AVX2 + FMA micro-kernels (namespace packed); OpenBLAS where
 //       the CPU has neither. tunehub_peer_conv2d_nhwc_winograd's GEMMs use it too.
+//   tunehub_peer_gemm_q8(...)
+//       tunehub_peer_gemm's arguments, over a weight held in 8 bits (Q8_0's blocks, cached) where
+//       the weight's values are exactly on that grid (a model quantized at load); otherwise as
+//       the rows' default algorithm (namespace q8).
 //   tunehub_peer_depthwise_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, C, OH, OW, sh, sw, pt, pl, dh,
 //                                      dw)
 //       Y[n, OH, OW, C] = depthwise conv(X[n, H, W, C], W[KH, KW, 1, C]), zero padding: vectors
@@ -38,6 +42,7 @@
 //   shim_winograd.inc      the Winograd convolutions
 //   shim_depthwise.inc     the depthwise convolution (namespace depthwise)
 //   shim_bf16.inc          the bfloat16 GEMM (namespace bf16)
+//   shim_q8.inc            the GEMM over 8-bit weights (namespace q8)
 //   shim_onednn.inc        the oneDNN peers (built with -DTUNEHUB_ONEDNN only)
 #include <algorithm>
 #include <array>
@@ -186,6 +191,7 @@ void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
 #include "shim_winograd.inc"
 #include "shim_depthwise.inc"
 #include "shim_bf16.inc"
+#include "shim_q8.inc"
 
 // ---------------------------------------------------------------------------------------------
 // The C entry points.
@@ -268,6 +274,28 @@ extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c
   const WeightCache::Block bp = packed::PackedWeight(b, k, n, trans_b != 0);
   packed::Gemm(rows, batch * m, n, k, a, k, bp->data(), c, n, e);
   return 0;
+}
+
+// The same product over a weight held in 8 bits (namespace q8) where the weight is on Q8_0's
+// grid; any other B takes what the rows' default algorithm does (OpenBLAS for one row, the
+// packed GEMM for more: compiler/peers/algorithms.py).
+extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, int64_t batch,
+                                    int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                    int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  const q8::Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};
+  if (!b_batched && k % q8::kBlock == 0 && q8::FirstBlockOnGrid(b, s, trans_b != 0)) {
+    const WeightCache::Block w = q8::QuantizedWeight(b, s, trans_b != 0);
+    if ((*w)[0] != 0.0f) {
+      q8::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
+      return 0;
+    }
+  }
+  if (batch * m == 1 || b_batched) {
+    GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched, TUNEHUB_EPILOGUE);
+    return 0;
+  }
+  return tunehub_peer_gemm_packed(a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
+                                  residual, lo, hi);
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,

@@ -44,7 +44,7 @@ def prepare_from_args(args: argparse.Namespace):
     from service.settings import Settings
 
     try:
-        target = resolve_target(args.target, args.num_cores)
+        target = resolve_target(args.target, args.num_cores, weights=args.weights)
         return prepare_model(
             Path(args.model),
             target,

@@ -22,6 +22,11 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
+#: ``--weights`` choices (:data:`compiler.weight_formats.WEIGHT_FORMATS`, spelled here so that
+#: the CLI's help does not import the compiler).
+WEIGHT_FORMATS = ("as_exported", "q8_0")
+
+
 def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("model", help="an ONNX file or a .pt2 file saved by torch.export.save")
     parser.add_argument(
@@ -58,6 +63,14 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--target", default="cpu", help="compilation target (default: cpu)")
     parser.add_argument(
         "--num-cores", type=int, default=None, help="cores for the CPU target (default: all usable)"
+    )
+    parser.add_argument(
+        "--weights",
+        choices=WEIGHT_FORMATS,
+        default="as_exported",
+        help="weight format: as_exported (default), or q8_0 (llama.cpp's 8-bit blocks: a CPU "
+        "decoder reads a quarter of the bytes; the model is quantized at load and verified as "
+        "quantized, .pt2 only)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
 

@@ -1,0 +1,164 @@
+"""Weight formats chosen at compile time: a model's weights as exported, or in 8 bits (Q8_0).
+
+A decode step reads every weight once, so its speed is the weights' bytes. ``q8_0`` is
+llama.cpp's Q8_0 format: each run of 32 weights along a matrix's reduction axis is an int8
+vector times one float16 scale, ``float16(max|w| / 127)``, 1.0625 bytes a weight against 4.
+
+How it is applied, and why that keeps verification honest:
+
+1. At load (:func:`apply_weight_format`, called by :func:`compiler.loader.load_model`), every
+   float32 weight matrix of the program (a 2-D parameter whose last axis, the input features of
+   a ``torch.nn.Linear``, is a multiple of 32) is replaced in place by its Q8_0 values
+   (:func:`q8_0_values`): quantized and dequantized. The model that is imported, tuned, and
+   verified against (torch runs the same program) is the quantized model, so the reference is
+   exact for it, and :class:`WeightFormatReport` records how far the weights moved.
+2. In the library, the shim's GEMM over 8-bit weights (``algorithm`` ``q8``,
+   ``compiler/peers/shim_q8.inc``) recognizes a weight whose values are all on that grid and
+   holds it as int8 + float16 scales, so a decode step streams a quarter of the bytes. The
+   check is exact (``q * scale == w`` for every weight), so it never changes a result beyond the
+   order of a sum.
+
+Raises :class:`compiler.errors.ModelError` (``bad_weights``) for a format the model cannot take.
+The library's parameter file still holds the dequantized weights in float32 (the 8-bit copy is
+made in memory on the first call); storing the int8 form in the artifact is not done yet.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from compiler.errors import ModelError
+
+#: The weight formats a compile can ask for: ``as_exported`` (the program's own weights) and
+#: ``q8_0`` (see the module docstring).
+WEIGHT_FORMATS = ("as_exported", "q8_0")
+#: Weights a Q8_0 scale covers, along the reduction axis.
+Q8_BLOCK = 32
+#: Bytes a weight takes in Q8_0 (an int8, and a float16 scale per :data:`Q8_BLOCK`).
+Q8_BYTES_PER_WEIGHT = 1 + 2 / Q8_BLOCK
+
+
+def check_weight_format(name: str) -> str:
+    """``name`` when it is one of :data:`WEIGHT_FORMATS`; raises ``ModelError("bad_weights")``."""
+    if name not in WEIGHT_FORMATS:
+        raise ModelError(
+            "bad_weights",
+            f"unknown weight format {name!r}: choose one of {', '.join(WEIGHT_FORMATS)}",
+        )
+    return name
+
+
+def q8_0_values(weight: np.ndarray) -> np.ndarray | None:
+    """``weight`` (float32, last axis a multiple of :data:`Q8_BLOCK`) on Q8_0's grid: each block
+    of 32 along the last axis becomes ``q * s`` with ``s = float16(max|w| / 127)`` and
+    ``q = clip(rint(w / s), -127, 127)`` (``q = 0`` where ``s`` is 0). Idempotent: values already
+    on the grid come back unchanged. ``None`` when the weight cannot take the format (a value
+    that is not finite, a scale past float16's range)."""
+    if weight.dtype != np.float32 or weight.shape[-1] % Q8_BLOCK or not np.isfinite(weight).all():
+        return None
+    blocks = weight.reshape(*weight.shape[:-1], weight.shape[-1] // Q8_BLOCK, Q8_BLOCK)
+    absmax = np.abs(blocks).max(axis=-1, keepdims=True)
+    with np.errstate(over="ignore"):
+        scale = (absmax / np.float32(127)).astype(np.float16).astype(np.float32)
+    if not np.isfinite(scale).all():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale > 0, np.clip(np.rint(blocks / scale), -127, 127), np.float32(0))
+    return (q.astype(np.float32) * scale).reshape(weight.shape)
+
+
+@dataclass(frozen=True)
+class WeightFormatReport:
+    """What :func:`apply_weight_format` did: the format, the weights it quantized (``names``,
+    their count of values), the bytes they take in float32 and in the format, and the largest
+    change of a weight (absolute, and relative to that tensor's largest magnitude)."""
+
+    format: str
+    names: tuple[str, ...]
+    values: int
+    float32_bytes: int
+    format_bytes: int
+    max_abs_change: float
+    max_rel_change: float
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "format": self.format,
+            "tensors": len(self.names),
+            "values": self.values,
+            "float32_bytes": self.float32_bytes,
+            "format_bytes": self.format_bytes,
+            "max_abs_change": self.max_abs_change,
+            "max_rel_change": self.max_rel_change,
+            "stored_as": "float32 on the format's grid; 8-bit in memory where a GEMM reads it",
+        }
+
+
+def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport | None:
+    """Apply ``fmt`` to the weights of ``programs`` (``torch.export`` programs, in place; a
+    weight they share is changed once). ``as_exported`` changes nothing (``None``). Raises
+    ``ModelError("bad_weights")`` for an unknown format, weights that are not float32, or a
+    program with no weight matrix to quantize."""
+    if check_weight_format(fmt) == "as_exported":
+        return None
+    import torch  # noqa: PLC0415 - .pt2 only
+
+    seen: set[int] = set()
+    names: list[str] = []
+    values = 0
+    max_abs = max_rel = 0.0
+    others: set[str] = set()
+    for program in programs:
+        for name, tensor in _parameters(program):
+            if id(tensor) in seen or tensor.ndim != 2:
+                continue
+            seen.add(id(tensor))
+            if tensor.dtype != torch.float32:
+                others.add(str(tensor.dtype).removeprefix("torch."))
+                continue
+            original = tensor.detach().cpu().numpy()
+            quantized = q8_0_values(original)
+            if quantized is None:
+                continue
+            change = float(np.abs(quantized - original).max(initial=0.0))
+            peak = float(np.abs(original).max(initial=0.0))
+            max_abs = max(max_abs, change)
+            max_rel = max(max_rel, change / peak if peak else 0.0)
+            with torch.no_grad():
+                tensor.copy_(torch.from_numpy(quantized))
+            names.append(name)
+            values += original.size
+    if not names:
+        why = (
+            f"its weight matrices are {', '.join(sorted(others))}, and {fmt} quantizes float32 "
+            "weights (export the model in float32)"
+            if others
+            else "it has no float32 weight matrix whose input features are a multiple of "
+            f"{Q8_BLOCK}"
+        )
+        raise ModelError("bad_weights", f"--weights {fmt} cannot apply to this model: {why}")
+    return WeightFormatReport(
+        format=fmt,
+        names=tuple(names),
+        values=values,
+        float32_bytes=4 * values,
+        format_bytes=int(values * Q8_BYTES_PER_WEIGHT),
+        max_abs_change=max_abs,
+        max_rel_change=max_rel,
+    )
+
+
+def _parameters(program: Any) -> list[tuple[str, Any]]:
+    """A ``torch.export`` program's parameters (name, tensor), in its signature's order."""
+    from torch.export.graph_signature import InputKind  # noqa: PLC0415 - .pt2 only
+
+    stored = program.state_dict
+    return [
+        (spec.target, stored[spec.target])
+        for spec in program.graph_signature.input_specs
+        if spec.kind == InputKind.PARAMETER and spec.target in stored
+    ]

@@ -1,0 +1,178 @@
+"""``--weights q8_0``: a decoder's weights in llama.cpp's 8-bit blocks (issue 32).
+
+- :func:`compiler.weight_formats.q8_0_values` puts a weight on Q8_0's grid, idempotently;
+- the shim's GEMM over 8-bit weights (``tunehub_peer_gemm_q8``) computes an on-grid weight as
+  numpy does, and any other weight (a float32 model's) exactly as the float32 path does;
+- a static-cache decoder compiled with ``q8_0`` is verified against torch running the same
+  quantized program, generates torch's tokens, says so in its manifest, and its one-row GEMMs
+  are the 8-bit kernel;
+- what cannot take the format is refused with a reason (exit 2 on the CLI).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from compiler.compile_options import CPU_DEFAULT
+from compiler.errors import ModelError
+from compiler.weight_formats import WEIGHT_FORMATS, q8_0_values
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_q8_0_values_are_on_the_grid_and_idempotent() -> None:
+    rng = np.random.default_rng(0)
+    w = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
+    w[3, :32] = 0.0  # an all-zero block: scale 0
+    q = q8_0_values(w)
+    assert q is not None and q.dtype == np.float32 and q.shape == w.shape
+    blocks = q.reshape(48, 3, 32)
+    scale = (np.abs(w.reshape(48, 3, 32)).max(-1, keepdims=True) / np.float32(127)).astype(
+        np.float16
+    )
+    ints = np.divide(blocks, scale.astype(np.float32), where=scale > 0, out=np.zeros_like(blocks))
+    assert np.array_equal(ints, np.rint(ints)) and np.abs(ints).max() == 127
+    assert not q[3, :32].any()
+    assert np.array_equal(q8_0_values(q), q)  # already on the grid: unchanged
+    assert np.abs(q - w).max() <= np.abs(w).max() / 127  # at most half a step of the largest block
+    assert q8_0_values(w[:, :40]) is None  # not a whole number of blocks
+    w[0, 0] = np.inf
+    assert q8_0_values(w) is None
+
+
+def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: np.ndarray):
+    from compiler.peers.library import peer_library
+
+    lib = ctypes.CDLL(str(peer_library().shared), mode=ctypes.RTLD_GLOBAL)
+    f = getattr(lib, symbol)
+    i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
+    f.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i32, i32, i32, ptr, ptr, f32, f32]
+    m, k = a.shape
+    n = b.shape[0] if trans_b else b.shape[1]
+    c = np.zeros((m, n), np.float32)
+    f(a.ctypes.data, b.ctypes.data, c.ctypes.data, 1, m, n, k, int(trans_b), 0, 1,
+      bias.ctypes.data, None, f32(-np.inf), f32(np.inf))  # fmt: skip
+    return c
+
+
+@pytest.mark.parametrize("rows,inner,cols", [(1, 96, 200), (3, 64, 40), (6, 128, 33), (9, 32, 64)])
+@pytest.mark.parametrize("trans_b", [False, True])
+def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
+    """On the grid: numpy's product (float64) within float32 rounding. Off the grid: exactly what
+    the float32 path the rows default to computes (OpenBLAS for a row, the packed GEMM above)."""
+    rng = np.random.default_rng(rows * inner + cols)
+    a = rng.standard_normal((rows, inner)).astype(np.float32)
+    bias = rng.standard_normal(cols).astype(np.float32)
+    weight = q8_0_values((rng.standard_normal((cols, inner)) * 0.02).astype(np.float32))
+    b = np.ascontiguousarray(weight if trans_b else weight.T)  # [N, K] or [K, N]
+    want = a.astype(np.float64) @ weight.T.astype(np.float64) + bias
+    got = _shim_gemm("tunehub_peer_gemm_q8", a, b, trans_b, bias)
+    assert np.abs(got - want).max() < 1e-5
+
+    off = np.ascontiguousarray(rng.standard_normal(b.shape).astype(np.float32))
+    fallback = "tunehub_peer_gemm" if rows == 1 else "tunehub_peer_gemm_packed"
+    assert np.array_equal(
+        _shim_gemm("tunehub_peer_gemm_q8", a, off, trans_b, bias),
+        _shim_gemm(fallback, a, off, trans_b, bias),
+    )
+
+
+def test_the_cli_spells_the_compilers_formats() -> None:
+    from service.cli.options import WEIGHT_FORMATS as CLI_FORMATS
+
+    assert CLI_FORMATS == WEIGHT_FORMATS
+
+
+@pytest.mark.slow
+def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(tmp_path) -> None:
+    from compiler.llm.generate import Generator, TorchDecoder, reference_programs
+    from compiler.peers import find_peer, gemm_rows, zero_trial_call
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from examples import hf_exports
+    from tuner.finalize import publish_zero_trial
+
+    program = hf_exports.save(hf_exports.static_cache_program("qwen2", 32), tmp_path / "s.pt2")
+    target = cpu_target(2, replace(CPU_DEFAULT, weights="q8_0"))
+    assert target.key != cpu_target(2).key  # its own jobs and records
+    prepared = prepare_model(program, target)
+    report = prepared.model.weight_format
+    # 7 projections a layer (q, k, v, o, gate, up, down), the embedding and the head; nothing 1-D
+    assert report.format == "q8_0" and len(report.names) == 2 * 7 + 2
+    assert all(".weight" in name and "norm" not in name for name in report.names)
+    assert 0 < report.max_rel_change <= 1 / 254 + 1e-6  # half a step of the block's largest
+
+    # The reference is the quantized program: every quantized weight is on the grid there.
+    stored = prepared.model.source.state_dict
+    for name in report.names:
+        values = stored[name].detach().numpy()
+        assert np.array_equal(q8_0_values(values), values), name
+
+    one_row = [
+        task.dispatched[0]
+        for task in prepared.partition.extracted
+        if (call := find_peer(task.dispatched[0])) is not None
+        and call.kind == "gemm"
+        and gemm_rows(task.dispatched[0], call) == 1
+    ]
+    assert one_row and {zero_trial_call(t, target).algorithm for t in one_row} == {"q8"}
+    # a float32 target keeps OpenBLAS's sgemv for them
+    assert {zero_trial_call(t, cpu_target(2)).algorithm for t in one_row} == {""}
+
+    manifest = publish_zero_trial(prepared, tmp_path / "out")
+    assert manifest["verification"]["passed"], manifest["verification"]
+    assert manifest["generation"]["passed"], manifest["generation"]
+    assert manifest["model"]["weights"]["format"] == "q8_0"
+    assert (
+        manifest["model"]["weights"]["format_bytes"]
+        < manifest["model"]["weights"]["float32_bytes"] / 3
+    )
+    ours = Generator.load(tmp_path / "out")
+    torch_reference = TorchDecoder(reference_programs(prepared.model), ours.signature)
+    assert (
+        ours.generate([5, 9, 2, 7], 12).tokens == torch_reference.generate([5, 9, 2, 7], 12).tokens
+    )
+
+
+def test_what_cannot_take_8_bit_weights_is_refused(tmp_path, example_model) -> None:
+    import torch
+
+    from compiler.loader import load_model
+    from compiler.target import resolve_target
+    from examples import hf_exports
+
+    with pytest.raises(ModelError) as info:
+        load_model(example_model("mlp", "onnx"), weights="q8_0")
+    assert info.value.code == "bad_weights" and ".pt2" in info.value.message
+
+    linear = torch.nn.Linear(64, 32).to(torch.bfloat16)
+    bf16 = torch.export.export(linear, (torch.zeros(1, 64, dtype=torch.bfloat16),))
+    path = hf_exports.save(bf16, tmp_path / "bf16.pt2")
+    with pytest.raises(ModelError) as info:
+        load_model(path, weights="q8_0")
+    assert info.value.code == "bad_weights" and "bfloat16" in info.value.message
+
+    with pytest.raises(ModelError) as info:
+        resolve_target("cuda", weights="q8_0")
+    assert info.value.code == "bad_weights"
+
+    with pytest.raises(ModelError) as info:
+        load_model(path, weights="q4_k")
+    assert info.value.code == "bad_weights"
+
+    onnx = example_model("mlp", "onnx")
+    done = subprocess.run(
+        [sys.executable, "-m", "service.cli", "compile", str(onnx), "--weights", "q8_0",
+         "-o", str(tmp_path / "out")],
+        cwd=REPO, capture_output=True, text=True,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert "--weights q8_0 applies to torch.export programs" in done.stderr
+    assert not (tmp_path / "out").exists()
