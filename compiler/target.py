@@ -159,6 +159,18 @@ class TargetSpec:
             return CompileOptions()
         return CompileOptions.from_json(self.fingerprint.get("compile"))
 
+    def with_weights(self, weights: str) -> TargetSpec:
+        """This target with the weight format ``weights`` (:mod:`compiler.weight_formats`): the same
+        machine and options otherwise, so a worker of one serves the other's jobs. A CUDA target
+        (or a legacy CPU one) has only its own."""
+        if self.kind != "cpu" or self.compile_options.is_legacy:
+            return self
+        fingerprint = self.fingerprint
+        fingerprint["compile"] = replace(self.compile_options, weights=weights).to_json()
+        return replace(
+            self, fingerprint_json=json.dumps(fingerprint, sort_keys=True, separators=(",", ":"))
+        )
+
     @property
     def device(self) -> str:
         """The TVM runtime device string for this target (``"cpu"`` or ``"cuda"``)."""

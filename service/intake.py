@@ -29,18 +29,28 @@ FILE_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=8)
-def _named_target(name: str) -> TargetSpec:
-    return resolve_target(name)
+def _named_target(name: str, weights: str = "as_exported") -> TargetSpec:
+    return resolve_target(name, weights=weights)
 
 
-def target_for(storage: db.TuningStorage, name: str) -> db.TargetRecord:
-    """``name`` is ``cpu`` (this machine's CPU) or the 16-hex key of a stored target."""
+def target_for(
+    storage: db.TuningStorage, name: str, *, weights: str = "as_exported"
+) -> db.TargetRecord:
+    """``name`` is ``cpu`` (this machine's CPU, with the weight format ``weights``) or the 16-hex
+    key of a stored target (which has its own weight format: ``weights`` must be its or the
+    default). Raises ``ModelError`` (``bad_target``, ``bad_weights``)."""
     if len(name) == 16 and all(c in "0123456789abcdef" for c in name):
         row = storage.get_target(name)
         if row is None:
             raise ModelError("bad_target", f"no target with key {name!r} is known")
+        own = row.spec().compile_options.weights
+        if weights not in ("as_exported", own):
+            raise ModelError(
+                "bad_weights",
+                f"target {name} has weights {own}; name 'cpu' with weights {weights} instead",
+            )
         return row
-    return storage.ensure_target(_named_target(name))
+    return storage.ensure_target(_named_target(name, weights))
 
 
 def validate_and_store(

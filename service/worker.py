@@ -286,7 +286,7 @@ class Worker:
         try:
             tuned = tune_workload(
                 tvm_module(offer.mod_json),
-                self.target,
+                self.job_target(offer),
                 task_name=offer.workload_name or "task",
                 trials=offer.trials,
                 batch_size=offer.batch_size,
@@ -362,6 +362,16 @@ class Worker:
             self._task_models.pop(next(iter(self._task_models)))
         return model
 
+    def job_target(self, offer: WorkOffer) -> Any:
+        """The target of ``offer``'s job as this worker measures it: its own, or its own with
+        the job's weight format (:func:`tuner.coordinator.served_targets` offers those too)."""
+        if offer.target.key == self.target.key:
+            return self.target
+        variant = self.target.with_weights(offer.target.spec().compile_options.weights)
+        if variant.key != offer.target.key:
+            raise ValueError(f"lease {offer.lease_id} is for target {offer.target.key}, not ours")
+        return variant
+
     def _prepared(self, offer: WorkOffer, folder: Path) -> Any:
         """The job's model, downloaded into ``folder`` and prepared for this worker's target as
         its upload was (format, buckets); a ``str`` (why not) when it cannot be."""
@@ -375,7 +385,7 @@ class Worker:
         try:
             return prepare_model(
                 path,
-                self.target,
+                self.job_target(offer),
                 limits=self.settings.model_limits(),
                 expected_format=offer.model_format,  # type: ignore[arg-type]
                 buckets=bucket_values(offer.model_buckets),

@@ -247,26 +247,48 @@ def lease_work(
         raise ConflictError(f"worker {name} registered without a target: it cannot take work")
     target = storage.get_target_by_id(worker.target_id)
     assert target is not None  # foreign key
+    served = served_targets(storage, target)
     reaped = storage.reap_expired_leases(max_attempts=policy.max_attempts)
     if reaped:
         logger.warning("expired leases %s (their workers stopped heartbeating)", reaped)
     storage.heartbeat(worker.id)
     lease = _held_lease(storage, name)
     try:
-        if lease is None:
-            lease = _claim(storage, name, target.id, policy)
-        if lease is None:
-            for job in _queued_jobs(storage, target.id):
-                if plan_job(storage, job) is not None:
-                    lease = _claim(storage, name, target.id, policy)
-                    if lease is not None:
-                        break
+        for target_id in served if lease is None else ():
+            lease = _claim(storage, name, target_id, policy)
+            if lease is not None:
+                break
+        for job in _queued_jobs(storage, served) if lease is None else ():
+            if plan_job(storage, job) is not None:
+                lease = _claim(storage, name, job.target_id, policy)
+                if lease is not None:
+                    break
     except LeaseHeldError:  # a concurrent request of this worker claimed first
         lease = _held_lease(storage, name)
-    pending = storage.count_open_jobs(target_id=target.id)
+    pending = sum(storage.count_open_jobs(target_id=t) for t in served)
     if lease is None:
         return None, pending
-    return offer_for(storage, lease, target, policy), pending
+    job = storage.get_job(lease.job_id)
+    job_target = target if job is None else storage.get_target_by_id(job.target_id)
+    return offer_for(storage, lease, job_target or target, policy), pending
+
+
+def served_targets(storage: TuningStorage, target: TargetRecord) -> list[int]:
+    """The ids of the targets a worker registered on ``target`` works for: its own first, then
+    the stored targets that differ from it only by their weight format
+    (:meth:`compiler.target.TargetSpec.with_weights`: the same machine, so the same worker
+    measures and builds them; the offer names the job's target, which the worker prepares the
+    model for)."""
+    spec = target.spec()
+    weights = spec.compile_options.weights
+    variants = [
+        row.id
+        for row in storage.list_targets()
+        if row.id != target.id
+        and row.kind == spec.kind
+        and row.spec().with_weights(weights).key == target.key
+    ]
+    return [target.id, *variants]
 
 
 def _held_lease(storage: TuningStorage, name: str) -> TaskLease | None:
@@ -291,9 +313,9 @@ def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolic
     return lease
 
 
-def _queued_jobs(storage: TuningStorage, target_id: int) -> list[Job]:
+def _queued_jobs(storage: TuningStorage, target_ids: list[int]) -> list[Job]:
     queued = [
-        j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id == target_id
+        j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id in target_ids
     ]
     return sorted(queued, key=lambda j: (-j.priority, j.id))
 

@@ -26,9 +26,9 @@ GEMM_ALGORITHMS = ("packed", "", "q8")
 #: A zero-trial build of a target whose weights are ``q8_0`` computes a GEMM over a weight of at
 #: most this many rows with ``q8`` (:func:`compiler.peers.zero_trial_call`). Over all of
 #: Qwen2.5-0.5B's GEMMs (169, each its own weight), 2 threads on a 2-core Zen 5, ``q8`` took
-#: 0.39x the best float32 algorithm's time at 1 row, 0.42x at 4, 0.61x at 16, 0.81x at 32 and
-#: 1.00x at 128 (``bench/results/q8_gemm_2026-12-06.md``); above 32 rows the packed GEMM, whose
-#: cached panels the float32 path keeps anyway, stays the choice.
+#: 0.49x the best float32 algorithm's time at 1 row (18.1 against 36.9 ms), 0.47x at 4, 0.79x at
+#: 16, 0.87x at 32 and 1.02x at 128 (``bench/results/q8_gemm_2026-12-06.md``); above 32 rows
+#: the packed GEMM stays the choice.
 Q8_MAX_ROWS = 32
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).

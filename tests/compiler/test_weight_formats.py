@@ -84,6 +84,16 @@ def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
     )
 
 
+def test_a_weight_format_is_its_own_target_on_the_same_machine() -> None:
+    from compiler.target import cpu_target
+
+    plain, q8 = cpu_target(2), cpu_target(2, replace(CPU_DEFAULT, weights="q8_0"))
+    assert plain.key != q8.key and "weights q8_0" in q8.describe()
+    assert plain.with_weights("q8_0").key == q8.key  # what a worker of one serves
+    assert q8.with_weights("as_exported").key == plain.key
+    assert q8.compile_options.weights == "q8_0" and plain.compile_options.weights == "as_exported"
+
+
 def test_the_cli_spells_the_compilers_formats() -> None:
     from service.cli.options import WEIGHT_FORMATS as CLI_FORMATS
 

@@ -23,10 +23,11 @@ def server(serve):
     return serve()
 
 
-def _job(client, path, tmp_path):
+def _job(client, path, tmp_path, **fields):
     created = upload(client, path)
     assert created.status_code == 201, created.text
-    response = client.post("/jobs", json={"model_id": created.json()["id"], "trial_budget": 4})
+    body = {"model_id": created.json()["id"], "trial_budget": 4, **fields}
+    response = client.post("/jobs", json=body)
     assert response.status_code == 201, response.text
     job = wait_for_job(
         client, response.json()["id"], {"succeeded", "failed", "cancelled"}, timeout=900
@@ -63,3 +64,29 @@ def test_both_standard_exports_compile_over_rest(server, tmp_path) -> None:
         manifest = json.loads((artifact / "manifest.json").read_text())
         assert manifest["verification"]["passed"]
         assert [i["name"] for i in manifest["model"]["inputs"]] == ["input_ids", "attention_mask"]
+
+
+def test_a_job_with_8_bit_weights(server, tmp_path, example_model) -> None:
+    """``weights: q8_0`` makes the job's target the CPU with 8-bit weights (its own target key):
+    the artifact says so, and is verified against the model quantized the same way. An ONNX
+    model cannot take it: refused when the job is created, nothing queued."""
+    import json
+
+    static = hf_exports.save(hf_exports.static_cache_program(DECODER, CACHE), tmp_path / "s.pt2")
+    with server.client(server.local_token()) as client:
+        artifact = _job(client, static, tmp_path, weights="q8_0", trial_budget=0)
+        manifest = json.loads((artifact / "manifest.json").read_text())
+        assert manifest["model"]["weights"]["format"] == "q8_0"
+        assert manifest["verification"]["passed"] and manifest["generation"]["passed"]
+
+        onnx = upload(client, example_model("mlp", "onnx"))
+        before = client.get("/jobs").json()
+        refused = client.post(
+            "/jobs", json={"model_id": onnx.json()["id"], "trial_budget": 4, "weights": "q8_0"}
+        )
+        assert refused.status_code == 422 and "torch.export" in refused.text, refused.text
+        assert client.get("/jobs").json() == before
+        bad = client.post(
+            "/jobs", json={"model_id": onnx.json()["id"], "trial_budget": 4, "weights": "q4"}
+        )
+        assert bad.status_code == 422, bad.text
