@@ -100,7 +100,8 @@ class WeightFormatReport:
 
 def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport | None:
     """Apply ``fmt`` to the weights of ``programs`` (``torch.export`` programs, in place; a
-    weight they share is changed once). ``as_exported`` changes nothing (``None``). Raises
+    weight they share is changed once, and a weight of the same name in several programs is
+    reported once). ``as_exported`` changes nothing (``None``). Raises
     ``ModelError("bad_weights")`` for an unknown format, weights that are not float32, or a
     program with no weight matrix to quantize."""
     if check_weight_format(fmt) == "as_exported":
@@ -130,8 +131,9 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
             max_rel = max(max_rel, change / peak if peak else 0.0)
             with torch.no_grad():
                 tensor.copy_(torch.from_numpy(quantized))
-            names.append(name)
-            values += original.size
+            if name not in names:  # an archive's programs each hold their own copy: count one
+                names.append(name)
+                values += original.size
     if not names:
         why = (
             f"its weight matrices are {', '.join(sorted(others))}, and {fmt} quantizes float32 "
