@@ -283,17 +283,18 @@ extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, in
                                     int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                     int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
   const q8::Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};
-  if (!b_batched && k % q8::kBlock == 0 && q8::FirstBlockOnGrid(b, s, trans_b != 0)) {
+  if (!b_batched && k % q8::kBlock == 0 && q8::FirstRunOnGrid(b, s, trans_b != 0)) {
     const WeightCache::Block w = q8::QuantizedWeight(b, s, trans_b != 0);
     if ((*w)[0] != 0.0f) {
       q8::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
       return 0;
     }
   }
-  if (batch * m == 1 || b_batched) {
+  if (batch * m == 1) {
     GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched, TUNEHUB_EPILOGUE);
     return 0;
   }
+  // the packed GEMM, which takes OpenBLAS itself for a batched B
   return tunehub_peer_gemm_packed(a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
                                   residual, lo, hi);
 }
