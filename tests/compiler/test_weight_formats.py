@@ -65,10 +65,14 @@ def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: n
 @pytest.mark.parametrize("rows,inner,cols", [(1, 96, 200), (3, 64, 40), (6, 128, 33), (9, 32, 64)])
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
-    """On the grid: numpy's product (float64) within float32 rounding. Off the grid: exactly what
-    the float32 path the rows default to computes (OpenBLAS for a row, the packed GEMM above)."""
+    """On the grid: numpy's product (float64) within float32 rounding, also where one block of
+    the input is a thousand times smaller than the rest or all zeros. Off the grid: exactly
+    what the float32 path the rows default to computes (OpenBLAS for a row, the packed GEMM
+    above)."""
     rng = np.random.default_rng(rows * inner + cols)
     a = rng.standard_normal((rows, inner)).astype(np.float32)
+    a[0, :32] *= 1e-3
+    a[-1, -32:] = 0.0
     bias = rng.standard_normal(cols).astype(np.float32)
     weight = q8_0_values((rng.standard_normal((cols, inner)) * 0.02).astype(np.float32))
     b = np.ascontiguousarray(weight if trans_b else weight.T)  # [N, K] or [K, N]
@@ -82,6 +86,21 @@ def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
         _shim_gemm("tunehub_peer_gemm_q8", a, off, trans_b, bias),
         _shim_gemm(fallback, a, off, trans_b, bias),
     )
+
+
+def test_a_value_that_is_not_finite_reaches_the_output() -> None:
+    """An input value that is not finite gives what float32 arithmetic gives: no finite output
+    in its row; the other rows are exact."""
+    rng = np.random.default_rng(7)
+    weight = q8_0_values((rng.standard_normal((40, 64)) * 0.02).astype(np.float32))
+    a = rng.standard_normal((3, 64)).astype(np.float32)
+    a[1, 3], a[2, 60] = np.nan, np.inf
+    want = a[0].astype(np.float64) @ weight.T.astype(np.float64)
+    got = _shim_gemm(
+        "tunehub_peer_gemm_q8", a, np.ascontiguousarray(weight), True, np.zeros(40, np.float32)
+    )
+    np.testing.assert_allclose(got[0], want, atol=1e-5)
+    assert not np.isfinite(got[1:]).any()
 
 
 def test_a_weight_format_is_its_own_target_on_the_same_machine() -> None:
