@@ -15,5 +15,7 @@ if [ -f scripts/postgres.sh ]; then
   trap 'bash scripts/postgres.sh stop >/dev/null 2>&1 || true' EXIT
 fi
 # Two pytest-xdist workers (TUNEHUB_TEST_WORKERS to change; 0 runs in this process): most tests
-# wait on servers, subprocesses and compilers, so two share CI's two cores well.
-.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 -n "${TUNEHUB_TEST_WORKERS:-2}" "$@"
+# wait on servers, subprocesses and compilers, so two share CI's two cores well. The tests that
+# share a session's tuning database run on one worker (tests/conftest.py: SHARED_DATABASES).
+.venv/bin/python -m pytest -q -p no:cacheprovider --durations=40 -n "${TUNEHUB_TEST_WORKERS:-2}" \
+  --dist loadgroup "$@"

@@ -42,12 +42,25 @@ def _uses_postgres(item: pytest.Item) -> bool:
     )
 
 
+#: The session's tuning databases, by fixture, and the xdist group of the tests that use each:
+#: a session fixture is made once per xdist worker, so the tests that share one run on one
+#: worker (``--dist loadgroup`` in scripts/run-tests.sh) and it is tuned once, not on each.
+SHARED_DATABASES = {
+    "tuned_small_cnn": "tuned_small_cnn",
+    "tuned_mlp": "tuned_mlp",
+    "continued_mlp": "tuned_mlp",  # a continued run on a copy of tuned_mlp
+}
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if _uses_postgres(item):
             item.add_marker(pytest.mark.postgres)
         if item.path.relative_to(config.rootpath).as_posix() in SLOW_MODULES:
             item.add_marker(pytest.mark.slow)
+        groups = {SHARED_DATABASES[f] for f in item.fixturenames if f in SHARED_DATABASES}
+        if len(groups) == 1:
+            item.add_marker(pytest.mark.xdist_group(groups.pop()))
 
 
 @pytest.hookimpl(hookwrapper=True)
