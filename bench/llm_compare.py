@@ -194,7 +194,8 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         + ", ".join(
             f"{k} {_fmt(v)}" for k, v in report["bandwidth"].items() if k.startswith("copy_")
         )
-        + ").",
+        + ")."
+        + _read_bandwidth(report["bandwidth"]),
         *_builds(report),
         "",
     ]
@@ -209,6 +210,18 @@ def render_markdown(report: Mapping[str, Any]) -> str:
         "",
     ]
     return "\n".join(lines)
+
+
+def _read_bandwidth(bandwidth: Mapping[str, Any]) -> str:
+    """The read bandwidth, where the run measured it (runs before 2026-12-07 did not)."""
+    if "best_read_gbs" not in bandwidth:
+        return ""
+    threads = ", ".join(f"{k} {_fmt(v)}" for k, v in bandwidth.items() if k.startswith("read_"))
+    return (
+        f" Read bandwidth: {_fmt(bandwidth['best_read_gbs'])} GB/s ({threads}); a decode step "
+        "mostly reads, so runtimes can beat the copy limit; the limit rows' `ms_at_read_bandwidth`"
+        " in the JSON is the bound at this figure."
+    )
 
 
 def _builds(report: Mapping[str, Any]) -> list[str]:
