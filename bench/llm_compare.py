@@ -204,8 +204,9 @@ def render_markdown(report: Mapping[str, Any]) -> str:
     lines += [
         "Columns: prefill = ms for P prompt tokens at batch 1; decode = ms per token at batch 1 "
         "after C tokens of context (tokens/s in brackets); b4 = ms per step of 4 sequences "
-        "(tokens/s in brackets); limit % = the limit at that precision (weights / bandwidth) "
-        "over the measured decode at the first context; greedy = leading greedy tokens equal "
+        "(tokens/s in brackets); limit % = the limit at that precision (weights / copy "
+        "bandwidth) over the measured decode at the first context (read limit %: at the read "
+        "bandwidth); greedy = leading greedy tokens equal "
         "to torch eager's (batch 1, first context).",
         "",
     ]
@@ -258,7 +259,9 @@ def _model_table(name: str, entry: Mapping[str, Any], s: Mapping[str, Any]) -> l
     head += [f"prefill {p}" for p in s["prefill"]]
     head += [f"decode @{c}" for c in s["contexts"]]
     head += [f"b4 @{c}" for c in s["batch4_contexts"]]
-    head += ["limit %", "greedy", "setup s", "compile s", "note"]
+    read_limits = any(_read_limit_ms(r) for r in limits.values())
+    head += ["limit %"] + (["read limit %"] if read_limits else [])
+    head += ["greedy", "setup s", "compile s", "note"]
     lines = [
         f"## {name}: {entry['description']} ({_params(entry['parameters'])} parameters)",
         "",
@@ -278,8 +281,10 @@ def _model_table(name: str, entry: Mapping[str, Any], s: Mapping[str, Any]) -> l
         ms = r.decode_ms.get(str(first)) if first is not None else None
         if r.runtime != "limit" and lim is not None and ms:
             row.append(f"{100 * lim.decode_ms[str(first)] / ms:.0f} %")
+            if read_limits:
+                row.append(f"{100 * _read_limit_ms(lim) / ms:.0f} %")
         else:
-            row.append("")
+            row += [""] * (2 if read_limits else 1)
         row.append(_agreement_view(r, ref, case))
         row.append(_fmt(r.setup_s, 1) if r.setup_s is not None else "")
         row.append(_fmt(r.compile_s, 1) if r.compile_s is not None else "")
@@ -288,6 +293,11 @@ def _model_table(name: str, entry: Mapping[str, Any], s: Mapping[str, Any]) -> l
         lines.append("| " + " | ".join(row) + " |")
     lines.append("")
     return lines
+
+
+def _read_limit_ms(limit: PeerResultView) -> float | None:
+    """A limit row's bound at the measured read bandwidth (runs since 2026-12-07)."""
+    return (getattr(limit, "extra", None) or {}).get("ms_at_read_bandwidth")
 
 
 class PeerResultView:
@@ -312,7 +322,8 @@ def _agreement_view(r: PeerResultView, ref: PeerResultView | None, case: str) ->
 def _write(report: Mapping[str, Any], out_dir: Path, stem: str) -> tuple[Path, Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     jpath, mpath = out_dir / f"{stem}.json", out_dir / f"{stem}.md"
-    for path, text in ((jpath, json.dumps(report, indent=1)), (mpath, render_markdown(report))):
+    compact = json.dumps(report, separators=(",", ":"))  # the tree stays small; jq reads it
+    for path, text in ((jpath, compact), (mpath, render_markdown(report))):
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_text(text)
         os.replace(tmp, path)

@@ -30,7 +30,11 @@ from compiler.buckets import (
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.model_spec import Bucket, LoadedModel, ModelFormat, ModelLimits
 from compiler.onnx_loader import onnx_symbolic_dims, specialize_onnx, validate_onnx
-from compiler.weight_formats import apply_weight_format, check_weight_format
+from compiler.weight_formats import (
+    apply_onnx_weight_format,
+    apply_weight_format,
+    check_weight_format,
+)
 
 ZIP_MAGIC = b"PK\x03\x04"
 
@@ -254,7 +258,7 @@ def load_model(
     data whatever it names, as bytes always do. ``display_name`` is how messages name the file
     (default: the path's file name, or ``<upload>`` for bytes), so a server's temp names never
     reach a user. ``weights``: a format of :data:`compiler.weight_formats.WEIGHT_FORMATS`, applied
-    to the program's weights as it loads (``.pt2`` only; the model returned then carries its
+    to the model's weight matrices as it loads (the model returned then carries its
     ``weight_format`` report).
     """
     limits = limits or ModelLimits()
@@ -280,12 +284,6 @@ def load_model(
     shapes = dict(input_shapes or {})
     wanted = dict(buckets or {})
     loaded: list[tuple[tuple[tuple[str, int], ...], LoadedModel]] = []
-    if fmt == "onnx" and weights != "as_exported":
-        raise ModelError(
-            "bad_weights",
-            f"--weights {weights} applies to torch.export programs (.pt2); an ONNX model keeps its "
-            "weights as exported",
-        )
     if fmt == "onnx":
         from compiler.llm.past_present import (  # noqa: PLC0415
             bucket_plan,
@@ -294,6 +292,7 @@ def load_model(
         )
 
         proto = validate_onnx(data, limits=limits, base_dir=base_dir, check_ops=_refuse_ops)
+        onnx_report = apply_onnx_weight_format(proto, weights)
         dims, declared = onnx_symbolic_dims(proto)
         layout = past_present_layout(proto)  # past/present decoder: mask = past + seq
         if layout is not None:
@@ -304,7 +303,7 @@ def load_model(
                 bucket_shapes = complete_shapes(layout, bucket_shapes)
             model, specs = specialize_onnx(proto, limits=limits, input_shapes=bucket_shapes)
             one = LoadedModel("onnx", sha256, len(data), specs, model, values, past_present=layout)
-            loaded.append((values, one))
+            loaded.append((values, replace(one, weight_format=onnx_report)))
         return _bucketed(loaded, spec, dims, proto)
     from compiler.llm.last_logits import keeps_last_logits  # noqa: PLC0415 - torch, .pt2 only
     from compiler.llm.state import DECODER_BUCKETS, program_state  # noqa: PLC0415 - torch, .pt2 only

@@ -6,11 +6,13 @@ vector times one float16 scale, ``float16(max|w| / 127)``, 1.0625 bytes a weight
 
 How it is applied, and why that keeps verification honest:
 
-1. At load (:func:`apply_weight_format`, called by :func:`compiler.loader.load_model`), every
-   float32 weight matrix of the program (a 2-D parameter whose last axis, the input features of
-   a ``torch.nn.Linear``, is a multiple of 32) is replaced in place by its Q8_0 values
-   (:func:`q8_0_values`): quantized and dequantized. The model that is imported, tuned, and
-   verified against (torch runs the same program) is the quantized model, so the reference is
+1. At load (:func:`apply_weight_format` for ``.pt2``, :func:`apply_onnx_weight_format` for
+   ONNX, called by :func:`compiler.loader.load_model`), every float32 weight matrix (a ``.pt2``
+   program's 2-D parameter whose last axis, the input features of a ``torch.nn.Linear``, is a
+   multiple of 32; an ONNX ``MatMul``'s or ``Gemm``'s weight initializer, along its reduction
+   axis) is replaced in place by its Q8_0 values (:func:`q8_0_values`): quantized and
+   dequantized. The model that is imported, tuned, and verified against (torch runs the same
+   program; ONNX Runtime the same ``ModelProto``) is the quantized model, so the reference is
    exact for it, and :class:`WeightFormatReport` records how far the weights moved.
 2. In the library, the shim's GEMM over 8-bit weights (``algorithm`` ``q8``,
    ``compiler/peers/shim_q8.inc``) recognizes a weight whose values are all on that grid and
@@ -143,6 +145,65 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
             f"{Q8_BLOCK}"
         )
         raise ModelError("bad_weights", f"--weights {fmt} cannot apply to this model: {why}")
+    return WeightFormatReport(
+        format=fmt,
+        names=tuple(names),
+        values=values,
+        float32_bytes=4 * values,
+        format_bytes=int(values * Q8_BYTES_PER_WEIGHT),
+        max_abs_change=max_abs,
+        max_rel_change=max_rel,
+    )
+
+
+def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
+    """Apply ``fmt`` to the weight matrices of an ONNX model (``onnx.ModelProto``, in place):
+    every float32 2-D initializer that is the weight ``B`` of a ``MatMul`` or ``Gemm``, quantized
+    along its reduction axis (``B``'s first axis, its last for ``Gemm`` with ``transB``), where
+    that axis is a multiple of :data:`Q8_BLOCK`. An initializer that is a ``B`` along both axes
+    is left as exported. The model's reference (ONNX Runtime on ``proto``) then runs the same
+    quantized weights. ``as_exported`` changes nothing (``None``). Raises
+    ``ModelError("bad_weights")`` for an unknown format or a model with no weight to quantize."""
+    if check_weight_format(fmt) == "as_exported":
+        return None
+    from onnx import numpy_helper  # noqa: PLC0415 - ONNX only
+
+    initializers = {t.name: t for t in proto.graph.initializer}
+    axes: dict[str, set[int]] = {}
+    for node in proto.graph.node:
+        if node.op_type not in ("MatMul", "Gemm") or len(node.input) < 2:
+            continue
+        trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
+        axes.setdefault(node.input[1], set()).add(1 if trans_b else 0)
+    names: list[str] = []
+    values = 0
+    max_abs = max_rel = 0.0
+    for name, reduction in axes.items():
+        tensor = initializers.get(name)
+        if tensor is None or len(tensor.dims) != 2 or len(reduction) != 1:
+            continue
+        original = numpy_helper.to_array(tensor)
+        if original.dtype != np.float32:
+            continue
+        along_last = original if reduction == {1} else original.T
+        quantized = q8_0_values(np.ascontiguousarray(along_last))
+        if quantized is None:
+            continue
+        if reduction == {0}:
+            quantized = quantized.T
+        change = float(np.abs(quantized - original).max(initial=0.0))
+        peak = float(np.abs(original).max(initial=0.0))
+        max_abs = max(max_abs, change)
+        max_rel = max(max_rel, change / peak if peak else 0.0)
+        tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(quantized), name))
+        names.append(name)
+        values += original.size
+    if not names:
+        raise ModelError(
+            "bad_weights",
+            f"--weights {fmt} cannot apply to this model: it has no float32 MatMul or Gemm "
+            f"weight whose input features are a multiple of {Q8_BLOCK}",
+        )
     return WeightFormatReport(
         format=fmt,
         names=tuple(names),

@@ -27,8 +27,10 @@ GEMM_ALGORITHMS = ("packed", "", "q8")
 #: most this many rows with ``q8`` (:func:`compiler.peers.zero_trial_call`). Over all of
 #: Qwen2.5-0.5B's GEMMs (169, each its own weight), 2 threads on a 2-core Zen 5, ``q8`` took
 #: 0.49x the best float32 algorithm's time at 1 row (18.1 against 36.9 ms), 0.47x at 4, 0.79x at
-#: 16, 0.87x at 32 and 1.02x at 128 (``bench/results/q8_gemm_2026-12-06.md``); above 32 rows
-#: the packed GEMM stays the choice.
+#: 16, 0.87x at 32 and 1.02x at 128 (``bench/results/q8_gemm_2026-12-06.md``); on a 2-core
+#: Xeon, with the kernel's prefetch, 0.34x at 1 row, 0.81x at 32 and 0.82x at 64
+#: (``q8_gemm_2026-12-07.md``). Above 32 rows the packed GEMM stays the choice (the Zen 5's
+#: crossover was near 128 rows, and a prefill chunk of more rows is compute-bound).
 Q8_MAX_ROWS = 32
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).

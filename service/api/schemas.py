@@ -113,7 +113,7 @@ class JobBase(BaseModel):
     weights: Literal["as_exported", "q8_0"] = Field(
         "as_exported",
         description="the weight format of the 'cpu' target: as_exported, or q8_0 (llama.cpp's "
-        "8-bit blocks, applied at load and verified as quantized; .pt2 models)",
+        "8-bit blocks, applied to the weight matrices at load and verified as quantized)",
     )
 
 

@@ -69,8 +69,8 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         choices=WEIGHT_FORMATS,
         default="as_exported",
         help="weight format: as_exported (default), or q8_0 (llama.cpp's 8-bit blocks: a CPU "
-        "decoder reads a quarter of the bytes; the model is quantized at load and verified as "
-        "quantized, .pt2 only)",
+        "decoder reads a quarter of the bytes; the weight matrices are quantized at load and "
+        "the model verified as quantized)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
 

@@ -177,9 +177,10 @@ def test_what_cannot_take_8_bit_weights_is_refused(tmp_path, example_model) -> N
     from compiler.target import resolve_target
     from examples import hf_exports
 
+    narrow = _onnx_matmul(tmp_path / "narrow.onnx", inner=20)  # 20 input features: no block
     with pytest.raises(ModelError) as info:
-        load_model(example_model("mlp", "onnx"), weights="q8_0")
-    assert info.value.code == "bad_weights" and ".pt2" in info.value.message
+        load_model(narrow, weights="q8_0")
+    assert info.value.code == "bad_weights" and "multiple of 32" in info.value.message
 
     linear = torch.nn.Linear(64, 32).to(torch.bfloat16)
     bf16 = torch.export.export(linear, (torch.zeros(1, 64, dtype=torch.bfloat16),))
@@ -196,12 +197,73 @@ def test_what_cannot_take_8_bit_weights_is_refused(tmp_path, example_model) -> N
         load_model(path, weights="q4_k")
     assert info.value.code == "bad_weights"
 
-    onnx = example_model("mlp", "onnx")
     done = subprocess.run(
-        [sys.executable, "-m", "service.cli", "compile", str(onnx), "--weights", "q8_0",
+        [sys.executable, "-m", "service.cli", "compile", str(narrow), "--weights", "q8_0",
          "-o", str(tmp_path / "out")],
         cwd=REPO, capture_output=True, text=True,
     )  # fmt: skip
     assert done.returncode == 2, done.stderr
-    assert "--weights q8_0 applies to torch.export programs" in done.stderr
+    assert "--weights q8_0 cannot apply to this model" in done.stderr
     assert not (tmp_path / "out").exists()
+
+
+def _onnx_matmul(path: Path, inner: int, outer: int = 10) -> Path:
+    """An ONNX model of one MatMul, ``[1, inner] x [inner, outer]`` with a random weight."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    weight = np.random.default_rng(0).standard_normal((inner, outer)).astype(np.float32)
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["y"])],
+        "matmul",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, inner])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, outer])],
+        [numpy_helper.from_array(weight, "w")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    onnx.save(model, path)
+    return path
+
+
+def test_an_onnx_model_takes_8_bit_weights_along_each_matmuls_reduction(
+    tmp_path, example_model
+) -> None:
+    """The MLP (784 -> 512 -> 256 -> 10, ONNX): the weights of its last two layers (512 and 256
+    input features) go on Q8_0's grid along their input features, whatever form the exporter
+    gave them (``Gemm`` with ``transB`` or ``MatMul``); the first (784) keeps its values. ONNX
+    Runtime verifies the library against the same quantized model, and the zero-trial build
+    streams the quantized ones in 8 bits."""
+    from onnx import numpy_helper
+
+    from compiler.peers import find_peer, gemm_rows, zero_trial_call
+    from compiler.prepare import prepare_model
+    from compiler.target import cpu_target
+    from tuner.finalize import publish_zero_trial
+
+    target = cpu_target(2, replace(CPU_DEFAULT, weights="q8_0"))
+    prepared = prepare_model(example_model("mlp", "onnx"), target)
+    report = prepared.model.weight_format
+    assert report.format == "q8_0" and len(report.names) == 2
+    assert report.values == 512 * 256 + 256 * 10
+    proto = prepared.model.source
+    trans_b = {
+        node.input[1]: any(a.name == "transB" and a.i for a in node.attribute)
+        for node in proto.graph.node
+        if node.op_type in ("Gemm", "MatMul")
+    }
+    for tensor in proto.graph.initializer:
+        if tensor.name in report.names:
+            values = numpy_helper.to_array(tensor)
+            along_inputs = values if trans_b[tensor.name] else values.T
+            assert np.array_equal(q8_0_values(np.ascontiguousarray(along_inputs)), along_inputs)
+
+    gemms = [
+        task.dispatched[0]
+        for task in prepared.partition.extracted
+        if (call := find_peer(task.dispatched[0])) is not None and call.kind == "gemm"
+    ]
+    assert all(gemm_rows(t, find_peer(t)) == 1 for t in gemms)
+    assert {zero_trial_call(t, target).algorithm for t in gemms} == {"q8"}
+    manifest = publish_zero_trial(prepared, tmp_path / "out")
+    assert manifest["verification"]["passed"], manifest["verification"]
+    assert manifest["model"]["weights"]["format"] == "q8_0"

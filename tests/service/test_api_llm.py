@@ -68,8 +68,8 @@ def test_both_standard_exports_compile_over_rest(server, tmp_path) -> None:
 
 def test_a_job_with_8_bit_weights(server, tmp_path, example_model) -> None:
     """``weights: q8_0`` makes the job's target the CPU with 8-bit weights (its own target key):
-    the artifact says so, and is verified against the model quantized the same way. An ONNX
-    model cannot take it: refused when the job is created, nothing queued."""
+    the artifact says so, and is verified against the model quantized the same way, a ``.pt2``
+    decoder's and an ONNX model's alike. An unknown format is refused, nothing queued."""
     import json
 
     static = hf_exports.save(hf_exports.static_cache_program(DECODER, CACHE), tmp_path / "s.pt2")
@@ -79,14 +79,17 @@ def test_a_job_with_8_bit_weights(server, tmp_path, example_model) -> None:
         assert manifest["model"]["weights"]["format"] == "q8_0"
         assert manifest["verification"]["passed"] and manifest["generation"]["passed"]
 
-        onnx = upload(client, example_model("mlp", "onnx"))
+        mlp = example_model("mlp", "onnx")
+        artifact = _job(client, mlp, tmp_path, weights="q8_0", trial_budget=0)
+        manifest = json.loads((artifact / "manifest.json").read_text())
+        assert manifest["model"]["weights"]["format"] == "q8_0"
+        assert manifest["model"]["weights"]["tensors"] == 2  # 512 and 256 inputs; 784 is no block
+        assert manifest["verification"]["passed"]
+
+        onnx = upload(client, mlp)
         before = client.get("/jobs").json()
-        refused = client.post(
-            "/jobs", json={"model_id": onnx.json()["id"], "trial_budget": 4, "weights": "q8_0"}
-        )
-        assert refused.status_code == 422 and "torch.export" in refused.text, refused.text
-        assert client.get("/jobs").json() == before
         bad = client.post(
             "/jobs", json={"model_id": onnx.json()["id"], "trial_budget": 4, "weights": "q4"}
         )
         assert bad.status_code == 422, bad.text
+        assert client.get("/jobs").json() == before

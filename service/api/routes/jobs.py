@@ -80,12 +80,6 @@ def cached_job_detail(state: ServiceState, job_id: int, user) -> JobDetail:
 def create_job(body: JobCreate, response: Response, storage: StorageDep, user: CurrentUser):
     model = owned_model(storage, user, body.model_id)
     try:
-        if body.weights != "as_exported" and model.format != "pt2":
-            raise ModelError(
-                "bad_weights",
-                f"weights {body.weights} apply to torch.export programs (.pt2); model "
-                f"{model.id} is {model.format}",
-            )
         target = intake.target_for(storage, body.target, weights=body.weights)
     except ModelError as err:
         raise model_error(err) from None
