@@ -11,8 +11,8 @@ with TuneHub's runtimes registered:
   :class:`compiler.llm.generate.Generator` (the cache kept as the library's state, written in
   place; a prompt fed in chunks of the compiled token counts);
 - ``tunehub-zero-bf16``: the same exported in bfloat16 (named with ``--runtimes``);
-- ``tunehub-zero-q8``: the float32 export compiled with ``--weights q8_0`` (llama.cpp's 8-bit
-  blocks, applied at load: :mod:`compiler.weight_formats`);
+- ``tunehub-zero-q8`` / ``-q4``: the float32 export compiled with ``--weights q8_0`` /
+  ``q4_0`` (llama.cpp's 8- and 4-bit blocks, applied at load: :mod:`compiler.weight_formats`);
 - ``tunehub-tuned``: the same after ``tunehub tune --trials N`` (named with ``--runtimes``).
 
 Compiling happens once per model (cached under the work dir, like the peers' conversions) and
@@ -69,8 +69,8 @@ class TuneHubRuntime:
     def __init__(self, trials: int = 0, precision: str = "fp32") -> None:
         self.trials = trials
         self.precision = precision
-        self.dtype = {"fp32": "float32", "bf16": "bfloat16", "8-bit": "float32"}[precision]
-        self.weights = "q8_0" if precision == "8-bit" else "as_exported"
+        self.dtype = "bfloat16" if precision == "bf16" else "float32"
+        self.weights = {"8-bit": "q8_0", "4-bit": "q4_0"}.get(precision, "as_exported")
         self.variant = f"tuned ({trials} trials)" if trials else "zero-trial"
         if self.weights != "as_exported":
             self.variant += f" {self.weights.upper()}"
@@ -92,13 +92,14 @@ class TuneHubRuntime:
         capacity = -(-capacity // 64) * 64
         folder = model.cache_dir / "tunehub"
         folder.mkdir(parents=True, exist_ok=True)
-        suffix = {"fp32": "", "bf16": "-bf16", "8-bit": "-q8_0"}[self.precision]
+        suffix = {"fp32": "", "bf16": "-bf16", "8-bit": "-q8_0", "4-bit": "-q4_0"}[self.precision]
         start = time.perf_counter()
         batches = [1] + ([4] if settings.batch4_contexts else [])
         artifacts = {}
         for batch in batches:  # every compile before any library is loaded: memory
             tag = suffix + (f"-b{batch}" if batch > 1 else "")
-            export_tag = tag.replace("-q8_0", "")  # the float32 export, quantized at compile
+            # the float32 export, quantized at compile
+            export_tag = tag.replace("-q8_0", "").replace("-q4_0", "")
             program = folder / f"static-{capacity}{export_tag}.pt2"
             if not program.is_file():
                 _export(model.folder, program, capacity, self.dtype, batch)
@@ -182,6 +183,7 @@ def run(argv: list[str] | None = None) -> int:
     # natively; elsewhere LLVM widens them): named with --runtimes.
     register_runtime("tunehub-zero-bf16", lambda: TuneHubRuntime(precision="bf16"), default=False)
     register_runtime("tunehub-zero-q8", lambda: TuneHubRuntime(precision="8-bit"), default=False)
+    register_runtime("tunehub-zero-q4", lambda: TuneHubRuntime(precision="4-bit"), default=False)
     if trials:
         register_runtime("tunehub-tuned", lambda: TuneHubRuntime(trials))
     return main(args)

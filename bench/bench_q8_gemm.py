@@ -12,7 +12,9 @@ weights are random and put on Q8_0's grid (:func:`compiler.weight_formats.q8_0_v
 
 - ``sgemv``: OpenBLAS over the float32 weights (``tunehub_peer_gemm``; ``sgemm`` above one row);
 - ``packed``: the shim's packed-weight GEMM (``tunehub_peer_gemm_packed``);
-- ``q8``: the shim's GEMM over the 8-bit copy (``tunehub_peer_gemm_q8``).
+- ``q8``: the shim's GEMM over the 8-bit copy (``tunehub_peer_gemm_q8``);
+- ``q4``: the shim's GEMM over a 4-bit copy (``tunehub_peer_gemm_q4``) of the same weights put
+  on Q4_0's grid instead (:func:`compiler.weight_formats.q4_0_values`).
 
 The shim is called directly (ctypes) on TVM's thread pool (``TVM_NUM_THREADS = --threads``).
 Each algorithm's output is checked against float64 numpy on the head. The effective bandwidth
@@ -45,12 +47,13 @@ FUNCTIONS = {
     "sgemv": "tunehub_peer_gemm",
     "packed": "tunehub_peer_gemm_packed",
     "q8": "tunehub_peer_gemm_q8",
+    "q4": "tunehub_peer_gemm_q4",
 }
-BYTES_PER_WEIGHT = {"sgemv": 4.0, "packed": 4.0, "q8": 1.0625}
+BYTES_PER_WEIGHT = {"sgemv": 4.0, "packed": 4.0, "q8": 1.0625, "q4": 0.5625}
 
 
-def _weights(seed: int = 0) -> list[np.ndarray]:
-    from compiler.weight_formats import q8_0_values
+def _weights(seed: int = 0, fmt: str = "q8_0") -> list[np.ndarray]:
+    from compiler.weight_formats import FORMAT_VALUES
 
     rng = np.random.default_rng(seed)
     shapes = [shape for _ in range(LAYERS) for shape in LAYER.values()] + [HEAD]
@@ -58,7 +61,7 @@ def _weights(seed: int = 0) -> list[np.ndarray]:
     for k, n in shapes:
         # torch's [out, in] weight quantized along its input axis, then laid out [in, out]
         w = (rng.standard_normal((n, k), dtype=np.float32) * 0.02).astype(np.float32)
-        out.append(np.ascontiguousarray(q8_0_values(w).T))
+        out.append(np.ascontiguousarray(FORMAT_VALUES[fmt](w).T))
     return out
 
 
@@ -85,6 +88,7 @@ def bench(threads: int, rounds: int, rows_list: list[int]) -> dict[str, Any]:
     lib = ctypes.CDLL(str(peer_library().shared), mode=ctypes.RTLD_GLOBAL)
     entries = {name: _entry(lib, symbol) for name, symbol in FUNCTIONS.items()}
     weights = _weights()
+    by_name = {name: weights for name in FUNCTIONS} | {"q4": _weights(fmt="q4_0")}
     values = sum(w.size for w in weights)
     rng = np.random.default_rng(1)
     rows_out = []
@@ -94,22 +98,23 @@ def bench(threads: int, rounds: int, rows_list: list[int]) -> dict[str, Any]:
             for k in {w.shape[0] for w in weights}
         }
         outputs = [np.empty((rows, w.shape[1]), np.float32) for w in weights]
-        head_ref = inputs[HEAD[0]].astype(np.float64) @ weights[-1].astype(np.float64)
         errors = {}
         for name, f in entries.items():
-            _call(f, inputs[HEAD[0]], weights[-1], outputs[-1])
-            errors[name] = float(np.abs(outputs[-1] - head_ref).max())
+            head = by_name[name][-1]
+            _call(f, inputs[HEAD[0]], head, outputs[-1])
+            want = inputs[HEAD[0]].astype(np.float64) @ head.astype(np.float64)
+            errors[name] = float(np.abs(outputs[-1] - want).max())
 
-        def timer(f: Any, inputs: dict = inputs, outputs: list = outputs) -> Any:
+        def timer(f: Any, ws: list, inputs: dict = inputs, outputs: list = outputs) -> Any:
             def run() -> float:
                 start = time.perf_counter()
-                for w, c in zip(weights, outputs, strict=True):
+                for w, c in zip(ws, outputs, strict=True):
                     _call(f, inputs[w.shape[0]], w, c)
                 return time.perf_counter() - start
 
             return run
 
-        times = interleaved({n: timer(f) for n, f in entries.items()}, rounds)
+        times = interleaved({n: timer(f, by_name[n]) for n, f in entries.items()}, rounds)
         rows_out.append({"rows": rows, "seconds": times, "max_abs_error": errors})
         print(rows, {n: f"{t * 1e3:.2f} ms" for n, t in times.items()}, flush=True)
     return {"weights": values, "gemms": len(weights), "rows": rows_out}
@@ -118,7 +123,7 @@ def bench(threads: int, rounds: int, rows_list: list[int]) -> dict[str, Any]:
 def render(run: dict[str, Any]) -> str:
     m = run["machine"]
     lines = [
-        f"# A decoder's GEMMs over 8-bit weights ({run['date']})",
+        f"# A decoder's GEMMs over 8- and 4-bit weights ({run['date']})",
         "",
         f"Machine: {m['cpu_model']} (LLVM `{m['llvm_cpu']}`), {run['threads']} threads. "
         f"Command: `{run['command']}`.",
@@ -127,20 +132,27 @@ def render(run: dict[str, Any]) -> str:
         f"{run['weights'] / 1e6:.0f} M weights, each its own), median of {run['rounds']} "
         "interleaved rounds. GB/s: the bytes each algorithm must read over its time.",
         "",
-        "| rows | sgemv (OpenBLAS) ms | packed ms | q8 ms | q8 / best float32 | q8 GB/s | "
-        "float32 best GB/s | max abs error (head) sgemv / packed / q8 |",
-        "|---|---|---|---|---|---|---|---|",
+        "| rows | sgemv (OpenBLAS) ms | packed ms | q8 ms | q4 ms | q8 / best float32 | "
+        "q4 / q8 | q8 GB/s | q4 GB/s | float32 best GB/s | max abs error (head) sgemv / packed / "
+        "q8 / q4 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in run["rows"]:
         t = row["seconds"]
         best = min(t["sgemv"], t["packed"])
         e = row["max_abs_error"]
+        q4 = t.get("q4")  # runs before 2026-12-07 had no q4
+
+        def gbs(name: str, t: dict = t) -> str:
+            return f"{run['weights'] * BYTES_PER_WEIGHT[name] / t[name] / 1e9:.1f}"
+
+        q4_ms = f"{q4 * 1e3:.2f}" if q4 else "–"
+        q4_ratio = f"{q4 / t['q8']:.2f}x" if q4 else "–"
+        errs = " / ".join(f"{e.get(n, float('nan')):.1e}" for n in ("sgemv", "packed", "q8", "q4"))
         lines.append(
             f"| {row['rows']} | {t['sgemv'] * 1e3:.2f} | {t['packed'] * 1e3:.2f} | "
-            f"{t['q8'] * 1e3:.2f} | {t['q8'] / best:.2f}x | "
-            f"{run['weights'] * BYTES_PER_WEIGHT['q8'] / t['q8'] / 1e9:.1f} | "
-            f"{run['weights'] * 4 / best / 1e9:.1f} | "
-            f"{e['sgemv']:.1e} / {e['packed']:.1e} / {e['q8']:.1e} |"
+            f"{t['q8'] * 1e3:.2f} | {q4_ms} | {t['q8'] / best:.2f}x | {q4_ratio} | {gbs('q8')} | "
+            f"{gbs('q4') if q4 else '–'} | {run['weights'] * 4 / best / 1e9:.1f} | {errs} |"
         )
     return "\n".join(lines) + "\n"
 

@@ -1,8 +1,10 @@
-"""Weight formats chosen at compile time: a model's weights as exported, or in 8 bits (Q8_0).
+"""Weight formats chosen at compile time: a model's weights as exported, or in 8 or 4 bits.
 
 A decode step reads every weight once, so its speed is the weights' bytes. ``q8_0`` is
 llama.cpp's Q8_0 format: each run of 32 weights along a matrix's reduction axis is an int8
 vector times one float16 scale, ``float16(max|w| / 127)``, 1.0625 bytes a weight against 4.
+``q4_0`` is its Q4_0: 32 weights of 4 bits (``q`` in [-8, 7]) times ``float16(m / -8)``, ``m``
+the run's value of largest magnitude, 0.5625 bytes a weight.
 
 How it is applied, and why that keeps verification honest:
 
@@ -10,19 +12,20 @@ How it is applied, and why that keeps verification honest:
    ONNX, called by :func:`compiler.loader.load_model`), every float32 weight matrix (a ``.pt2``
    program's 2-D parameter whose last axis, the input features of a ``torch.nn.Linear``, is a
    multiple of 32; an ONNX ``MatMul``'s or ``Gemm``'s weight initializer, along its reduction
-   axis) is replaced in place by its Q8_0 values (:func:`q8_0_values`): quantized and
-   dequantized. The model that is imported, tuned, and verified against (torch runs the same
-   program; ONNX Runtime the same ``ModelProto``) is the quantized model, so the reference is
-   exact for it, and :class:`WeightFormatReport` records how far the weights moved.
-2. In the library, the shim's GEMM over 8-bit weights (``algorithm`` ``q8``,
-   ``compiler/peers/shim_q8.inc``) recognizes a weight whose values are all on that grid and
-   holds it as int8 + float16 scales, so a decode step streams a quarter of the bytes. The
-   check is exact (``q * scale == w`` for every weight), so it never changes a result beyond the
-   order of a sum.
+   axis) is replaced in place by its values in the format (:func:`q8_0_values`,
+   :func:`q4_0_values`): quantized and dequantized. The model that is imported, tuned, and
+   verified against (torch runs the same program; ONNX Runtime the same ``ModelProto``) is the
+   quantized model, so the reference is exact for it, and :class:`WeightFormatReport` records
+   how far the weights moved.
+2. In the library, the shim's GEMM over 8-bit (4-bit) weights (``algorithm`` ``q8`` / ``q4``,
+   ``compiler/peers/shim_q8.inc`` / ``shim_q4.inc``) recognizes a weight whose values are all on
+   that grid and holds it in the format, so a decode step streams a quarter (an eighth) of the
+   bytes. The check is exact (``q * scale == w`` for every weight), so it never changes a
+   result beyond the order of a sum.
 
 Raises :class:`compiler.errors.ModelError` (``bad_weights``) for a format the model cannot take.
-The library's parameter file still holds the dequantized weights in float32 (the 8-bit copy is
-made in memory on the first call); storing the int8 form in the artifact is not done yet.
+The library's parameter file still holds the dequantized weights in float32 (the copy in the
+format is made in memory on the first call); storing that form in the artifact is not done yet.
 """
 
 from __future__ import annotations
@@ -35,13 +38,15 @@ import numpy as np
 
 from compiler.errors import ModelError
 
-#: The weight formats a compile can ask for: ``as_exported`` (the program's own weights) and
-#: ``q8_0`` (see the module docstring).
-WEIGHT_FORMATS = ("as_exported", "q8_0")
-#: Weights a Q8_0 scale covers, along the reduction axis.
+#: The weight formats a compile can ask for: ``as_exported`` (the program's own weights),
+#: ``q8_0`` and ``q4_0`` (see the module docstring).
+WEIGHT_FORMATS = ("as_exported", "q8_0", "q4_0")
+#: Weights a Q8_0 (or Q4_0) scale covers, along the reduction axis.
 Q8_BLOCK = 32
 #: Bytes a weight takes in Q8_0 (an int8, and a float16 scale per :data:`Q8_BLOCK`).
 Q8_BYTES_PER_WEIGHT = 1 + 2 / Q8_BLOCK
+#: Bytes a weight takes in Q4_0 (4 bits, and a float16 scale per :data:`Q8_BLOCK`).
+Q4_BYTES_PER_WEIGHT = 0.5 + 2 / Q8_BLOCK
 
 
 def check_weight_format(name: str) -> str:
@@ -73,6 +78,31 @@ def q8_0_values(weight: np.ndarray) -> np.ndarray | None:
     return (q.astype(np.float32) * scale).reshape(weight.shape)
 
 
+def q4_0_values(weight: np.ndarray) -> np.ndarray | None:
+    """``weight`` on llama.cpp's Q4_0 grid, as :func:`q8_0_values` on Q8_0's: each block of 32
+    along the last axis becomes ``q * s`` with ``m`` its first value of largest magnitude,
+    ``s = float16(m / -8)`` and ``q = clip(rint(w / s), -8, 7)`` (``m`` becomes ``-8 s``, so the
+    block keeps its scale when quantized again: idempotent). ``None`` when the weight cannot
+    take the format."""
+    if weight.dtype != np.float32 or weight.shape[-1] % Q8_BLOCK or not np.isfinite(weight).all():
+        return None
+    blocks = weight.reshape(*weight.shape[:-1], weight.shape[-1] // Q8_BLOCK, Q8_BLOCK)
+    first_largest = np.abs(blocks).argmax(axis=-1)[..., None]
+    largest = np.take_along_axis(blocks, first_largest, axis=-1)
+    with np.errstate(over="ignore"):
+        scale = (largest / np.float32(-8)).astype(np.float16).astype(np.float32)
+    if not np.isfinite(scale).all():
+        return None
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(scale != 0, np.clip(np.rint(blocks / scale), -8, 7), np.float32(0))
+    return (q.astype(np.float32) * scale).reshape(weight.shape)
+
+
+#: Each quantized format's values function and bytes a weight.
+FORMAT_VALUES = {"q8_0": q8_0_values, "q4_0": q4_0_values}
+FORMAT_BYTES_PER_WEIGHT = {"q8_0": Q8_BYTES_PER_WEIGHT, "q4_0": Q4_BYTES_PER_WEIGHT}
+
+
 @dataclass(frozen=True)
 class WeightFormatReport:
     """What :func:`apply_weight_format` did: the format, the weights it quantized (``names``,
@@ -96,7 +126,8 @@ class WeightFormatReport:
             "format_bytes": self.format_bytes,
             "max_abs_change": self.max_abs_change,
             "max_rel_change": self.max_rel_change,
-            "stored_as": "float32 on the format's grid; 8-bit in memory where a GEMM reads it",
+            "stored_as": "float32 on the format's grid; in the format in memory where a GEMM "
+            "reads it",
         }
 
 
@@ -124,7 +155,7 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
                 others.add(str(tensor.dtype).removeprefix("torch."))
                 continue
             original = tensor.detach().cpu().numpy()
-            quantized = q8_0_values(original)
+            quantized = FORMAT_VALUES[fmt](original)
             if quantized is None:
                 continue
             change = float(np.abs(quantized - original).max(initial=0.0))
@@ -150,7 +181,7 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
         names=tuple(names),
         values=values,
         float32_bytes=4 * values,
-        format_bytes=int(values * Q8_BYTES_PER_WEIGHT),
+        format_bytes=int(values * FORMAT_BYTES_PER_WEIGHT[fmt]),
         max_abs_change=max_abs,
         max_rel_change=max_rel,
     )
@@ -186,7 +217,7 @@ def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
         if original.dtype != np.float32:
             continue
         along_last = original if reduction == {1} else original.T
-        quantized = q8_0_values(np.ascontiguousarray(along_last))
+        quantized = FORMAT_VALUES[fmt](np.ascontiguousarray(along_last))
         if quantized is None:
             continue
         if reduction == {0}:
@@ -209,7 +240,7 @@ def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
         names=tuple(names),
         values=values,
         float32_bytes=4 * values,
-        format_bytes=int(values * Q8_BYTES_PER_WEIGHT),
+        format_bytes=int(values * FORMAT_BYTES_PER_WEIGHT[fmt]),
         max_abs_change=max_abs,
         max_rel_change=max_rel,
     )

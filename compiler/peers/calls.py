@@ -39,6 +39,8 @@ BF16_FUNCTIONS = {
 #: are exactly on that grid (weights quantized at load, :mod:`compiler.weight_formats`) and
 #: computes any other ``B`` as the rows' default algorithm does.
 Q8_FUNCTION = "tunehub_peer_gemm_q8"
+#: The same over 4-bit weights (``algorithm`` ``q4``; ``shim_q4.inc``): llama.cpp's Q4_0 blocks.
+Q4_FUNCTION = "tunehub_peer_gemm_q4"
 #: ``conv2d_nhwc`` algorithms: im2col + packed GEMM, im2col + OpenBLAS sgemm, Winograd by its
 #: output tile (m of F(m x m, 3x3)), and oneDNN's primitive; the value is the shim's ``tile``
 #: argument (0: not Winograd).
@@ -103,6 +105,8 @@ class PeerCall:
             return BF16_FUNCTIONS[self.algorithm]
         if self.algorithm == "q8":
             return Q8_FUNCTION
+        if self.algorithm == "q4":
+            return Q4_FUNCTION
         return (CUDA_FUNCTIONS if self.device == "cuda" else FUNCTIONS)[self.kind]
 
     def to_json(self) -> dict[str, Any]:

@@ -20,6 +20,8 @@
 //       tunehub_peer_gemm's arguments, over a weight held in 8 bits (Q8_0's blocks, cached) where
 //       the weight's values are exactly on that grid (a model quantized at load); otherwise as
 //       the rows' default algorithm (namespace q8).
+//   tunehub_peer_gemm_q4(...)
+//       the same over llama.cpp's Q4_0 blocks, 4 bits a weight (namespace q4).
 //   tunehub_peer_depthwise_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, C, OH, OW, sh, sw, pt, pl, dh,
 //                                      dw)
 //       Y[n, OH, OW, C] = depthwise conv(X[n, H, W, C], W[KH, KW, 1, C]), zero padding: vectors
@@ -43,6 +45,7 @@
 //   shim_depthwise.inc     the depthwise convolution (namespace depthwise)
 //   shim_bf16.inc          the bfloat16 GEMM (namespace bf16)
 //   shim_q8.inc            the GEMM over 8-bit weights (namespace q8)
+//   shim_q4.inc            the GEMM over 4-bit weights (namespace q4)
 //   shim_onednn.inc        the oneDNN peers (built with -DTUNEHUB_ONEDNN only)
 #include <algorithm>
 #include <array>
@@ -192,6 +195,7 @@ void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
 #include "shim_depthwise.inc"
 #include "shim_bf16.inc"
 #include "shim_q8.inc"
+#include "shim_q4.inc"
 
 // ---------------------------------------------------------------------------------------------
 // The C entry points.
@@ -279,17 +283,14 @@ extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c
 // The same product over a weight held in 8 bits (namespace q8) where the weight is on Q8_0's
 // grid; any other B takes what the rows' default algorithm does (OpenBLAS for one row, the
 // packed GEMM for more: compiler/peers/algorithms.py).
-extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, int64_t batch,
-                                    int64_t m, int64_t n, int64_t k, int32_t trans_b,
-                                    int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
-  const q8::Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};
-  if (!b_batched && k % q8::kBlock == 0 && q8::FirstRunOnGrid(b, s, trans_b != 0)) {
-    const WeightCache::Block w = q8::QuantizedWeight(b, s, trans_b != 0);
-    if ((*w)[0] != 0.0f) {
-      q8::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
-      return 0;
-    }
-  }
+namespace {
+// The 8- and 4-bit GEMMs' entry points: ``quantized()`` computes C from B's cached form and
+// returns true where B is on its format's grid; otherwise C is what the rows' default computes.
+template <typename Quantized>
+int QuantizedOrDefault(const Quantized& quantized, const float* a, const float* b, float* c,
+                       int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                       int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  if (!b_batched && quantized()) return 0;
   if (batch * m == 1) {
     GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched, TUNEHUB_EPILOGUE);
     return 0;
@@ -297,6 +298,37 @@ extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, in
   // the packed GEMM, which takes OpenBLAS itself for a batched B
   return tunehub_peer_gemm_packed(a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
                                   residual, lo, hi);
+}
+}  // namespace
+
+extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, int64_t batch,
+                                    int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                    int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  const q8::Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};
+  const auto quantized = [&] {
+    if (k % q8::kBlock || !q8::FirstRunOnGrid(b, s, trans_b != 0)) return false;
+    const WeightCache::Block w = q8::QuantizedWeight(b, s, trans_b != 0);
+    if ((*w)[0] == 0.0f) return false;
+    q8::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
+    return true;
+  };
+  return QuantizedOrDefault(quantized, a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
+                            residual, lo, hi);
+}
+
+extern "C" int tunehub_peer_gemm_q4(const float* a, const float* b, float* c, int64_t batch,
+                                    int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                    int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  const q4::Shape s{k, n, (n + q4::kTile - 1) / q4::kTile};
+  const auto quantized = [&] {
+    if (k % q4::kBlock || !q4::FirstRunOnGrid(b, s, trans_b != 0)) return false;
+    const WeightCache::Block w = q4::QuantizedWeight(b, s, trans_b != 0);
+    if ((*w)[0] == 0.0f) return false;
+    q4::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
+    return true;
+  };
+  return QuantizedOrDefault(quantized, a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
+                            residual, lo, hi);
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,

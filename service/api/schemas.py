@@ -110,10 +110,11 @@ class JobBase(BaseModel):
     )
     trial_budget: int = Field(ge=0, le=1_000_000, description="measured candidates, all tasks")
     priority: int = Field(0, ge=-1000, le=1000, description="higher runs first")
-    weights: Literal["as_exported", "q8_0"] = Field(
+    weights: Literal["as_exported", "q8_0", "q4_0"] = Field(
         "as_exported",
-        description="the weight format of the 'cpu' target: as_exported, or q8_0 (llama.cpp's "
-        "8-bit blocks, applied to the weight matrices at load and verified as quantized)",
+        description="the weight format of the 'cpu' target: as_exported, q8_0 or q4_0 "
+        "(llama.cpp's 8- and 4-bit blocks, applied to the weight matrices at load and verified "
+        "as quantized)",
     )
 
 

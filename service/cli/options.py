@@ -24,7 +24,7 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
 
 #: ``--weights`` choices (:data:`compiler.weight_formats.WEIGHT_FORMATS`, spelled here so that
 #: the CLI's help does not import the compiler).
-WEIGHT_FORMATS = ("as_exported", "q8_0")
+WEIGHT_FORMATS = ("as_exported", "q8_0", "q4_0")
 
 
 def add_model_options(parser: argparse.ArgumentParser) -> None:
@@ -68,9 +68,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
         "--weights",
         choices=WEIGHT_FORMATS,
         default="as_exported",
-        help="weight format: as_exported (default), or q8_0 (llama.cpp's 8-bit blocks: a CPU "
-        "decoder reads a quarter of the bytes; the weight matrices are quantized at load and "
-        "the model verified as quantized)",
+        help="weight format: as_exported (default), q8_0 or q4_0 (llama.cpp's 8- and 4-bit "
+        "blocks: a CPU decoder reads a quarter or an eighth of the bytes; the weight matrices "
+        "are quantized at load and the model verified as quantized)",
     )
     parser.add_argument("--json", action="store_true", help="print one JSON summary on stdout")
 

@@ -333,6 +333,7 @@ def test_only_3x3_stride_1_convolutions_have_winograd_variants():
         ("gemm", "packed"),
         ("gemm", ""),
         ("gemm", "q8"),
+        ("gemm", "q4"),
         *(("gemm", a) for a in ONEDNN),
     ]
     task = _conv_task(conv_model(8, 16, 13, 3, 2, 1), target)
@@ -387,7 +388,7 @@ def test_cached_weights_are_transformed_again_when_they_change(proto, algorithm)
 )
 def test_every_gemm_variant_matches_the_task(label, proto):
     """A GEMM against a weight runs on the packed-weight GEMM by default and has OpenBLAS, the
-    GEMM over 8-bit weights (which computes these float32 weights as the default would) and
+    GEMMs over 8- and 4-bit weights (which compute these float32 weights as the default would) and
     oneDNN's matmul (where the library has oneDNN) as its other variants; a single row (a
     GEMV) has OpenBLAS's sgemv first. Each agrees with the task's TIR."""
     target = cpu_target(2)
@@ -395,7 +396,7 @@ def test_every_gemm_variant_matches_the_task(label, proto):
     (task,) = [e.dispatched[0] for e in parts.extracted if find_peer(e.dispatched[0])]
     variants = peer_variants(task)
     rows = int(task["main"].params[0].shape[0])
-    first = ["packed", "", "q8"] if rows > 1 else ["", "packed", "q8"]
+    first = ["packed", "", "q8", "q4"] if rows > 1 else ["", "packed", "q8", "q4"]
     assert [v.algorithm for v in variants] == [*first, *ONEDNN], label
     for call in variants:
         _check_peer(task, target, call)

@@ -22,7 +22,10 @@ import pytest
 
 from compiler.compile_options import CPU_DEFAULT
 from compiler.errors import ModelError
-from compiler.weight_formats import WEIGHT_FORMATS, q8_0_values
+from compiler.weight_formats import FORMAT_VALUES, WEIGHT_FORMATS, q4_0_values, q8_0_values
+
+#: Each quantized format and the shim's GEMM that streams it.
+FORMAT_GEMMS = {"q8_0": "tunehub_peer_gemm_q8", "q4_0": "tunehub_peer_gemm_q4"}
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -47,6 +50,25 @@ def test_q8_0_values_are_on_the_grid_and_idempotent() -> None:
     assert q8_0_values(w) is None
 
 
+def test_q4_0_values_are_on_the_grid_and_idempotent() -> None:
+    """Q4_0: each block is ``q * s``, ``q`` in [-8, 7], ``s = float16(m / -8)`` with ``m`` the
+    block's first value of largest magnitude (which becomes ``-8 s``)."""
+    rng = np.random.default_rng(1)
+    w = (rng.standard_normal((48, 96)) * 0.05).astype(np.float32)
+    w[3, :32] = 0.0
+    w[5, 32:64] = np.abs(w[5, 32:64])  # a block whose largest value is positive: s < 0
+    q = q4_0_values(w)
+    assert q is not None and q.dtype == np.float32 and q.shape == w.shape
+    blocks, original = q.reshape(48, 3, 32), w.reshape(48, 3, 32)
+    largest = np.take_along_axis(original, np.abs(original).argmax(-1)[..., None], -1)
+    scale = (largest / np.float32(-8)).astype(np.float16).astype(np.float32)
+    ints = np.divide(blocks, scale, where=scale != 0, out=np.zeros_like(blocks))
+    assert np.array_equal(ints, np.rint(ints)) and ints.min() == -8 and ints.max() <= 7
+    assert not q[3, :32].any() and (q[5, 32:64] >= 0).all()
+    assert np.array_equal(q4_0_values(q), q)  # already on the grid: unchanged
+    assert q4_0_values(w[:, :40]) is None
+
+
 def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: np.ndarray):
     from compiler.peers.library import peer_library
 
@@ -62,9 +84,10 @@ def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: n
     return c
 
 
+@pytest.mark.parametrize("fmt", FORMAT_GEMMS)
 @pytest.mark.parametrize("rows,inner,cols", [(1, 96, 200), (3, 64, 40), (6, 128, 33), (9, 32, 64)])
 @pytest.mark.parametrize("trans_b", [False, True])
-def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
+def test_the_shim_gemm_over_quantized_weights(fmt, rows, inner, cols, trans_b) -> None:
     """On the grid: numpy's product (float64) within float32 rounding, also where one block of
     the input is a thousand times smaller than the rest or all zeros. Off the grid: exactly
     what the float32 path the rows default to computes (OpenBLAS for a row, the packed GEMM
@@ -74,30 +97,31 @@ def test_the_shim_gemm_over_8_bit_weights(rows, inner, cols, trans_b) -> None:
     a[0, :32] *= 1e-3
     a[-1, -32:] = 0.0
     bias = rng.standard_normal(cols).astype(np.float32)
-    weight = q8_0_values((rng.standard_normal((cols, inner)) * 0.02).astype(np.float32))
+    weight = FORMAT_VALUES[fmt]((rng.standard_normal((cols, inner)) * 0.02).astype(np.float32))
     b = np.ascontiguousarray(weight if trans_b else weight.T)  # [N, K] or [K, N]
     want = a.astype(np.float64) @ weight.T.astype(np.float64) + bias
-    got = _shim_gemm("tunehub_peer_gemm_q8", a, b, trans_b, bias)
+    got = _shim_gemm(FORMAT_GEMMS[fmt], a, b, trans_b, bias)
     assert np.abs(got - want).max() < 1e-5
 
     off = np.ascontiguousarray(rng.standard_normal(b.shape).astype(np.float32))
     fallback = "tunehub_peer_gemm" if rows == 1 else "tunehub_peer_gemm_packed"
     assert np.array_equal(
-        _shim_gemm("tunehub_peer_gemm_q8", a, off, trans_b, bias),
+        _shim_gemm(FORMAT_GEMMS[fmt], a, off, trans_b, bias),
         _shim_gemm(fallback, a, off, trans_b, bias),
     )
 
 
-def test_a_value_that_is_not_finite_reaches_the_output() -> None:
+@pytest.mark.parametrize("fmt", FORMAT_GEMMS)
+def test_a_value_that_is_not_finite_reaches_the_output(fmt) -> None:
     """An input value that is not finite gives what float32 arithmetic gives: no finite output
     in its row; the other rows are exact."""
     rng = np.random.default_rng(7)
-    weight = q8_0_values((rng.standard_normal((40, 64)) * 0.02).astype(np.float32))
+    weight = FORMAT_VALUES[fmt]((rng.standard_normal((40, 64)) * 0.02).astype(np.float32))
     a = rng.standard_normal((3, 64)).astype(np.float32)
     a[1, 3], a[2, 60] = np.nan, np.inf
     want = a[0].astype(np.float64) @ weight.T.astype(np.float64)
     got = _shim_gemm(
-        "tunehub_peer_gemm_q8", a, np.ascontiguousarray(weight), True, np.zeros(40, np.float32)
+        FORMAT_GEMMS[fmt], a, np.ascontiguousarray(weight), True, np.zeros(40, np.float32)
     )
     np.testing.assert_allclose(got[0], want, atol=1e-5)
     assert not np.isfinite(got[1:]).any()
@@ -225,14 +249,15 @@ def _onnx_matmul(path: Path, inner: int, outer: int = 10) -> Path:
     return path
 
 
-def test_an_onnx_model_takes_8_bit_weights_along_each_matmuls_reduction(
-    tmp_path, example_model
+@pytest.mark.parametrize(("fmt", "algorithm"), [("q8_0", "q8"), ("q4_0", "q4")])
+def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
+    tmp_path, example_model, fmt, algorithm
 ) -> None:
     """The MLP (784 -> 512 -> 256 -> 10, ONNX): the weights of its last two layers (512 and 256
-    input features) go on Q8_0's grid along their input features, whatever form the exporter
-    gave them (``Gemm`` with ``transB`` or ``MatMul``); the first (784) keeps its values. ONNX
-    Runtime verifies the library against the same quantized model, and the zero-trial build
-    streams the quantized ones in 8 bits."""
+    input features) go on the format's grid along their input features, whatever form the
+    exporter gave them (``Gemm`` with ``transB`` or ``MatMul``); the first (784) keeps its
+    values. ONNX Runtime verifies the library against the same quantized model, and the
+    zero-trial build streams the quantized ones in the format."""
     from onnx import numpy_helper
 
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
@@ -240,10 +265,10 @@ def test_an_onnx_model_takes_8_bit_weights_along_each_matmuls_reduction(
     from compiler.target import cpu_target
     from tuner.finalize import publish_zero_trial
 
-    target = cpu_target(2, replace(CPU_DEFAULT, weights="q8_0"))
+    target = cpu_target(2, replace(CPU_DEFAULT, weights=fmt))
     prepared = prepare_model(example_model("mlp", "onnx"), target)
     report = prepared.model.weight_format
-    assert report.format == "q8_0" and len(report.names) == 2
+    assert report.format == fmt and len(report.names) == 2
     assert report.values == 512 * 256 + 256 * 10
     proto = prepared.model.source
     trans_b = {
@@ -255,7 +280,8 @@ def test_an_onnx_model_takes_8_bit_weights_along_each_matmuls_reduction(
         if tensor.name in report.names:
             values = numpy_helper.to_array(tensor)
             along_inputs = values if trans_b[tensor.name] else values.T
-            assert np.array_equal(q8_0_values(np.ascontiguousarray(along_inputs)), along_inputs)
+            on_grid = FORMAT_VALUES[fmt](np.ascontiguousarray(along_inputs))
+            assert np.array_equal(on_grid, along_inputs)
 
     gemms = [
         task.dispatched[0]
@@ -263,7 +289,7 @@ def test_an_onnx_model_takes_8_bit_weights_along_each_matmuls_reduction(
         if (call := find_peer(task.dispatched[0])) is not None and call.kind == "gemm"
     ]
     assert all(gemm_rows(t, find_peer(t)) == 1 for t in gemms)
-    assert {zero_trial_call(t, target).algorithm for t in gemms} == {"q8"}
+    assert {zero_trial_call(t, target).algorithm for t in gemms} == {algorithm}
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     assert manifest["verification"]["passed"], manifest["verification"]
-    assert manifest["model"]["weights"]["format"] == "q8_0"
+    assert manifest["model"]["weights"]["format"] == fmt
