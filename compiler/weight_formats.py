@@ -31,7 +31,7 @@ format is made in memory on the first call); storing that form in the artifact i
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -131,6 +131,38 @@ class WeightFormatReport:
         }
 
 
+@dataclass
+class _Quantized:
+    """What an ``apply_*`` function has quantized so far: the figures of its report."""
+
+    names: list[str] = field(default_factory=list)
+    values: int = 0
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+
+    def add(self, name: str, original: np.ndarray, quantized: np.ndarray) -> None:
+        """Count how far ``original`` moved; a name seen before (an archive's programs each
+        hold their own copy of a weight) is counted once in ``names`` and ``values``."""
+        change = float(np.abs(quantized - original).max(initial=0.0))
+        peak = float(np.abs(original).max(initial=0.0))
+        self.max_abs = max(self.max_abs, change)
+        self.max_rel = max(self.max_rel, change / peak if peak else 0.0)
+        if name not in self.names:
+            self.names.append(name)
+            self.values += original.size
+
+    def report(self, fmt: str) -> WeightFormatReport:
+        return WeightFormatReport(
+            format=fmt,
+            names=tuple(self.names),
+            values=self.values,
+            float32_bytes=4 * self.values,
+            format_bytes=int(self.values * FORMAT_BYTES_PER_WEIGHT[fmt]),
+            max_abs_change=self.max_abs,
+            max_rel_change=self.max_rel,
+        )
+
+
 def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport | None:
     """Apply ``fmt`` to the weights of ``programs`` (``torch.export`` programs, in place; a
     weight they share is changed once, and a weight of the same name in several programs is
@@ -142,9 +174,7 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
     import torch  # noqa: PLC0415 - .pt2 only
 
     seen: set[int] = set()
-    names: list[str] = []
-    values = 0
-    max_abs = max_rel = 0.0
+    done = _Quantized()
     others: set[str] = set()
     for program in programs:
         for name, tensor in _parameters(program):
@@ -158,16 +188,10 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
             quantized = FORMAT_VALUES[fmt](original)
             if quantized is None:
                 continue
-            change = float(np.abs(quantized - original).max(initial=0.0))
-            peak = float(np.abs(original).max(initial=0.0))
-            max_abs = max(max_abs, change)
-            max_rel = max(max_rel, change / peak if peak else 0.0)
+            done.add(name, original, quantized)  # before the copy: ``original`` is its memory
             with torch.no_grad():
                 tensor.copy_(torch.from_numpy(quantized))
-            if name not in names:  # an archive's programs each hold their own copy: count one
-                names.append(name)
-                values += original.size
-    if not names:
+    if not done.names:
         why = (
             f"its weight matrices are {', '.join(sorted(others))}, and {fmt} quantizes float32 "
             "weights (export the model in float32)"
@@ -176,15 +200,7 @@ def apply_weight_format(programs: Iterable[Any], fmt: str) -> WeightFormatReport
             f"{Q8_BLOCK}"
         )
         raise ModelError("bad_weights", f"--weights {fmt} cannot apply to this model: {why}")
-    return WeightFormatReport(
-        format=fmt,
-        names=tuple(names),
-        values=values,
-        float32_bytes=4 * values,
-        format_bytes=int(values * FORMAT_BYTES_PER_WEIGHT[fmt]),
-        max_abs_change=max_abs,
-        max_rel_change=max_rel,
-    )
+    return done.report(fmt)
 
 
 def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
@@ -206,9 +222,7 @@ def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
             continue
         trans_b = node.op_type == "Gemm" and any(a.name == "transB" and a.i for a in node.attribute)
         axes.setdefault(node.input[1], set()).add(1 if trans_b else 0)
-    names: list[str] = []
-    values = 0
-    max_abs = max_rel = 0.0
+    done = _Quantized()
     for name, reduction in axes.items():
         tensor = initializers.get(name)
         if tensor is None or len(tensor.dims) != 2 or len(reduction) != 1:
@@ -222,28 +236,15 @@ def apply_onnx_weight_format(proto: Any, fmt: str) -> WeightFormatReport | None:
             continue
         if reduction == {0}:
             quantized = quantized.T
-        change = float(np.abs(quantized - original).max(initial=0.0))
-        peak = float(np.abs(original).max(initial=0.0))
-        max_abs = max(max_abs, change)
-        max_rel = max(max_rel, change / peak if peak else 0.0)
+        done.add(name, original, quantized)
         tensor.CopyFrom(numpy_helper.from_array(np.ascontiguousarray(quantized), name))
-        names.append(name)
-        values += original.size
-    if not names:
+    if not done.names:
         raise ModelError(
             "bad_weights",
             f"--weights {fmt} cannot apply to this model: it has no float32 MatMul or Gemm "
             f"weight whose input features are a multiple of {Q8_BLOCK}",
         )
-    return WeightFormatReport(
-        format=fmt,
-        names=tuple(names),
-        values=values,
-        float32_bytes=4 * values,
-        format_bytes=int(values * FORMAT_BYTES_PER_WEIGHT[fmt]),
-        max_abs_change=max_abs,
-        max_rel_change=max_rel,
-    )
+    return done.report(fmt)
 
 
 def _parameters(program: Any) -> list[tuple[str, Any]]:

@@ -284,13 +284,24 @@ extern "C" int tunehub_peer_gemm_packed(const float* a, const float* b, float* c
 // grid; any other B takes what the rows' default algorithm does (OpenBLAS for one row, the
 // packed GEMM for more: compiler/peers/algorithms.py).
 namespace {
-// The 8- and 4-bit GEMMs' entry points: ``quantized()`` computes C from B's cached form and
-// returns true where B is on its format's grid; otherwise C is what the rows' default computes.
-template <typename Quantized>
-int QuantizedOrDefault(const Quantized& quantized, const float* a, const float* b, float* c,
-                       int64_t batch, int64_t m, int64_t n, int64_t k, int32_t trans_b,
-                       int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
-  if (!b_batched && quantized()) return 0;
+// The 8- and 4-bit GEMMs' entry points, over one format's pieces (q8:: or q4::): C from B's
+// cached form where B is on the format's grid, else what the rows' default computes.
+template <typename Shape>
+int QuantizedOrDefault(bool (*on_grid)(const float*, const Shape&, bool),
+                       WeightCache::Block (*cached)(const float*, const Shape&, bool),
+                       void (*gemm)(const float*, const float*, float*, int64_t, const Shape&,
+                                    const Epilogue&),
+                       const float* a, const float* b, float* c, int64_t batch, int64_t m,
+                       int64_t n, int64_t k, int32_t trans_b, int32_t b_batched,
+                       TUNEHUB_EPILOGUE_ARGS) {
+  const Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};  // both formats' tiles and blocks
+  if (!b_batched && k % q8::kBlock == 0 && on_grid(b, s, trans_b != 0)) {
+    const WeightCache::Block w = cached(b, s, trans_b != 0);
+    if ((*w)[0] != 0.0f) {
+      gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
+      return 0;
+    }
+  }
   if (batch * m == 1) {
     GemmOpenBlas(a, b, c, batch, m, n, k, trans_b, b_batched, TUNEHUB_EPILOGUE);
     return 0;
@@ -304,31 +315,17 @@ int QuantizedOrDefault(const Quantized& quantized, const float* a, const float* 
 extern "C" int tunehub_peer_gemm_q8(const float* a, const float* b, float* c, int64_t batch,
                                     int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                     int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
-  const q8::Shape s{k, n, (n + q8::kTile - 1) / q8::kTile};
-  const auto quantized = [&] {
-    if (k % q8::kBlock || !q8::FirstRunOnGrid(b, s, trans_b != 0)) return false;
-    const WeightCache::Block w = q8::QuantizedWeight(b, s, trans_b != 0);
-    if ((*w)[0] == 0.0f) return false;
-    q8::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
-    return true;
-  };
-  return QuantizedOrDefault(quantized, a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
-                            residual, lo, hi);
+  return QuantizedOrDefault<q8::Shape>(q8::FirstRunOnGrid, q8::QuantizedWeight, q8::Gemm, a, b,
+                                       c, batch, m, n, k, trans_b, b_batched, flags, bias,
+                                       residual, lo, hi);
 }
 
 extern "C" int tunehub_peer_gemm_q4(const float* a, const float* b, float* c, int64_t batch,
                                     int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                     int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
-  const q4::Shape s{k, n, (n + q4::kTile - 1) / q4::kTile};
-  const auto quantized = [&] {
-    if (k % q4::kBlock || !q4::FirstRunOnGrid(b, s, trans_b != 0)) return false;
-    const WeightCache::Block w = q4::QuantizedWeight(b, s, trans_b != 0);
-    if ((*w)[0] == 0.0f) return false;
-    q4::Gemm(a, w->data(), c, batch * m, s, TUNEHUB_EPILOGUE);
-    return true;
-  };
-  return QuantizedOrDefault(quantized, a, b, c, batch, m, n, k, trans_b, b_batched, flags, bias,
-                            residual, lo, hi);
+  return QuantizedOrDefault<q4::Shape>(q4::FirstRunOnGrid, q4::QuantizedWeight, q4::Gemm, a, b,
+                                       c, batch, m, n, k, trans_b, b_batched, flags, bias,
+                                       residual, lo, hi);
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,
