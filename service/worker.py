@@ -114,6 +114,8 @@ class Worker:
         self.leases_done = 0
         self._cost_model: tuple[int, object] | None = None  # (stored id, TrainedModel)
         self._task_models: dict[tuple[int, int | None], object] = {}  # (job, task) -> model
+        # The last model prepared (_prepared), its key and the folder its file was fetched into.
+        self._last_prepared: tuple[tuple, object, tempfile.TemporaryDirectory] | None = None
         self._next_retrain = time.monotonic() + settings.cost_model_retrain_secs
 
     @property
@@ -158,6 +160,7 @@ class Worker:
                     break
         finally:
             self.stop.set()
+            self._forget_prepared()
             with contextlib.suppress(Exception):
                 self._beat("offline")
         return self.leases_done
@@ -372,26 +375,49 @@ class Worker:
             raise ValueError(f"lease {offer.lease_id} is for target {offer.target.key}, not ours")
         return variant
 
-    def _prepared(self, offer: WorkOffer, folder: Path) -> Any:
-        """The job's model, downloaded into ``folder`` and prepared for this worker's target as
-        its upload was (format, buckets); a ``str`` (why not) when it cannot be."""
+    def _prepared(self, offer: WorkOffer) -> Any:
+        """The job's model, downloaded and prepared for this worker's target as its upload was
+        (format, buckets); a ``str`` (why not) when it cannot be.
+
+        The worker keeps the last model it prepared, with its downloaded file, until it prepares
+        another: a job's preview and finalize leases on one worker (the embedded worker's case)
+        download and prepare it once. A prepared model is the same for the same file, target and
+        buckets (``offer``'s model hash, target key, format and buckets are the key)."""
         from compiler.buckets import bucket_values  # noqa: PLC0415 - with the compiler
         from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
 
+        key = (offer.model_sha256, offer.target.key, offer.model_format, offer.model_buckets)
+        if self._last_prepared is not None and offer.model_sha256 and self._last_prepared[0] == key:
+            logger.info("lease %s: the model prepared for the last lease", offer.lease_id)
+            return self._last_prepared[1]
+        self._forget_prepared()
+        folder = tempfile.TemporaryDirectory(prefix="tunehub-model-")
         try:
-            path = self.client.model_file(offer, folder)
-        except WorkerApiError as err:
-            return err.detail
-        try:
-            return prepare_model(
+            path = self.client.model_file(offer, Path(folder.name))
+            prepared = prepare_model(
                 path,
                 self.job_target(offer),
                 limits=self.settings.model_limits(),
                 expected_format=offer.model_format,  # type: ignore[arg-type]
                 buckets=bucket_values(offer.model_buckets),
             )
+        except WorkerApiError as err:
+            folder.cleanup()
+            return err.detail
         except ModelError as err:
+            folder.cleanup()
             return f"model refused: {err}"
+        except BaseException:
+            folder.cleanup()
+            raise
+        self._last_prepared = (key, prepared, folder)
+        return prepared
+
+    def _forget_prepared(self) -> None:
+        """Drop the kept prepared model and delete its downloaded file."""
+        if self._last_prepared is not None:
+            self._last_prepared[2].cleanup()
+            self._last_prepared = None
 
     def _build_and_publish(self, current: _Current, build: Callable[[Path], Any]) -> str:
         """Run ``build(out_dir)`` (it writes a verified artifact) in a staging folder and upload
@@ -428,36 +454,35 @@ class Worker:
         from tuner.remeasure import RemeasureConfig  # noqa: PLC0415 - TVM
 
         offer = current.offer
-        with tempfile.TemporaryDirectory(prefix="tunehub-finalize-") as tmp:
-            prepared = self._prepared(offer, Path(tmp))
-            if isinstance(prepared, str):
-                return self._end(offer, "failed", prepared)
-            try:
-                remeasure = RemeasureConfig.from_env()
-            except ValueError as err:  # a bad TUNEHUB_REMEASURE_* setting: say so, keep serving
-                return self._end(offer, "failed", str(err))
-            best = {
-                task.key: self.client.records(task.key, offer.target.key, max(1, remeasure.top))
-                for task in prepared.partition.tasks
-            }
+        prepared = self._prepared(offer)
+        if isinstance(prepared, str):
+            return self._end(offer, "failed", prepared)
+        try:
+            remeasure = RemeasureConfig.from_env()
+        except ValueError as err:  # a bad TUNEHUB_REMEASURE_* setting: say so, keep serving
+            return self._end(offer, "failed", str(err))
+        best = {
+            task.key: self.client.records(task.key, offer.target.key, max(1, remeasure.top))
+            for task in prepared.partition.tasks
+        }
 
-            def build(out_dir: Path) -> None:
-                # The top records re-measured side by side; the build uses each task's winner,
-                # and the manifest carries the re-measurements for the server to store.
-                winners = choose_winners(prepared, best, remeasure, rpc=self.rpc)
-                outcomes = winners.outcomes(finalize_outcomes(prepared, offer.tasks, best))
-                publish_tuned(
-                    prepared,
-                    winners.database,
-                    out_dir,
-                    job_id=offer.job_id,
-                    trials_measured=offer.job_trials_done,
-                    outcomes=outcomes,
-                    remeasured=winners.to_json(),
-                    peers=winners.peers,
-                )
+        def build(out_dir: Path) -> None:
+            # The top records re-measured side by side; the build uses each task's winner, and
+            # the manifest carries the re-measurements for the server to store.
+            winners = choose_winners(prepared, best, remeasure, rpc=self.rpc)
+            outcomes = winners.outcomes(finalize_outcomes(prepared, offer.tasks, best))
+            publish_tuned(
+                prepared,
+                winners.database,
+                out_dir,
+                job_id=offer.job_id,
+                trials_measured=offer.job_trials_done,
+                outcomes=outcomes,
+                remeasured=winners.to_json(),
+                peers=winners.peers,
+            )
 
-            return self._build_and_publish(current, build)
+        return self._build_and_publish(current, build)
 
     def _preview(self, current: _Current) -> str:
         """The job's zero-trial library (:func:`tuner.finalize.publish_zero_trial`), verified and
@@ -465,13 +490,12 @@ class Worker:
         from tuner.finalize import publish_zero_trial  # noqa: PLC0415 - TVM
 
         offer = current.offer
-        with tempfile.TemporaryDirectory(prefix="tunehub-preview-") as tmp:
-            prepared = self._prepared(offer, Path(tmp))
-            if isinstance(prepared, str):
-                return self._end(offer, "failed", prepared)
-            return self._build_and_publish(
-                current, lambda out_dir: publish_zero_trial(prepared, out_dir, job_id=offer.job_id)
-            )
+        prepared = self._prepared(offer)
+        if isinstance(prepared, str):
+            return self._end(offer, "failed", prepared)
+        return self._build_and_publish(
+            current, lambda out_dir: publish_zero_trial(prepared, out_dir, job_id=offer.job_id)
+        )
 
     # -- shutdown ------------------------------------------------------------------------------
     def shutdown(self, signum: int) -> None:

@@ -10,6 +10,14 @@ pool per batch, a MobileNetV2 run of 68 trials spent a quarter of its CPU time o
 after :data:`BUILDS_PER_WORKER` builds (LocalBuilder restarts its pool because of "a known memory
 leak issue with the PopenPool workers after a couple times of usage").
 
+One process, one set of measurement workers: :func:`make_builder` and :func:`make_runner` hand
+out builders and runners over popen workers the process keeps (one builder pool per build
+setting, one runner worker per run timeout), so a job's search, its final re-measure and a
+worker's next lease start no fresh process. Each fresh worker spent ~4 s importing TVM and
+checking its functions: a ``tunehub tune`` of a small decoder spent 16 of its 74 s starting the
+four pools its search and re-measure made (cProfile, 2026-12-07). Closing a builder ends its
+workers; the next build starts new ones.
+
 Evaluator settings: each candidate is timed ``repeat`` times, each repeat running for at least
 ``min_repeat_ms``; the stored ``run_secs`` are those repeats, and TuneHub ranks by their mean.
 ``bench/bench_measure_spread.py`` measures how far repeated measurements of one schedule drift.
@@ -25,13 +33,15 @@ spill registers) on a host building 16 candidates at once.
 
 from __future__ import annotations
 
+import atexit
+import threading
 from dataclasses import dataclass
 from typing import Any
 
 from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.meta_schedule.builder import local_builder
-from tvm.s_tir.meta_schedule.runner import EvaluatorConfig
+from tvm.s_tir.meta_schedule.runner import EvaluatorConfig, local_runner
 from tvm.support.popen_pool import PopenPoolExecutor, StatusKind
 
 from compiler.peers import load_peers
@@ -158,13 +168,85 @@ class PooledBuilder(local_builder.LocalBuilder._cls):  # noqa: SLF001 - derived_
             self._pool = None
 
 
+#: Candidates a runner worker times before it is replaced by a fresh process: a bound on what a
+#: long-lived worker (``tunehub worker`` runs for days) accumulates, as for the builder's.
+RUNS_PER_WORKER = 1000
+
+
+@derived_object
+class PooledRunner(local_runner.LocalRunner._cls):  # noqa: SLF001 - derived_object's rule
+    """MetaSchedule's LocalRunner (its run, results and error messages) over a popen worker it
+    is given rather than one it starts: :func:`make_runner` gives every runner of a run timeout
+    the same worker, whatever its evaluator settings."""
+
+    def __init__(
+        self, pool: PopenPoolExecutor, timeout_sec: float, evaluator_config: EvaluatorConfig
+    ) -> None:
+        # LocalRunner.__init__ would start a worker of its own: set its fields instead.
+        self.timeout_sec = timeout_sec
+        self.evaluator_config = EvaluatorConfig._normalized(evaluator_config)  # noqa: SLF001
+        self.cooldown_sec = 0.0
+        self.alloc_repeat = 1
+        self.f_alloc_argument = None
+        self.f_run_evaluator = None
+        self.f_cleanup = None
+        self.pool = pool
+
+
+_pools_lock = threading.Lock()
+_builders: dict[tuple[int | None, float], PooledBuilder] = {}
+_runner_pools: dict[float, PopenPoolExecutor] = {}
+
+
 def make_builder(config: MeasureConfig) -> PooledBuilder:
-    """The tuner's builder: :func:`fast_build` in pooled workers (call ``close()`` when done)."""
-    return PooledBuilder(
-        max_workers=config.builder_workers,
-        timeout_sec=config.build_timeout_sec,
-        f_build=fast_build,
-    )
+    """The process's builder for ``config``'s build settings (workers, timeout): :func:`fast_build`
+    in pooled workers, made on first use and kept. ``close()`` ends its workers; its next build
+    starts new ones."""
+    key = (config.builder_workers, config.build_timeout_sec)
+    with _pools_lock:
+        builder = _builders.get(key)
+        if builder is None:
+            builder = _builders[key] = PooledBuilder(
+                max_workers=config.builder_workers,
+                timeout_sec=config.build_timeout_sec,
+                f_build=fast_build,
+            )
+        return builder
+
+
+def _runner_pool(timeout_sec: float) -> PopenPoolExecutor:
+    """The process's runner worker for ``timeout_sec``: one popen worker with the library peers
+    loaded (:func:`compiler.peers.load_peers`), started and checked on first use, replaced after
+    :data:`RUNS_PER_WORKER` candidates or a timeout."""
+    with _pools_lock:
+        pool = _runner_pools.get(timeout_sec)
+        if pool is None:
+            pool = PopenPoolExecutor(
+                max_workers=1,
+                timeout=timeout_sec,
+                initializer=load_peers,  # library peers' calls resolve in the worker
+                maximum_process_uses=RUNS_PER_WORKER,
+            )
+            pool.submit(_started).result()
+            _runner_pools[timeout_sec] = pool
+        return pool
+
+
+def _started() -> None:
+    """In a runner worker: nothing. Submitted once so that the worker starts (imports TVM, loads
+    the peers) before the first candidate, whose timeout would otherwise include that."""
+
+
+@atexit.register
+def _shutdown_pools() -> None:
+    """End the process's measurement workers at exit."""
+    with _pools_lock:
+        for builder in _builders.values():
+            builder.close()
+        for pool in _runner_pools.values():
+            pool.shutdown(wait=False)
+        _builders.clear()
+        _runner_pools.clear()
 
 
 @dataclass(frozen=True)
@@ -224,7 +306,8 @@ def create_rpc_session(rpc_config: ms.runner.RPCConfig) -> Any:
 
 
 def make_runner(config: MeasureConfig, rpc: RpcConfig | None = None) -> ms.runner.Runner:
-    """A local runner, or an ``RPCRunner`` through the tracker in ``rpc``."""
+    """A local runner with ``config``'s evaluator settings over the process's runner worker for
+    its run timeout, or an ``RPCRunner`` through the tracker in ``rpc``."""
     if rpc is not None:
         return ms.runner.RPCRunner(
             rpc_config=rpc.ms_config(),
@@ -232,8 +315,6 @@ def make_runner(config: MeasureConfig, rpc: RpcConfig | None = None) -> ms.runne
             f_create_session=create_rpc_session,
             max_workers=rpc.max_sessions,
         )
-    return ms.runner.LocalRunner(
-        timeout_sec=config.run_timeout_sec,
-        evaluator_config=config.evaluator(),
-        initializer=load_peers,  # library peers' calls resolve in the worker (compiler.peers)
+    return PooledRunner(
+        _runner_pool(config.run_timeout_sec), config.run_timeout_sec, config.evaluator()
     )

@@ -215,10 +215,7 @@ def time_side_by_side(
         return [tuple(t) for t in times]
     measure = dataclasses.replace(measure or MeasureConfig.for_target(target.kind), repeat=1)
     builder, runner = make_builder(measure), make_runner(measure, rpc)
-    try:
-        built = dict(zip(buildable, builder.build([inputs[i][0] for i in buildable])))
-    finally:
-        builder.close()
+    built = dict(zip(buildable, builder.build([inputs[i][0] for i in buildable])))
     runnable = [i for i in buildable if built[i].error_msg is None]
     for round_index in range(rounds if runnable else 0):
         shift = round_index % len(runnable)

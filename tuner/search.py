@@ -209,28 +209,25 @@ def run_search(
     warm_start(model, contexts, database)
     device = "cuda" if target_kind == "cuda" else "cpu"
     builder, runner = make_builder(measure), make_runner(measure, rpc)
-    try:
-        ms.tune_tasks(
-            tasks=contexts,
-            task_weights=weights,
-            work_dir=work_dir,
-            max_trials_global=trials,
-            num_trials_per_iter=max(1, min(batch_size, trials)),
-            builder=builder,
-            runner=runner,
-            database=database,
-            cost_model=model,
-            measure_callbacks=[*defaults, *callbacks],
-            task_scheduler=BatchCommittingGradient(
-                seed=seed,
-                max_trials=trials,
-                seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
-                if seeders
-                else None,
-            ),
-        )
-    finally:
-        builder.close()
+    ms.tune_tasks(
+        tasks=contexts,
+        task_weights=weights,
+        work_dir=work_dir,
+        max_trials_global=trials,
+        num_trials_per_iter=max(1, min(batch_size, trials)),
+        builder=builder,
+        runner=runner,
+        database=database,
+        cost_model=model,
+        measure_callbacks=[*defaults, *callbacks],
+        task_scheduler=BatchCommittingGradient(
+            seed=seed,
+            max_trials=trials,
+            seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
+            if seeders
+            else None,
+        ),
+    )
     return search_report(seeds, skip, defaults_seeder)
 
 

@@ -99,10 +99,16 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
             if any(c["chosen"] and "trace_hash" in c for c in t["candidates"])
         ]
         assert sum(m["chosen"] for m in again) == len(records_won)
-        # The tuned library differs from the preview where a tuned record won a task (where the
-        # peers and default schedules won every re-measure it may be the same build, byte for
-        # byte: a 12-trial search of this MLP sometimes finds nothing faster).
-        if records_won:
+        # The tuned library differs from the preview where a tuned record won a task and the
+        # tuned library was published (where the peers and default schedules won every
+        # re-measure it may be the same build, byte for byte: a 12-trial search of this MLP
+        # sometimes finds nothing faster). Where the whole-model comparison found the zero-trial
+        # library faster, that library is published: the preview's build, byte for byte.
+        published = manifest["final_choice"]["published"]
+        assert published in {"tuned", "zero_trial"} and manifest["final_choice"]["compared"]
+        if published == "zero_trial":
+            assert preview["sha256"] == artifact["sha256"]
+        elif records_won:
             assert preview["sha256"] != artifact["sha256"]
         assert {t["key"] for t in manifest["remeasured"]} <= {w["key"] for w in workloads["data"]}
         key = workloads["data"][0]["key"]

@@ -37,3 +37,31 @@ def test_workers_survive_batches_and_close_ends_them() -> None:
         builder.close()
     (pid,) = pids
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+
+
+def test_one_builder_and_one_runner_worker_per_process() -> None:
+    """A search, a re-measure and the next lease ask for a builder and a runner: they get the
+    process's own, whose workers already run (no fresh process and TVM import each time). Runners
+    with other evaluator settings share the worker of their run timeout, and time as they say."""
+    import numpy as np
+
+    from tuner.measure import make_runner
+
+    config = MeasureConfig(builder_workers=1)
+    builder = make_builder(config)
+    assert make_builder(config) is builder
+    target = tvm.target.Target("llvm")
+    (built,) = builder.build([ms.builder.BuilderInput(_add_one(), target)])
+    args = ms.arg_info.ArgInfo.from_prim_func(_add_one()["main"])
+    one, three = make_runner(config), make_runner(MeasureConfig(repeat=3))
+    assert one.pool is three.pool
+    pids = {w._proc.pid for w in one.pool._worker_map.values()}  # noqa: SLF001
+    timed = []
+    for runner in (one, three, make_runner(config)):
+        (future,) = runner.run([ms.runner.RunnerInput(built.artifact_path, "cpu", args)])
+        result = future.result()
+        assert result.error_msg is None
+        timed.append(len(result.run_secs))
+        assert np.all(np.asarray([float(s) for s in result.run_secs]) > 0)
+    assert timed == [5, 3, 5]
+    assert {w._proc.pid for w in one.pool._worker_map.values()} == pids  # noqa: SLF001
