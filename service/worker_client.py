@@ -25,6 +25,7 @@ import httpx
 import db
 from cost_model.version import latest_model_blob
 from tuner import coordinator
+from tuner.record_checks import RecordRefused
 from tuner.work import (
     BatchAck,
     BatchUpload,
@@ -299,7 +300,7 @@ class DirectClient:
                 return fn()
             except db.NotFoundError as err:
                 raise WorkerApiError(404, "not_found", str(err)) from None
-            except coordinator.RecordRefused as err:
+            except RecordRefused as err:
                 raise WorkerApiError(422, "invalid_request", str(err)) from None
             except (db.ConflictError, db.InvalidTransitionError) as err:
                 raise WorkerApiError(409, "conflict", str(err)) from None

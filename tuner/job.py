@@ -26,6 +26,7 @@ into one library with a function per bucket, verified at every bucket; the summa
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import tempfile
@@ -60,6 +61,7 @@ from tuner.remeasure import RemeasureConfig
 from tuner.remeasure_store import store_remeasurements
 from tuner.reports import SearchReport
 from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
+from tuner.search_time import SearchTime
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds
 from tuner.workloads import register_prepared
 
@@ -72,7 +74,8 @@ class TuneSummary:
     job's schedule table (what it did with each task, the tuned build's implementation);
     ``measured``: the published library's timing; ``extra["final_choice"]``: whether that
     library is the tuned or the zero-trial build (:meth:`tuner.final_choice.FinalChoice.to_json`,
-    without the unpublished build's table)."""
+    without the unpublished build's table); ``extra["search_time"]``: where this run's search
+    spent its time (:meth:`tuner.search_time.SearchTime.to_json`; ``None``: nothing searched)."""
 
     job_id: int
     resumed: bool
@@ -378,6 +381,7 @@ def _run_job(
     to_tune = plan.to_tune
     seeds = None
     report = SearchReport()
+    times: list[SearchTime] = []
     if to_tune and remaining > 0:
         index = {t.key: i for i, t in enumerate(tasks)}
         extracted = [prepared.partition.extracted[index[t.key]] for t in to_tune]
@@ -400,6 +404,7 @@ def _run_job(
                 cost_model=cost_model.model,
                 seed=seed,
                 seeds=seeds,
+                on_time=times.append,
             )
     report = report.with_cost_model(cost_model.kind)
     if to_tune and remaining > 0:
@@ -479,6 +484,11 @@ def _run_job(
             "cost_model": cost_model.summary(),
             "sibling_seeds": seeds.summary() if seeds is not None else None,
             "search": report.to_json(),
+            "search_time": (
+                dataclasses.replace(times[0], trials=measured_total - measured_before).to_json()
+                if times
+                else None
+            ),
             "final_choice": final_choice_summary(manifest),
         },
     )

@@ -1,7 +1,7 @@
 """One plausibility rule for every measurement the server stores from outside (issue 31).
 
 A measurement is the time of one call of a task's kernel, in seconds: a tuning record's mean
-(:func:`tuner.coordinator.check_records`), a re-measurement's or a library record's median of
+(:func:`tuner.record_checks.check_records`), a re-measurement's or a library record's median of
 rounds (:mod:`tuner.remeasure_store`). It is *implausible* when it is faster than any of three
 physical limits of the task on its kind of target (:class:`Limits`):
 

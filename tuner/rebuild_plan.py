@@ -4,7 +4,7 @@ A remote worker's ``model.so`` is native code the server never runs in its own t
 (:mod:`tuner.artifact_review`). Where the server can build for the job's target, it compiles the
 artifact itself, and this module says from what. Every schedule comes from the server's own
 database (records it accepted as evidence: each trace replayed on its workload when it was
-uploaded, :func:`tuner.coordinator.check_records`); the worker's manifest only *chooses* among
+uploaded, :func:`tuner.record_checks.check_records`); the worker's manifest only *chooses* among
 them, as its side-by-side re-measurement did (:mod:`tuner.remeasure`):
 
 - a task whose chosen candidate is a stored record builds with that record alone, if the server

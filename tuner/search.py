@@ -14,7 +14,7 @@ from __future__ import annotations
 import importlib.util
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,6 +25,7 @@ from tuner.database.primed import SiblingPrimedDatabase
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.reports import SearchReport
 from tuner.search_strategy.skip_stored import SkipStoredSchedules
+from tuner.search_time import SearchTime, profiled
 from tuner.space import design_space
 from tuner.task_scheduler.default_schedules import DefaultScheduleSeeds
 from tuner.task_scheduler.gradient import BatchCommittingGradient
@@ -147,6 +148,7 @@ def run_search(
     seed: int | None = None,
     seeds: SiblingSeeds | None = None,
     rpc: RpcConfig | None = None,
+    on_time: Callable[[SearchTime], None] | None = None,
 ) -> SearchReport:
     """Tune ``extracted_tasks`` for at most ``trials`` (seeds included) with MetaSchedule.
 
@@ -168,7 +170,9 @@ def run_search(
     - measure callbacks: MetaSchedule's defaults (database commit, artifact removal but over
       ``rpc``, cost-model update) plus ``callbacks``; runner: local, or ``rpc``'s tracker.
 
-    ``space`` defaults to :func:`tuner.space.design_space` of the target. Returns what the search
+    ``space`` defaults to :func:`tuner.space.design_space` of the target. ``on_time`` is called
+    with where the search's time went (:class:`tuner.search_time.SearchTime`, MetaSchedule's
+    profiler; trials not counted) when it ends without raising. Returns what the search
     features did (``cost_model`` left ``cold``: the caller knows which model it passed). Raises
     whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks), and whatever a callback
     raises to stop tuning.
@@ -209,25 +213,28 @@ def run_search(
     warm_start(model, contexts, database)
     device = "cuda" if target_kind == "cuda" else "cpu"
     builder, runner = make_builder(measure), make_runner(measure, rpc)
-    ms.tune_tasks(
-        tasks=contexts,
-        task_weights=weights,
-        work_dir=work_dir,
-        max_trials_global=trials,
-        num_trials_per_iter=max(1, min(batch_size, trials)),
-        builder=builder,
-        runner=runner,
-        database=database,
-        cost_model=model,
-        measure_callbacks=[*defaults, *callbacks],
-        task_scheduler=BatchCommittingGradient(
-            seed=seed,
-            max_trials=trials,
-            seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
-            if seeders
-            else None,
-        ),
-    )
+    with profiled() as scopes:
+        ms.tune_tasks(
+            tasks=contexts,
+            task_weights=weights,
+            work_dir=work_dir,
+            max_trials_global=trials,
+            num_trials_per_iter=max(1, min(batch_size, trials)),
+            builder=builder,
+            runner=runner,
+            database=database,
+            cost_model=model,
+            measure_callbacks=[*defaults, *callbacks],
+            task_scheduler=BatchCommittingGradient(
+                seed=seed,
+                max_trials=trials,
+                seeding=SeedChain(seeders, builder=builder, runner=runner, device=device)
+                if seeders
+                else None,
+            ),
+        )
+    if on_time is not None:  # the profiler's Total is set when it exits
+        on_time(SearchTime.from_scopes(scopes()))
     return search_report(seeds, skip, defaults_seeder)
 
 

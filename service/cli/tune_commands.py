@@ -131,4 +131,8 @@ def _print_summary(summary) -> None:
     est = "n/a" if summary.estimated_secs is None else f"{summary.estimated_secs * 1e3:.3f} ms"
     measured = "n/a" if summary.measured is None else f"{summary.measured.median_secs * 1e3:.3f} ms"
     console.print(f"estimated {est}, measured {measured}; {summary.verification['message']}")
+    if summary.extra.get("search_time"):
+        from tuner.search_time import SearchTime
+
+        console.print(SearchTime.from_json(summary.extra["search_time"]).describe())
     console.print(f"artifact: {summary.artifact_dir}")

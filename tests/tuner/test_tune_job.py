@@ -215,6 +215,13 @@ def test_every_example_tunes_in_both_formats(storage, example_model, tmp_path, n
         assert summary.verification["passed"], summary.verification
         assert summary.trials_this_run >= 4
         assert (tmp_path / fmt / "model.so").is_file()
+        # Where the search's time went (MetaSchedule's profiler): candidates were sampled, built
+        # and run, and the phases add up to the run's time.
+        timed = summary.to_json()["search_time"]
+        phases = timed["phases_secs"]
+        assert timed["trials"] == summary.trials_this_run and timed["trials_per_sec"] > 0
+        assert all(phases[p] > 0 for p in ("sample", "build", "run", "record"))
+        assert sum(phases.values()) == pytest.approx(timed["total_secs"], abs=0.01)
         summaries.append(summary)
     onnx_run, torch_run = summaries
     tuned_first = {t.key for t in onnx_run.tasks if t.action == "tune"}
