@@ -92,15 +92,16 @@ class TuneHubRuntime:
         capacity = -(-capacity // 64) * 64
         folder = model.cache_dir / "tunehub"
         folder.mkdir(parents=True, exist_ok=True)
-        suffix = {"fp32": "", "bf16": "-bf16", "8-bit": "-q8_0", "4-bit": "-q4_0"}[self.precision]
+        # The export is in the dtype; a weight format is applied to it at compile.
+        dtype_tag = "-bf16" if self.dtype == "bfloat16" else ""
+        weights_tag = "" if self.weights == "as_exported" else f"-{self.weights}"
         start = time.perf_counter()
         batches = [1] + ([4] if settings.batch4_contexts else [])
         artifacts = {}
         for batch in batches:  # every compile before any library is loaded: memory
-            tag = suffix + (f"-b{batch}" if batch > 1 else "")
-            # the float32 export, quantized at compile
-            export_tag = tag.replace("-q8_0", "").replace("-q4_0", "")
-            program = folder / f"static-{capacity}{export_tag}.pt2"
+            batch_tag = f"-b{batch}" if batch > 1 else ""
+            tag = dtype_tag + weights_tag + batch_tag
+            program = folder / f"static-{capacity}{dtype_tag}{batch_tag}.pt2"
             if not program.is_file():
                 _export(model.folder, program, capacity, self.dtype, batch)
             out = folder / ((f"tuned-{self.trials}" if self.trials else "zero-trial") + tag)

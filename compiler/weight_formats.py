@@ -30,7 +30,7 @@ format is made in memory on the first call); storing that form in the artifact i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -65,17 +65,9 @@ def q8_0_values(weight: np.ndarray) -> np.ndarray | None:
     ``q = clip(rint(w / s), -127, 127)`` (``q = 0`` where ``s`` is 0). Idempotent: values already
     on the grid come back unchanged. ``None`` when the weight cannot take the format (a value
     that is not finite, a scale past float16's range)."""
-    if weight.dtype != np.float32 or weight.shape[-1] % Q8_BLOCK or not np.isfinite(weight).all():
-        return None
-    blocks = weight.reshape(*weight.shape[:-1], weight.shape[-1] // Q8_BLOCK, Q8_BLOCK)
-    absmax = np.abs(blocks).max(axis=-1, keepdims=True)
-    with np.errstate(over="ignore"):
-        scale = (absmax / np.float32(127)).astype(np.float16).astype(np.float32)
-    if not np.isfinite(scale).all():
-        return None
-    with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale > 0, np.clip(np.rint(blocks / scale), -127, 127), np.float32(0))
-    return (q.astype(np.float32) * scale).reshape(weight.shape)
+    return _on_grid(
+        weight, lambda blocks: np.abs(blocks).max(axis=-1, keepdims=True) / 127, -127, 127
+    )
 
 
 def q4_0_values(weight: np.ndarray) -> np.ndarray | None:
@@ -84,17 +76,31 @@ def q4_0_values(weight: np.ndarray) -> np.ndarray | None:
     ``s = float16(m / -8)`` and ``q = clip(rint(w / s), -8, 7)`` (``m`` becomes ``-8 s``, so the
     block keeps its scale when quantized again: idempotent). ``None`` when the weight cannot
     take the format."""
+
+    def first_largest_over_minus_8(blocks: np.ndarray) -> np.ndarray:
+        first_largest = np.abs(blocks).argmax(axis=-1)[..., None]
+        return np.take_along_axis(blocks, first_largest, axis=-1) / np.float32(-8)
+
+    return _on_grid(weight, first_largest_over_minus_8, -8, 7)
+
+
+def _on_grid(
+    weight: np.ndarray, scale_of: Callable[[np.ndarray], np.ndarray], lo: int, hi: int
+) -> np.ndarray | None:
+    """``weight`` quantized and dequantized by blocks of :data:`Q8_BLOCK` along its last axis:
+    ``q * s`` with ``s = float16(scale_of(blocks))`` (one per block) and
+    ``q = clip(rint(w / s), lo, hi)`` (``q = 0`` where ``s`` is 0). ``None`` for a weight that
+    is not float32, not a whole number of blocks, or not finite, and for a scale past float16's
+    range."""
     if weight.dtype != np.float32 or weight.shape[-1] % Q8_BLOCK or not np.isfinite(weight).all():
         return None
     blocks = weight.reshape(*weight.shape[:-1], weight.shape[-1] // Q8_BLOCK, Q8_BLOCK)
-    first_largest = np.abs(blocks).argmax(axis=-1)[..., None]
-    largest = np.take_along_axis(blocks, first_largest, axis=-1)
     with np.errstate(over="ignore"):
-        scale = (largest / np.float32(-8)).astype(np.float16).astype(np.float32)
+        scale = scale_of(blocks).astype(np.float32).astype(np.float16).astype(np.float32)
     if not np.isfinite(scale).all():
         return None
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale != 0, np.clip(np.rint(blocks / scale), -8, 7), np.float32(0))
+        q = np.where(scale != 0, np.clip(np.rint(blocks / scale), lo, hi), np.float32(0))
     return (q.astype(np.float32) * scale).reshape(weight.shape)
 
 
