@@ -41,7 +41,9 @@ class SearchReport:
     """What the search features did in one tuning run (a lease, or a ``tunehub tune`` run):
     sibling seeds measured and how many of them ran, sibling records that did not replay, seeds
     left out as already stored, candidates dropped because the database held them, default
-    schedules measured (GPU), and the cost model used (``transfer`` or ``cold``).
+    schedules measured (GPU), batches drawn without evolution while the cost model ranked at
+    random and batches evolved (:mod:`tuner.search_strategy.cold_start`), and the cost model
+    used (``transfer`` or ``cold``).
 
     Raises ``ValueError`` for a count outside 0..10^7 or another cost model.
     """
@@ -54,6 +56,8 @@ class SearchReport:
     seeds_already_stored: int = 0
     skipped_stored: int = 0
     default_schedules: int = 0
+    cold_batches: int = 0
+    evolved_batches: int = 0
     cost_model: Literal["transfer", "cold"] = "cold"
 
     def __post_init__(self) -> None:

@@ -24,6 +24,7 @@ from compiler.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.reports import SearchReport
+from tuner.search_strategy.cold_start import ColdStartSearch, ranks_at_random
 from tuner.search_strategy.skip_stored import SkipStoredSchedules
 from tuner.search_time import SearchTime, profiled
 from tuner.space import design_space
@@ -42,6 +43,9 @@ class SearchConfig:
     rows measure siblings' best schedules first (:mod:`tuner.task_scheduler.sibling_seeds`);
     ``sibling_population`` (TuneHub's too; off: no gain shown in an A/B pair) puts siblings'
     refitted schedules in each batch's initial population (:mod:`tuner.database.primed`).
+    ``cold_population`` (TuneHub's): while the cost model ranks at random, batches come from a
+    population of this size (at least twice the batch) without genetic generations
+    (:mod:`tuner.search_strategy.cold_start`); 0 evolves every batch as configured.
     """
 
     population_size: int = 512
@@ -52,15 +56,38 @@ class SearchConfig:
     eps_greedy: float = 0.05
     sibling_seeds: bool = True
     sibling_population: bool = False
+    cold_population: int = 64
 
-    def strategy(self) -> ms.search_strategy.EvolutionarySearch:
+    def evolutionary(
+        self, population_size: int | None = None, genetic_num_iters: int | None = None
+    ) -> ms.search_strategy.EvolutionarySearch:
+        """MetaSchedule's evolutionary search with these settings (or the two overridden)."""
+        population = self.population_size if population_size is None else population_size
         return ms.search_strategy.EvolutionarySearch(
-            population_size=self.population_size,
+            population_size=population,
             init_measured_ratio=self.init_measured_ratio,
-            init_min_unmeasured=self.init_min_unmeasured,
-            genetic_num_iters=self.genetic_num_iters,
+            init_min_unmeasured=min(self.init_min_unmeasured, population),
+            genetic_num_iters=self.genetic_num_iters
+            if genetic_num_iters is None
+            else genetic_num_iters,
             genetic_mutate_prob=self.genetic_mutate_prob,
             eps_greedy=self.eps_greedy,
+        )
+
+    def strategy(self, cost_model: Any = None) -> Any:
+        """The search strategy: :meth:`evolutionary`, inside a
+        :class:`tuner.search_strategy.cold_start.ColdStartSearch` when ``cost_model`` is given
+        (which only counts batches when ``cold_population`` is 0)."""
+        if cost_model is None:
+            return self.evolutionary()
+        cold = self.cold_population > 0
+        return ColdStartSearch(
+            self.evolutionary(),
+            (lambda population: self.evolutionary(population, genetic_num_iters=0))
+            if cold
+            else None,
+            min(self.cold_population, self.population_size),
+            lambda: ranks_at_random(cost_model),
         )
 
 
@@ -181,7 +208,8 @@ def run_search(
     load_tensor_intrinsics(target_kind)
     tasks = list(extracted_tasks)
     config = search or SearchConfig()
-    strategy = config.strategy()
+    model = make_cost_model(cost_model)
+    strategy = evolutionary = config.strategy(model)
     skip = None
     if hasattr(database, "holds"):
         primed = (
@@ -209,7 +237,6 @@ def run_search(
         seeders.append(defaults_seeder)
     if seeds is not None and config.sibling_seeds:
         seeders.append(seeds)
-    model = make_cost_model(cost_model)
     warm_start(model, contexts, database)
     device = "cuda" if target_kind == "cuda" else "cpu"
     builder, runner = make_builder(measure), make_runner(measure, rpc)
@@ -235,16 +262,20 @@ def run_search(
         )
     if on_time is not None:  # the profiler's Total is set when it exits
         on_time(SearchTime.from_scopes(scopes()))
-    return search_report(seeds, skip, defaults_seeder)
+    batches = evolutionary.batches if isinstance(evolutionary, ColdStartSearch) else None
+    return search_report(seeds, skip, defaults_seeder, batches)
 
 
 def search_report(
     seeds: SiblingSeeds | None,
     skip: SkipStoredSchedules | None,
     defaults: DefaultScheduleSeeds | None,
+    batches: dict[str, int] | None = None,
 ) -> SearchReport:
-    """The :class:`tuner.reports.SearchReport` of a run's seeders and strategy wrapper."""
+    """The :class:`tuner.reports.SearchReport` of a run's seeders and strategy wrappers
+    (``batches``: :attr:`tuner.search_strategy.cold_start.ColdStartSearch.batches`)."""
     counts = seeds.summary() if seeds is not None else {}
+    batches = batches or {}
     return SearchReport(
         seeds_measured=counts.get("measured", 0),
         seeds_valid=counts.get("valid", 0),
@@ -252,4 +283,6 @@ def search_report(
         seeds_already_stored=counts.get("already_stored", 0),
         skipped_stored=skip.skipped if skip is not None else 0,
         default_schedules=defaults.measured if defaults is not None else 0,
+        cold_batches=batches.get("cold", 0),
+        evolved_batches=batches.get("evolved", 0),
     )

@@ -112,6 +112,8 @@ def test_rest_job_and_cli_run_share_the_engine(tuned_small_cnn, example_model, t
         assert search["seeds_measured"] >= 1 and search["seeds_valid"] >= 1
         assert search["cost_model"] == "cold"
         assert search["skipped_stored"] >= 0 and search["default_schedules"] == 0
+        # Fewer trials than the cold model's warm-up: every batch drawn without evolution.
+        assert search["cold_batches"] >= 1 and search["evolved_batches"] == 0
     assert set(cli["search"]) == set(rest["search"])
 
     # The same job rows: status, budget and the planner's tasks with their allotments.

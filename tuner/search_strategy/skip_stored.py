@@ -30,16 +30,27 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
     ``database`` is a :class:`db.metaschedule_database.MetaScheduleDatabase` (anything with its
     ``holds(mod, candidates)``). ``search_database``, when given, is the database ``inner`` reads
     instead of the scheduler's (a :class:`tuner.database.primed.SiblingPrimedDatabase`).
-    :attr:`skipped` counts the candidates dropped.
+    :attr:`skipped` counts the candidates dropped by this strategy and its clones (MetaSchedule
+    gives each task a clone).
     """
 
-    def __init__(self, inner: Any, database: Any, search_database: Any = None) -> None:
+    def __init__(
+        self,
+        inner: Any,
+        database: Any,
+        search_database: Any = None,
+        counts: dict[str, int] | None = None,
+    ) -> None:
         super().__init__()
         self.inner = inner
         self.database = database
         self.search_database = search_database
-        self.skipped = 0
+        self.counts = counts if counts is not None else {"skipped": 0}
         self._mod = None
+
+    @property
+    def skipped(self) -> int:
+        return self.counts["skipped"]
 
     def _initialize_with_tune_context(self, context: Any) -> None:
         self._mod = context.mod
@@ -64,11 +75,13 @@ class SkipStoredSchedules(ms.search_strategy.PySearchStrategy):
         if not candidates:
             return candidates
         held = self.database.holds(self._mod, candidates)
-        self.skipped += sum(held)
+        self.counts["skipped"] += sum(held)
         return [c for c, stored in zip(candidates, held, strict=True) if not stored]
 
     def notify_runner_results(self, measure_candidates, results) -> None:
         self.inner.notify_runner_results(measure_candidates, results)
 
     def clone(self) -> Any:
-        return SkipStoredSchedules(self.inner.clone(), self.database, self.search_database)
+        return SkipStoredSchedules(
+            self.inner.clone(), self.database, self.search_database, self.counts
+        )
