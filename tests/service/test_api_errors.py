@@ -24,6 +24,19 @@ def alice(server):
         yield client
 
 
+@pytest.fixture
+def model_id(alice, example_model) -> int:
+    """An id of one of alice's models: the first listed, or the MLP uploaded now. xdist may run
+    this module's tests on two workers, each with its own server, so no test can count on
+    another's upload."""
+    models = alice.get("/models").json()["data"]
+    if models:
+        return models[0]["id"]
+    response = upload(alice, example_model("mlp", "onnx"))
+    assert response.status_code == 201, response.text
+    return response.json()["id"]
+
+
 def _error(response: httpx.Response, status: int, code: str) -> str:
     assert response.status_code == status, response.text
     body = response.json()
@@ -148,7 +161,7 @@ def test_tokens_and_ownership(server, alice, example_model) -> None:
     _assert_nothing_half_written(server)
 
 
-def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
+def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice, model_id) -> None:
     assert "job 999999 not found" in _error(alice.get("/jobs/999999"), 404, "not_found")
     _error(alice.post("/jobs/999999/cancel"), 404, "not_found")
     _error(alice.get("/jobs/999999/artifacts/model.so"), 404, "not_found")
@@ -165,7 +178,6 @@ def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
         422,
         "invalid_request",
     )
-    model_id = alice.get("/models").json()["data"][0]["id"]
     _error(
         alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "target": "tpu"}),
         422,
@@ -188,8 +200,7 @@ def test_unknown_ids_bad_bodies_and_finished_jobs(server, alice) -> None:
     _assert_nothing_half_written(server)
 
 
-def test_queue_metrics(server, alice) -> None:
-    model_id = alice.get("/models").json()["data"][0]["id"]
+def test_queue_metrics(server, alice, model_id) -> None:
     low = alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4}).json()
     alice.post("/jobs", json={"model_id": model_id, "trial_budget": 4, "priority": 10}).json()
     metrics = httpx.get(f"{server.url}/metrics").text
