@@ -24,7 +24,7 @@ from compiler.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.reports import SearchReport
-from tuner.search_strategy.cold_start import ColdStartSearch, ranks_at_random
+from tuner.search_strategy.cold_start import ColdStartSearch, warming_up
 from tuner.search_strategy.skip_stored import SkipStoredSchedules
 from tuner.search_time import SearchTime, profiled
 from tuner.space import design_space
@@ -43,9 +43,9 @@ class SearchConfig:
     rows measure siblings' best schedules first (:mod:`tuner.task_scheduler.sibling_seeds`);
     ``sibling_population`` (TuneHub's too; off: no gain shown in an A/B pair) puts siblings'
     refitted schedules in each batch's initial population (:mod:`tuner.database.primed`).
-    ``cold_population`` (TuneHub's): while the cost model ranks at random, batches come from a
-    population of this size (at least twice the batch) without genetic generations
-    (:mod:`tuner.search_strategy.cold_start`); 0 evolves every batch as configured.
+    ``cold_population`` (TuneHub's): while a learning cost model still ranks at random (below its
+    warm-up), batches come from a population of this size (at least twice the batch) without
+    genetic generations (:mod:`tuner.search_strategy.cold_start`); 0 evolves every batch.
     """
 
     population_size: int = 512
@@ -77,7 +77,7 @@ class SearchConfig:
     def strategy(self, cost_model: Any = None) -> Any:
         """The search strategy: :meth:`evolutionary`, inside a
         :class:`tuner.search_strategy.cold_start.ColdStartSearch` when ``cost_model`` is given
-        (which only counts batches when ``cold_population`` is 0)."""
+        (with ``cold_population`` 0 it evolves every batch and only counts them)."""
         if cost_model is None:
             return self.evolutionary()
         cold = self.cold_population > 0
@@ -87,7 +87,7 @@ class SearchConfig:
             if cold
             else None,
             min(self.cold_population, self.population_size),
-            lambda: ranks_at_random(cost_model),
+            lambda: warming_up(cost_model),
         )
 
 

@@ -1,4 +1,4 @@
-"""tuner.search_strategy.cold_start: no genetic generations while the cost model ranks at random."""
+"""tuner.search_strategy.cold_start: no genetic generations while the cost model warms up."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ import db
 from compiler.target import cpu_target
 from tuner.measure import MeasureConfig
 from tuner.search import FAST_SEARCH, reset_metaschedule_logging, run_search
-from tuner.search_strategy.cold_start import ranks_at_random
+from tuner.search_strategy.cold_start import warming_up
 
 
 @derived_object
@@ -35,15 +35,15 @@ class ScoresByLength(ms.cost_model.PyCostModel):
         return np.asarray([float(len(c.sch.trace.insts)) for c in candidates])
 
 
-def test_which_models_rank_at_random() -> None:
+def test_which_models_are_warming_up() -> None:
     from cost_model.booster import BoosterConfig
     from cost_model.transfer import TransferCostModel
 
-    assert ranks_at_random(ms.cost_model.RandomModel())
     fresh = ms.cost_model.XGBModel(num_warmup_samples=100)
-    assert ranks_at_random(fresh)  # below its warm-up it returns uniform random scores
-    assert ranks_at_random(TransferCostModel(None, BoosterConfig()))  # nothing learned yet
-    assert not ranks_at_random(ScoresByLength())  # an unknown model is trusted
+    assert warming_up(fresh)  # below its warm-up it returns uniform random scores
+    assert warming_up(TransferCostModel(None, BoosterConfig()))  # nothing learned yet
+    assert not warming_up(ms.cost_model.RandomModel())  # never learns: searched as configured
+    assert not warming_up(ScoresByLength())  # an unknown model is trusted
 
 
 def _matmul_task():
@@ -62,7 +62,7 @@ def _matmul_task():
     [(64, None, True), (0, None, False), (64, ScoresByLength, False)],
     ids=["cold-model", "cold-start-off", "trusted-model"],
 )
-def test_batches_come_from_the_cheap_search_only_while_the_model_is_random(
+def test_batches_come_from_the_cheap_search_only_while_the_model_warms_up(
     tmp_path, cold_population, model, expect_cold
 ) -> None:
     storage = db.open_storage(f"sqlite:///{tmp_path / 'cold.db'}", upgrade=True)

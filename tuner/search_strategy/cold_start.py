@@ -3,18 +3,22 @@
 Each batch of the evolutionary search samples a population (512 schedules by default), mutates it
 for four generations guided by the cost model's scores, and measures the best-scored few. Below
 its warm-up (``num_warmup_samples``, 100 measured candidates) MetaSchedule's ``XGBModel``
-returns uniform random scores, and so does ``RandomModel`` always: the generations then select
-at random, and the batch is a random draw that cost ~2,500 trace replays. In a 96-trial cold run
-of ResNet-18 (batches of 4) mutation and sampling took 483 of 561 s (``tunehub tune``'s
-``search_time``).
+returns uniform random scores: the generations then select at random, and the batch is a random
+draw that cost ~2,500 trace replays. In a 96-trial cold run of ResNet-18 (batches of 4) mutation
+and sampling took 483 of 561 s (``tunehub tune``'s ``search_time``).
 
 :class:`ColdStartSearch` holds two evolutionary searches of one configuration: the ``warm`` one
 as configured, and a ``cold`` one with a small population (the larger of ``cold_population`` and
 twice the batch) and no genetic generations. Each batch comes from ``cold`` while
-``ranks_at_random()`` is true, from ``warm`` after. Both are told every batch's results, so
+``warming_up(model)`` is true, from ``warm`` after. Both are told every batch's results, so
 their trial counts agree. What ``cold`` measured is not in ``warm``'s own list of measured
 schedules; the database wrapper around it (:mod:`tuner.search_strategy.skip_stored`) drops a
 stored schedule picked again.
+
+MetaSchedule's ``RandomModel`` never learns, so a search with it keeps its configuration: it is
+the model of the GPU host (no xgboost), where few random CUDA candidates are valid and mutating
+the valid ones may matter; cold batches were measured on the CPU only
+(``bench/results/search_rate_2026-12-07_cold.md``).
 """
 
 from __future__ import annotations
@@ -26,16 +30,18 @@ from tvm.ir.utils import derived_object
 from tvm.s_tir import meta_schedule as ms
 
 
-def ranks_at_random(model: Any) -> bool:
-    """Whether ``model``'s scores are random now, so that evolving a population by them is wasted.
+def warming_up(model: Any) -> bool:
+    """Whether ``model`` is a learning cost model whose scores are still random, so that evolving
+    a population by them is wasted.
 
-    True for MetaSchedule's ``RandomModel``; for its ``XGBModel`` (and anything with a
-    ``num_warmup_samples``) while it holds fewer samples than that or has no booster; for a
-    :class:`cost_model.transfer.TransferCostModel` without a booster yet. False for any other
-    model (an unknown model is trusted).
+    True for MetaSchedule's ``XGBModel`` (and anything with a ``num_warmup_samples``) while it
+    holds fewer samples than that or has no booster, and for a
+    :class:`cost_model.transfer.TransferCostModel` without a booster yet. False for
+    ``RandomModel`` (it never learns: see the module docstring) and for any other model (an
+    unknown model is trusted).
     """
     if isinstance(model, ms.cost_model.RandomModel):
-        return True
+        return False
     warmup = getattr(model, "num_warmup_samples", None)
     if warmup is not None:
         return getattr(model, "data_size", 0) < warmup or getattr(model, "booster", None) is None
