@@ -63,29 +63,31 @@ def tune_once(task: Any, spec: Any, config: SearchConfig, args: Any, seed: int, 
 
     work.mkdir(parents=True, exist_ok=True)
     storage = open_storage(f"sqlite:///{work / 'tunehub.db'}", upgrade=True)
-    database = MetaScheduleDatabase(storage, spec)
-    times: list[Any] = []
-    reset_metaschedule_logging()
-    _restore_affinity()
-    start = time.perf_counter()
-    run_search(
-        [task],
-        database=database,
-        target_kind=spec.kind,
-        trials=args.trials,
-        batch_size=args.batch,
-        work_dir=str(work / "ms"),
-        measure=MeasureConfig(),
-        search=config,
-        cost_model=ms.cost_model.XGBModel(num_warmup_samples=100),
-        seed=seed,
-        on_time=times.append,
-    )
-    wall = time.perf_counter() - start
-    mod = task.dispatched[0]
-    records = database.get_all_tuning_records()
+    try:
+        database = MetaScheduleDatabase(storage, spec)
+        times: list[Any] = []
+        reset_metaschedule_logging()
+        _restore_affinity()
+        start = time.perf_counter()
+        run_search(
+            [task],
+            database=database,
+            target_kind=spec.kind,
+            trials=args.trials,
+            batch_size=args.batch,
+            work_dir=str(work / "ms"),
+            measure=MeasureConfig(),
+            search=config,
+            cost_model=ms.cost_model.XGBModel(num_warmup_samples=100),
+            seed=seed,
+            on_time=times.append,
+        )
+        wall = time.perf_counter() - start
+        records = database.get_all_tuning_records()
+        best = database.query_schedule(task.dispatched[0], spec.tvm_target(), workload_name="main")
+    finally:
+        storage.close()
     valid = [r for r in records if r.run_secs]
-    best = database.query_schedule(mod, spec.tvm_target(), workload_name="main")
     split = times[0].to_json() if times else {}
     means = [sum(float(x) for x in r.run_secs) / len(r.run_secs) for r in valid]
     row = {
