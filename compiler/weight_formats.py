@@ -22,10 +22,13 @@ How it is applied, and why that keeps verification honest:
    that grid and holds it in the format, so a decode step streams a quarter (an eighth) of the
    bytes. The check is exact (``q * scale == w`` for every weight), so it never changes a
    result beyond the order of a sum.
+3. A weight kept beside the library (``params.bin``, a model past 1 GiB of weights:
+   :mod:`compiler.weights`) is written in the format (:mod:`compiler.weight_packing`) and read
+   back as the same float32 values. In memory the library still holds them in float32 as well
+   as the GEMM's copy in the format (made on the first call): a Relax program that takes the
+   weights in the format is not done yet.
 
 Raises :class:`compiler.errors.ModelError` (``bad_weights``) for a format the model cannot take.
-The library's parameter file still holds the dequantized weights in float32 (the copy in the
-format is made in memory on the first call); storing that form in the artifact is not done yet.
 """
 
 from __future__ import annotations
@@ -65,9 +68,7 @@ def q8_0_values(weight: np.ndarray) -> np.ndarray | None:
     ``q = clip(rint(w / s), -127, 127)`` (``q = 0`` where ``s`` is 0). Idempotent: values already
     on the grid come back unchanged. ``None`` when the weight cannot take the format (a value
     that is not finite, a scale past float16's range)."""
-    return _on_grid(
-        weight, lambda blocks: np.abs(blocks).max(axis=-1, keepdims=True) / 127, -127, 127
-    )
+    return _on_grid(weight, "q8_0")
 
 
 def q4_0_values(weight: np.ndarray) -> np.ndarray | None:
@@ -76,32 +77,81 @@ def q4_0_values(weight: np.ndarray) -> np.ndarray | None:
     ``s = float16(m / -8)`` and ``q = clip(rint(w / s), -8, 7)`` (``m`` becomes ``-8 s``, so the
     block keeps its scale when quantized again: idempotent). ``None`` when the weight cannot
     take the format."""
-
-    def first_largest_over_minus_8(blocks: np.ndarray) -> np.ndarray:
-        first_largest = np.abs(blocks).argmax(axis=-1)[..., None]
-        return np.take_along_axis(blocks, first_largest, axis=-1) / np.float32(-8)
-
-    return _on_grid(weight, first_largest_over_minus_8, -8, 7)
+    return _on_grid(weight, "q4_0")
 
 
-def _on_grid(
-    weight: np.ndarray, scale_of: Callable[[np.ndarray], np.ndarray], lo: int, hi: int
-) -> np.ndarray | None:
-    """``weight`` quantized and dequantized by blocks of :data:`Q8_BLOCK` along its last axis:
-    ``q * s`` with ``s = float16(scale_of(blocks))`` (one per block) and
-    ``q = clip(rint(w / s), lo, hi)`` (``q = 0`` where ``s`` is 0). ``None`` for a weight that
-    is not float32, not a whole number of blocks, or not finite, and for a scale past float16's
-    range."""
-    if weight.dtype != np.float32 or weight.shape[-1] % Q8_BLOCK or not np.isfinite(weight).all():
+def _absmax_over_127(blocks: np.ndarray, axis: int) -> np.ndarray:
+    return np.abs(blocks).max(axis=axis, keepdims=True) / 127
+
+
+def _first_largest_over_minus_8(blocks: np.ndarray, axis: int) -> np.ndarray:
+    first_largest = np.expand_dims(np.abs(blocks).argmax(axis=axis), axis)
+    return np.take_along_axis(blocks, first_largest, axis=axis) / np.float32(-8)
+
+
+#: Each quantized format's grid: a block's scale (before float16; of the blocks and the axis of
+#: their 32 values) and the codes' range.
+_GRIDS: dict[str, tuple[Callable[[np.ndarray, int], np.ndarray], int, int]] = {
+    "q8_0": (_absmax_over_127, -127, 127),
+    "q4_0": (_first_largest_over_minus_8, -8, 7),
+}
+#: ``x + _ROUNDER - _ROUNDER`` in float32 is ``rint(x)`` (to nearest, ties to even) for
+#: ``|x| < 2**22``, several times faster than ``np.rint`` on float32.
+_ROUNDER = np.float32(1.5 * 2**23)
+
+
+def _on_grid(weight: np.ndarray, fmt: str) -> np.ndarray | None:
+    """``weight`` quantized in ``fmt`` and dequantized (:func:`format_codes`)."""
+    found = format_codes(weight, fmt)
+    return None if found is None else grid_values(*found).reshape(weight.shape)
+
+
+def block_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
+    """``shape`` with its axis ``axis`` (a multiple of :data:`Q8_BLOCK`) split into
+    ``(blocks, 32)``; ``axis`` is non-negative."""
+    return (*shape[:axis], shape[axis] // Q8_BLOCK, Q8_BLOCK, *shape[axis + 1 :])
+
+
+def format_codes(
+    weight: np.ndarray, fmt: str, axis: int = -1
+) -> tuple[np.ndarray, np.ndarray] | None:
+    """``weight`` quantized in ``fmt`` (``q8_0``, ``q4_0``) by blocks of :data:`Q8_BLOCK` along
+    its axis ``axis``: the codes ``q = clip(rint(w / s), lo, hi)`` (float32, the weight's shape
+    with that axis split into ``(K / 32, 32)``: :func:`block_shape`; ``q = 0`` where ``s`` is 0)
+    and the scales ``s`` (float16, the same with 1 for 32), the format's scale of each block
+    rounded to float16. ``None`` for a weight that is not float32, not a whole number of blocks
+    along the axis, or not finite, and for a scale past float16's range. Whether ``weight`` was
+    on the grid is the caller's check: ``grid_values(q, s)`` equals it."""
+    scale_of, lo, hi = _GRIDS[fmt]
+    axis = axis % weight.ndim if weight.ndim else 0
+    if (
+        weight.dtype != np.float32
+        or weight.ndim == 0
+        or weight.shape[axis] % Q8_BLOCK
+        or not np.isfinite(weight).all()
+    ):
         return None
-    blocks = weight.reshape(*weight.shape[:-1], weight.shape[-1] // Q8_BLOCK, Q8_BLOCK)
+    blocks = weight.reshape(block_shape(weight.shape, axis))
     with np.errstate(over="ignore"):
-        scale = scale_of(blocks).astype(np.float32).astype(np.float16).astype(np.float32)
-    if not np.isfinite(scale).all():
+        half = scale_of(blocks, axis + 1).astype(np.float32).astype(np.float16)
+    if not np.isfinite(half).all():
         return None
+    scale = half.astype(np.float32)
     with np.errstate(divide="ignore", invalid="ignore"):
-        q = np.where(scale != 0, np.clip(np.rint(blocks / scale), lo, hi), np.float32(0))
-    return (q.astype(np.float32) * scale).reshape(weight.shape)
+        ratio = blocks / scale  # |ratio| <= 128 where the scale is not 0 (the rounder's range)
+        ratio += _ROUNDER
+        ratio -= _ROUNDER
+        q = np.where(scale != 0, np.clip(ratio, lo, hi), np.float32(0))
+    return q.astype(np.float32, copy=False), half
+
+
+def grid_values(q: np.ndarray, half_scales: np.ndarray) -> np.ndarray:
+    """The float32 values of codes ``q`` (blocks of 32: :func:`format_codes`'s shape; any
+    integer or float dtype) times their float16 scales (broadcast over each block), as
+    :func:`q8_0_values` computes them: each product is exact in float32 (at most 8 significant
+    bits of ``q`` times 11 of a float16), so the same codes and scales always give the same
+    bits."""
+    return q.astype(np.float32) * half_scales.astype(np.float32)
 
 
 #: Each quantized format's values function and bytes a weight.
@@ -132,8 +182,9 @@ class WeightFormatReport:
             "format_bytes": self.format_bytes,
             "max_abs_change": self.max_abs_change,
             "max_rel_change": self.max_rel_change,
-            "stored_as": "float32 on the format's grid; in the format in memory where a GEMM "
-            "reads it",
+            "stored_as": "in the format in params.bin (weights kept beside the library), as "
+            "float32 on the format's grid inside the library and in memory, and in the format "
+            "in memory too where a GEMM reads it",
         }
 
 

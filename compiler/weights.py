@@ -9,8 +9,9 @@ each public function (after the user inputs and the state, in one order shared b
 each distinct array once: programs and buckets importing the same weights share them), and the
 build returns :class:`ExternalWeights`: the executable and the arrays, which
 :func:`compiler.build.export_library` writes as ``params.bin`` beside the library
-(``tvm.runtime.save_param_dict_to_file``). :class:`compiler.runner.LoadedLibrary` loads them
-once and passes them to every call.
+(``tvm.runtime.save_param_dict_to_file``; weights on an 8- or 4-bit grid in that format:
+:mod:`compiler.weight_packing`). :class:`compiler.runner.LoadedLibrary` loads them once and
+passes them to every call.
 """
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.relax.expr_functor import PyExprMutator, mutator
+
+from compiler.weight_packing import PackedWeight, pack
 
 #: Constants above this total (bytes) are kept beside the library.
 EXTERNAL_BYTES = 1 << 30
@@ -74,11 +77,13 @@ def _digest(value: Any) -> str:
 
 
 def lift_weights(
-    mod: tvm.IRModule, external_bytes: int = EXTERNAL_BYTES
+    mod: tvm.IRModule, external_bytes: int | None = None
 ) -> tuple[tvm.IRModule, tuple[Any, ...]]:
     """``mod`` with its large constants as trailing parameters of every public Relax function,
     and their arrays in that order; ``(mod, ())`` unchanged when its constants total at most
-    ``external_bytes`` (see the module docstring)."""
+    ``external_bytes`` (default :data:`EXTERNAL_BYTES`; see the module docstring)."""
+    if external_bytes is None:
+        external_bytes = EXTERNAL_BYTES
     functions = {
         gvar: func
         for gvar, func in mod.functions.items()
@@ -156,11 +161,34 @@ def share_constants(mod: tvm.IRModule, pool: dict[str, Any]) -> tvm.IRModule:
 
 
 def save_params(params: tuple[Any, ...], path: Any) -> None:
-    """Write ``params`` as ``path`` (``p0``, ``p1``, ... in order)."""
-    tvm.runtime.save_param_dict_to_file({f"p{i}": p for i, p in enumerate(params)}, str(path))
+    """Write ``params`` as ``path``: array ``i`` as ``p<i>``, or, where its values lie on an 8- or
+    4-bit grid (a model compiled with ``--weights q8_0``/``q4_0``), in that format
+    (:func:`compiler.weight_packing.pack`) as ``p<i>:<format>:<axis>:codes`` and
+    ``p<i>:<format>:<axis>:scales``. :func:`load_params` reads either back as the same values."""
+    entries: dict[str, Any] = {}
+    for index, param in enumerate(params):
+        packed = pack(param.numpy()) if str(param.dtype) == "float32" else None
+        if packed is None:
+            entries[f"p{index}"] = param
+            continue
+        stem = f"p{index}:{packed.fmt}:{packed.axis}"
+        entries[f"{stem}:codes"] = tvm.runtime.tensor(packed.codes)
+        entries[f"{stem}:scales"] = tvm.runtime.tensor(packed.scales)
+    tvm.runtime.save_param_dict_to_file(entries, str(path))
 
 
 def load_params(path: Any, device: Any) -> list[Any]:
-    """The arrays of a ``params.bin`` in order, on ``device``."""
+    """The arrays of a ``params.bin`` (:func:`save_params`) in order, on ``device``; packed
+    arrays come back as their float32 values."""
     loaded = tvm.runtime.load_param_dict_from_file(str(path))
-    return [loaded[f"p{i}"].copyto(device) for i in range(len(loaded))]
+    arrays: dict[int, Any] = {}
+    for name in loaded:
+        index, _, packing = str(name)[1:].partition(":")
+        if not packing:
+            arrays[int(index)] = loaded[name].copyto(device)
+        elif packing.endswith(":codes"):
+            fmt, axis, _ = packing.split(":")
+            scales = loaded[f"p{index}:{fmt}:{axis}:scales"].numpy()
+            weight = PackedWeight(fmt, int(axis), loaded[name].numpy(), scales)
+            arrays[int(index)] = tvm.runtime.tensor(weight.values(), device)
+    return [arrays[i] for i in range(len(arrays))]

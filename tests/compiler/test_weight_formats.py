@@ -144,7 +144,12 @@ def test_the_cli_spells_the_compilers_formats() -> None:
 
 
 @pytest.mark.slow
-def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(tmp_path) -> None:
+def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
+    tmp_path, monkeypatch
+) -> None:
+    import tvm
+
+    import compiler.weights
     from compiler.llm.generate import Generator, TorchDecoder, reference_programs
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
     from compiler.prepare import prepare_model
@@ -179,7 +184,21 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(tm
     # a float32 target keeps OpenBLAS's sgemv for them
     assert {zero_trial_call(t, cpu_target(2)).algorithm for t in one_row} == {""}
 
+    # Its weights beside the library, as a real decoder's (past 1 GiB): params.bin holds the
+    # quantized ones in 8 bits (compiler/weight_packing.py), and the artifact runs from them.
+    monkeypatch.setattr(compiler.weights, "EXTERNAL_BYTES", 0)
+    monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
+    stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
+    packed = [name for name in stored if str(name).endswith(":codes")]
+    assert packed and all(":q8_0:" in str(name) for name in packed)
+    stored_bytes = sum(a.numpy().nbytes for a in stored.values())
+    float32_bytes = sum(
+        4 * a.numpy().size if str(name).endswith(":codes") else a.numpy().nbytes
+        for name, a in stored.items()
+        if not str(name).endswith(":scales")
+    )
+    assert stored_bytes < float32_bytes / 3
     assert manifest["verification"]["passed"], manifest["verification"]
     assert manifest["generation"]["passed"], manifest["generation"]
     assert manifest["model"]["weights"]["format"] == "q8_0"
@@ -251,15 +270,17 @@ def _onnx_matmul(path: Path, inner: int, outer: int = 10) -> Path:
 
 @pytest.mark.parametrize(("fmt", "algorithm"), [("q8_0", "q8"), ("q4_0", "q4")])
 def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
-    tmp_path, example_model, fmt, algorithm
+    tmp_path, example_model, monkeypatch, fmt, algorithm
 ) -> None:
     """The MLP (784 -> 512 -> 256 -> 10, ONNX): the weights of its last two layers (512 and 256
     input features) go on the format's grid along their input features, whatever form the
     exporter gave them (``Gemm`` with ``transB`` or ``MatMul``); the first (784) keeps its
     values. ONNX Runtime verifies the library against the same quantized model, and the
     zero-trial build streams the quantized ones in the format."""
+    import tvm
     from onnx import numpy_helper
 
+    import compiler.weights
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
@@ -290,6 +311,15 @@ def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
     ]
     assert all(gemm_rows(t, find_peer(t)) == 1 for t in gemms)
     assert {zero_trial_call(t, target).algorithm for t in gemms} == {algorithm}
+    # Beside the library (as a real decoder's weights, past 1 GiB), params.bin holds the two
+    # quantized weights in the format (along their first axis where they are MatMul's [K, N])
+    # and the first layer's as it was.
+    monkeypatch.setattr(compiler.weights, "EXTERNAL_BYTES", 0)
+    monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
+    stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
+    packed = sorted(str(name) for name in stored if str(name).endswith(":codes"))
+    assert len(packed) == 2 and all(f":{fmt}:" in name for name in packed), packed
+    assert any(tuple(a.shape) in ((784, 512), (512, 784)) for a in stored.values())
     assert manifest["verification"]["passed"], manifest["verification"]
     assert manifest["model"]["weights"]["format"] == fmt
