@@ -23,10 +23,11 @@ from typing import Any
 import pytest
 
 # Every job's final build re-measures its tasks' top records (tuner/remeasure.py; defaults top 3,
-# 5 rounds, ~0.2 s a candidate a round). Tests tune a few trials: two candidates, two rounds are
-# enough to exercise it everywhere (servers and CLI children started by tests inherit these).
+# 5 rounds, ~0.2 s a candidate a round). Tests tune a few trials: two candidates, one round is
+# enough to exercise it everywhere (servers and CLI children started by tests inherit these;
+# tests/tuner/test_remeasure.py sets its own rounds).
 os.environ.setdefault("TUNEHUB_REMEASURE_TOP", "2")
-os.environ.setdefault("TUNEHUB_REMEASURE_ROUNDS", "2")
+os.environ.setdefault("TUNEHUB_REMEASURE_ROUNDS", "1")
 # The final build's whole-model comparison with the zero-trial build (tuner/final_choice.py):
 # two rounds exercise it (the rule's own test sets its timings).
 os.environ.setdefault("TUNEHUB_FINAL_COMPARE_ROUNDS", "2")
