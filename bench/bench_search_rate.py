@@ -46,9 +46,11 @@ REPO = Path(__file__).resolve().parents[1]
 
 #: The configurations compared, by name.
 CONFIGS: dict[str, SearchConfig] = {
-    "evolve": SearchConfig(cold_population=0),  # MetaSchedule's search as it comes
-    "cold_start": SearchConfig(),  # no evolution while the cost model ranks at random
-    "pop128": SearchConfig(population_size=128),
+    # MetaSchedule's search as it comes (population 512, every batch evolved)
+    "evolve": SearchConfig(population_size=512, cold_population=0),
+    # no evolution while the cost model ranks at random
+    "cold_start": SearchConfig(population_size=512),
+    "pop128": SearchConfig(population_size=128),  # the default since 2026-12-07
     "pop128_evolve": SearchConfig(population_size=128, cold_population=0),
 }
 

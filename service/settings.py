@@ -110,7 +110,7 @@ class Settings(BaseSettings):
 
     # -- workers -------------------------------------------------------------------------------
     search_population: int = Field(
-        512, ge=4, description="evolutionary-search population per task (smaller: faster)"
+        128, ge=4, description="evolutionary-search population per task (smaller: faster)"
     )
     search_seed: int | None = Field(None, description="search seed (reproducible runs)")
     worker_poll_secs: float = Field(1.0, gt=0, description="idle worker's claim interval")

@@ -71,8 +71,7 @@ def default_worker_name(index: int = 0) -> str:
 def search_config(settings: Settings):
     from tuner.search import SearchConfig  # noqa: PLC0415 - TVM only where a search runs
 
-    population = settings.search_population
-    return SearchConfig(population_size=population, init_min_unmeasured=min(50, population // 4))
+    return SearchConfig.of_population(settings.search_population)
 
 
 @dataclass

@@ -36,9 +36,16 @@ from tuner.task_scheduler.sibling_seeds import SiblingSeeds
 
 @dataclass(frozen=True)
 class SearchConfig:
-    """Evolutionary-search settings; the defaults are MetaSchedule's own.
+    """Evolutionary-search settings; the defaults are MetaSchedule's own but the population.
 
-    Smaller populations trade search quality for speed (tests use them to tune in seconds).
+    ``population_size`` is 128 (MetaSchedule's is 512): on the 2-core Xeon a whole ResNet-18 at
+    300 equal trials searched at 0.67 trials/s against 0.23 and took 579 s against 1,487, with
+    the tuned build as fast against its zero-trial build (1.036x against 1.045x); on three
+    single tasks, two seeds each, 160 trials, the best schedules found were as fast
+    (``bench/results/search_rate_2026-12-07_resnet18_300.md``, ``_warm.md``, ``_warm2.md``).
+    :meth:`of_population` sets another (``tunehub tune --population``,
+    ``TUNEHUB_SEARCH_POPULATION``). Smaller populations trade search quality for speed (tests use
+    them to tune in seconds).
     ``sibling_seeds`` (TuneHub's, not MetaSchedule's) lets a run that knows its tasks' database
     rows measure siblings' best schedules first (:mod:`tuner.task_scheduler.sibling_seeds`);
     ``sibling_population`` (TuneHub's too; off: no gain shown in an A/B pair) puts siblings'
@@ -48,7 +55,7 @@ class SearchConfig:
     genetic generations (:mod:`tuner.search_strategy.cold_start`); 0 evolves every batch.
     """
 
-    population_size: int = 512
+    population_size: int = 128
     init_measured_ratio: float = 0.2
     init_min_unmeasured: int = 50
     genetic_num_iters: int = 4
@@ -57,6 +64,14 @@ class SearchConfig:
     sibling_seeds: bool = True
     sibling_population: bool = False
     cold_population: int = 64
+
+    @staticmethod
+    def of_population(population: int) -> SearchConfig:
+        """The default settings with ``population`` schedules per generation: as many of its
+        first population drawn at random as the default's (50), or half of a smaller one."""
+        return SearchConfig(
+            population_size=population, init_min_unmeasured=min(50, population // 2)
+        )
 
     def evolutionary(
         self, population_size: int | None = None, genetic_num_iters: int | None = None

@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 from pathlib import Path
 
 from service.cli.errors import CliError
 from service.cli.options import add_db_option, add_model_options, open_storage_from_args, print_json
+
+#: ``tuner.search.SearchConfig.population_size``, spelled here so that ``--help`` does not import
+#: TVM (tests/tuner/test_search_config.py checks that they agree).
+DEFAULT_POPULATION = 128
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     tune.add_argument(
         "--population",
         type=int,
-        default=512,
-        help="evolutionary-search population per task (default 512, MetaSchedule's; smaller is "
-        "faster and searches less)",
+        default=DEFAULT_POPULATION,
+        help=f"evolutionary-search population per task (default {DEFAULT_POPULATION}; "
+        "MetaSchedule's is 512; smaller is faster and searches less)",
     )
     tune.add_argument(
         "--no-sibling-seeds",
@@ -74,10 +79,8 @@ def run_tune(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
     if args.population < 4:
         raise CliError(f"--population must be >= 4, got {args.population}")
-    search = SearchConfig(
-        population_size=args.population,
-        init_min_unmeasured=min(50, args.population // 4),
-        sibling_seeds=args.sibling_seeds,
+    search = dataclasses.replace(
+        SearchConfig.of_population(args.population), sibling_seeds=args.sibling_seeds
     )
     prepared = prepare_from_args(args)
     storage = open_storage_from_args(args)
