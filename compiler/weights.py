@@ -167,7 +167,7 @@ def save_params(params: tuple[Any, ...], path: Any) -> None:
     ``p<i>:<format>:<axis>:scales``. :func:`load_params` reads either back as the same values."""
     entries: dict[str, Any] = {}
     for index, param in enumerate(params):
-        packed = pack(param.numpy()) if str(param.dtype) == "float32" else None
+        packed = pack(_host_view(param)) if str(param.dtype) == "float32" else None
         if packed is None:
             entries[f"p{index}"] = param
             continue
@@ -175,6 +175,15 @@ def save_params(params: tuple[Any, ...], path: Any) -> None:
         entries[f"{stem}:codes"] = tvm.runtime.tensor(packed.codes)
         entries[f"{stem}:scales"] = tvm.runtime.tensor(packed.scales)
     tvm.runtime.save_param_dict_to_file(entries, str(path))
+
+
+def _host_view(param: Any) -> np.ndarray:
+    """``param``'s values as a numpy array: a view of a CPU tensor's memory (DLPack, no copy:
+    :func:`compiler.weight_packing.pack` rejects most float32 weights from one line of them),
+    a copy of any other's."""
+    if param.device.dlpack_device_type() == tvm.cpu().dlpack_device_type():
+        return np.from_dlpack(param)
+    return param.numpy()
 
 
 def load_params(path: Any, device: Any) -> list[Any]:
