@@ -20,7 +20,6 @@ Any length fits, up to the cache's capacity: a call that would write past it rai
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -265,15 +264,19 @@ class TorchDecoder(_Driver):
         self.modules: dict[int, Any] = {}
 
     def _reset(self) -> None:
-        modules = {n: copy.deepcopy(p.module()) for n, p in self.programs.items()}
-        first = next(iter(modules.values()))
+        from compiler.verify import stateful_module  # noqa: PLC0415
+
+        by_program: dict[int, Any] = {}  # one module a program (a symbolic one takes every count)
+        for program in self.programs.values():
+            by_program.setdefault(id(program), stateful_module(program))
+        first, *others = by_program.values()
         shared = dict(first.named_buffers())
-        for module in modules.values():
+        for module in others:
             for name, buffer in module.named_buffers():
-                if name in shared and module is not first and buffer.shape == shared[name].shape:
+                if name in shared and buffer.shape == shared[name].shape:
                     owner, _, attr = name.rpartition(".")
                     setattr(module.get_submodule(owner) if owner else module, attr, shared[name])
-        self.modules = modules
+        self.modules = {n: by_program[id(p)] for n, p in self.programs.items()}
 
     def _call(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         import torch  # noqa: PLC0415

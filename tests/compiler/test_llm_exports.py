@@ -53,6 +53,9 @@ def exports(tmp_path_factory) -> dict[str, Path]:
         "dynamic": hf_exports.save(
             hf_exports.dynamic_cache_program(DECODER, 8), folder / "dynamic.pt2"
         ),
+        "symbolic": hf_exports.save(  # tokens 1..16: one program for every bucket
+            hf_exports.static_cache_prefill_program(DECODER, CACHE, 16), folder / "symbolic.pt2"
+        ),
     }
 
 
@@ -119,6 +122,28 @@ def test_the_static_cache_export_generates_torchs_tokens(exports, tmp_path) -> N
     import numpy as np
 
     ours.library.run([np.array([[1]]), np.array([CACHE + 5])])
+
+
+def test_the_torch_reference_shares_the_weights_and_owns_its_cache(exports) -> None:
+    """Verification runs the exported program for each token bucket: one module for the one
+    symbolic program, whose parameters are the program's (a copy each was 2 GB a bucket on a
+    0.5 B decoder) and whose buffers (the cache) are its own."""
+    model = load_model(exports["symbolic"])
+    programs = reference_programs(model)
+    assert len(programs) > 1  # a bucket a token count, one program
+    reference = TorchDecoder(programs, decoder_signature(model.describe()))
+    reference.reset()
+    assert len({id(module) for module in reference.modules.values()}) == 1
+    module = next(iter(reference.modules.values()))
+    stored = {t.data_ptr() for t in model.source.state_dict.values()}
+    params = [p.data_ptr() for p in module.parameters()]
+    assert params and all(ptr in stored for ptr in params)
+    buffers = [b.data_ptr() for b in module.buffers()]
+    assert buffers and not any(ptr in stored for ptr in buffers)
+    reference.prefill([3, 1, 4])
+    assert any(bool(b.abs().sum()) for b in module.buffers())  # the cache was written...
+    exported = {**model.source.state_dict, **model.source.constants}
+    assert not any(bool(t.abs().sum()) for n, t in exported.items() if "cache" in n)  # ...not its
 
 
 def test_a_prefill_computes_its_last_positions_logits_only(exports) -> None:
