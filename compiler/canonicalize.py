@@ -33,7 +33,9 @@ import numpy as np
 import tvm
 from tvm import relax
 from tvm.ir.expr import GenericConst
-from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, rewrite_call, wildcard
+from tvm.relax.dpl import is_const, is_op, is_tuple_get_item, wildcard
+
+from compiler.relax_rewrite import is_constant, rewrite_call
 
 _COMMUTATIVE = ("relax.add", "relax.multiply", "relax.maximum", "relax.minimum")
 
@@ -92,7 +94,7 @@ def _fold_conv_batch_norm(func: relax.Function) -> relax.Function:
             return relax.op.add(relax.op.astype(folded_conv, out), _const(b_folded, out))
         return relax.op.add(folded_conv, _const(b_folded, dtype))
 
-    return rewrite_call(pattern, rewrite, func)
+    return rewrite_call(pattern, rewrite, func, hide_constants=False)  # folds the weights
 
 
 def _integer_powers(func: relax.Function) -> relax.Function:
@@ -152,7 +154,7 @@ def _conv1d_as_conv2d(func: relax.Function) -> relax.Function:
             conv = relax.op.add(conv, _const(b.reshape(1, -1, 1, 1), str(b.dtype)))
         return relax.op.squeeze(conv, [2])
 
-    return rewrite_call(biased | plain, rewrite, func)
+    return rewrite_call(biased | plain, rewrite, func, hide_constants=False)  # reads weights
 
 
 def _scalar(const: GenericConst) -> float | None:
@@ -215,21 +217,20 @@ def static_shape(expr: relax.Expr) -> list[int] | None:
 
 
 def _flatten_linear(func: relax.Function) -> relax.Function:
-    data, weight, bias = wildcard(), is_const(), is_const()
+    data, weight, bias = wildcard(), wildcard(), wildcard()
     product = is_op("relax.matmul")(data, weight)
     biased = is_op("relax.add")(product, bias)
     pattern = biased | product
 
     def rewrite(expr: relax.Expr, matches: dict) -> relax.Expr:
+        with_bias = biased in matches
+        if not is_constant(matches[weight]) or (with_bias and not is_constant(matches[bias])):
+            return expr
         shape = static_shape(matches[data])
-        w_shape = list(matches[weight].value.numpy().shape)
+        w_shape = static_shape(matches[weight]) or []
         if shape is None or len(shape) <= 2 or len(w_shape) != 2:
             return expr
-        with_bias = biased in matches
-        if with_bias and list(matches[bias].value.numpy().shape) not in (
-            [w_shape[1]],
-            [1, w_shape[1]],
-        ):
+        if with_bias and static_shape(matches[bias]) not in ([w_shape[1]], [1, w_shape[1]]):
             return expr
         rows = 1
         for dim in shape[:-1]:

@@ -21,9 +21,10 @@ from __future__ import annotations
 
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
 
 from compiler.canonicalize import static_shape
+from compiler.relax_rewrite import rewrite_call
 
 #: ``ConvertLayout``'s desired layouts: data, weights (output follows data).
 DESIRED_LAYOUTS: dict[str, list[str]] = {"relax.nn.conv2d": ["NHWC", "HWIO"]}

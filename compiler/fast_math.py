@@ -35,7 +35,9 @@ import math
 import tvm
 from tvm import relax, te, topi
 from tvm.relax import Call, Expr, PyExprMutator, expr_functor
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from compiler.relax_rewrite import rewrite_call
 
 
 def fast_sigmoid(x: te.Tensor) -> te.Tensor:

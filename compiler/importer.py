@@ -20,13 +20,14 @@ from dataclasses import replace
 import onnx
 import tvm
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
 from tvm.sym.analyzer import Analyzer
 
 from compiler.canonicalize import canonicalize
 from compiler.errors import ModelError, UnsupportedOperatorsError
 from compiler.fold_constants import fold_constants
 from compiler.model_spec import LoadedModel
+from compiler.relax_rewrite import rewrite_call
 
 _ONNX_DEFAULT_DOMAINS = ("", "ai.onnx")
 

@@ -24,7 +24,9 @@ from __future__ import annotations
 from typing import Any
 
 from tvm import relax
-from tvm.relax.dpl import is_op, rewrite_call, wildcard
+from tvm.relax.dpl import is_op, wildcard
+
+from compiler.relax_rewrite import rewrite_call
 
 SDPA = "scaled_dot_product_attention.default"
 _REPEAT_OPS = {"view.default", "_unsafe_view.default", "clone.default", "reshape.default"}
