@@ -97,7 +97,7 @@ def reference_outputs(
     # A decoder's own cache, starting from the exported (empty) one.
     module = stateful_module(model.source) if model.state else model.source.module()
     if torch_device != "cpu":
-        module = module.to(torch_device)
+        module = module_on(module, torch_device)
     with torch.no_grad(), _strict_float32():
         tensors = [_to_torch(array).to(torch_device) for array in inputs]
         result = call_program(model.source, module, tensors)
@@ -139,6 +139,20 @@ def stateful_module(program: Any) -> Any:
 
     module = program.module()
     return copy.deepcopy(module, {id(p): p for p in module.parameters()})
+
+
+def module_on(module: Any, device: str) -> Any:
+    """``module`` moved to ``device`` with parameters of its own there: the exported program's
+    tensors, which ``program.module()`` and :func:`stateful_module` share, stay where they are
+    (``Module.to`` would otherwise move them in place, under every other user of the program)."""
+    import torch
+
+    previous = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        return module.to(device)
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(previous)
 
 
 def call_program(program: Any, module: Any, tensors: list[Any]) -> Any:

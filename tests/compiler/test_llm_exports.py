@@ -145,6 +145,14 @@ def test_the_torch_reference_shares_the_weights_and_owns_its_cache(exports) -> N
     exported = {**model.source.state_dict, **model.source.constants}
     assert not any(bool(t.abs().sum()) for n, t in exported.items() if "cache" in n)  # ...not its
 
+    import torch
+
+    from compiler.verify import module_on
+
+    moved = module_on(module, torch.float64)  # as to a GPU: the program's tensors stay as they are
+    assert all(p.dtype == torch.float64 for p in moved.parameters())
+    assert all(t.dtype != torch.float64 for t in model.source.state_dict.values())
+
 
 def test_a_prefill_computes_its_last_positions_logits_only(exports) -> None:
     """The LM head of an 8-token program is one row's matmul: ``[1, 1, vocabulary]`` out."""
