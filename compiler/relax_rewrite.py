@@ -20,10 +20,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 from tvm import relax
 from tvm.ir.expr import GenericConst
 from tvm.relax import dpl
+
+from compiler.weights import tensor_nbytes
 
 #: Constants of this many bytes or more are stood in for while a rewrite runs.
 HIDDEN_BYTES = 1 << 16
@@ -51,10 +52,7 @@ def rewrite_call(
         return dpl.rewrite_call(pattern, rewriter, func)
     stand_ins = list(hider.constants)
     hidden = relax.Function([*func.params, *stand_ins], body, func.ret_ty, func.is_pure, func.attrs)
-    rewritten = dpl.rewrite_call(pattern, rewriter, hidden)
-    if rewritten.same_as(hidden):
-        return func
-    return rewritten.bind_params(hider.constants)
+    return dpl.rewrite_call(pattern, rewriter, hidden).bind_params(hider.constants)
 
 
 def is_constant(expr: relax.Expr) -> bool:
@@ -62,13 +60,6 @@ def is_constant(expr: relax.Expr) -> bool:
     return isinstance(expr, GenericConst) or (
         isinstance(expr, relax.Var) and expr.name == STAND_IN_NAME
     )
-
-
-def _nbytes(value: Any) -> int:
-    size = 1
-    for dim in value.shape:
-        size *= int(dim)
-    return size * np.dtype(str(value.dtype)).itemsize
 
 
 @relax.expr_functor.mutator
@@ -82,7 +73,7 @@ class _StandIns(relax.PyExprMutator):
         self._by_constant: dict[Any, relax.Var] = {}
 
     def visit_generic_const_(self, const: GenericConst) -> relax.Expr:  # noqa: N802 - TVM's name
-        if _nbytes(const.value) < HIDDEN_BYTES:
+        if tensor_nbytes(const.value) < HIDDEN_BYTES:
             return const
         stand_in = self._by_constant.get(const)
         if stand_in is None:

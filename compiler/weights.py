@@ -44,12 +44,11 @@ class ExternalWeights:
 
     @property
     def nbytes(self) -> int:
-        return sum(_nbytes(p) for p in self.params)
+        return sum(tensor_nbytes(p) for p in self.params)
 
 
-def _nbytes(array: Any) -> int:
-    import numpy as np  # noqa: PLC0415
-
+def tensor_nbytes(array: Any) -> int:
+    """The bytes of a tensor's values (from its shape and dtype: nothing is copied)."""
     size = 1
     for dim in array.shape:
         size *= int(dim)
@@ -94,9 +93,9 @@ def lift_weights(
     total = 0
     for found in constants.values():
         for const in found:
-            if id(const) not in seen and _nbytes(const.value) >= MIN_LIFTED_BYTES:
+            if id(const) not in seen and tensor_nbytes(const.value) >= MIN_LIFTED_BYTES:
                 seen.add(id(const))
-                total += _nbytes(const.value)
+                total += tensor_nbytes(const.value)
     if total <= external_bytes:
         return mod, ()
     order: dict[str, int] = {}
@@ -104,7 +103,7 @@ def lift_weights(
     key_of: dict[Any, str] = {}
     for found in constants.values():
         for const in found:
-            if _nbytes(const.value) < MIN_LIFTED_BYTES or const in key_of:
+            if tensor_nbytes(const.value) < MIN_LIFTED_BYTES or const in key_of:
                 continue
             key = key_of[const] = _digest(const.value)
             if key not in order:
@@ -149,7 +148,7 @@ def share_constants(mod: tvm.IRModule, pool: dict[str, Any]) -> tvm.IRModule:
             continue
         replacement: dict[Any, Any] = {}
         for const in _constants(func):
-            if const in replacement or _nbytes(const.value) < MIN_LIFTED_BYTES:
+            if const in replacement or tensor_nbytes(const.value) < MIN_LIFTED_BYTES:
                 continue
             pooled = pool.setdefault(_digest(const.value), const)
             if not pooled.same_as(const):

@@ -17,6 +17,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+import torch
 from tvm import relax
 
 from compiler.errors import ModelError
@@ -31,6 +32,7 @@ from compiler.llm.generate import (
 from compiler.loader import load_model
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
+from compiler.verify import module_on
 from examples import hf_exports
 from tuner.finalize import publish_zero_trial
 
@@ -144,10 +146,6 @@ def test_the_torch_reference_shares_the_weights_and_owns_its_cache(exports) -> N
     assert any(bool(b.abs().sum()) for b in module.buffers())  # the cache was written...
     exported = {**model.source.state_dict, **model.source.constants}
     assert not any(bool(t.abs().sum()) for n, t in exported.items() if "cache" in n)  # ...not its
-
-    import torch
-
-    from compiler.verify import module_on
 
     moved = module_on(module, torch.float64)  # as to a GPU: the program's tensors stay as they are
     assert all(p.dtype == torch.float64 for p in moved.parameters())
