@@ -18,9 +18,11 @@ module (:func:`compiler.importer.import_model`):
 :func:`fused_for_target` is 1–3 (what :func:`compiler.partition.partition` extracts tasks from).
 :func:`lower_with_database` applies 1–3, the library peers chosen for some tasks
 (:func:`compiler.peers.apply_peers`, by workload key), then ``MetaScheduleApplyDatabase``, then
-(prepacking) :func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers
-that with TVM's own dataflow-lowering and finalize passes:
-``ms.relax_integration.compile_relax`` with steps 1, 3 and the fold added.
+the 8- and 4-bit peers' weights held in their format
+(:func:`compiler.peers.held_weights.hold_weights`), then (prepacking)
+:func:`compiler.prepack.fold_prepacked_weights`; :func:`build_with_database` lowers that with
+TVM's own dataflow-lowering and finalize passes: ``ms.relax_integration.compile_relax`` with
+steps 1, 3 and the fold added.
 CPU targets stored before the options existed are built by ``compile_relax`` itself (after fast
 math), unchanged. CUDA builds run ``compile_relax``'s own steps (fuse as tuning did, the database,
 DLight for the rest) with the library peers applied after fusion (:func:`_cuda_build`), and capture
@@ -46,6 +48,7 @@ from compiler.default_schedules import apply_default_schedules, gpu_default_rule
 from compiler.fast_math import fast_math
 from compiler.gpu_gemv import legalize_matmul
 from compiler.peers import apply_peers
+from compiler.peers.held_weights import hold_weights
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
 from compiler.target import TargetSpec
 from compiler.weights import ExternalWeights, lift_weights
@@ -110,9 +113,10 @@ def lower_with_database(
     mod: tvm.IRModule, target: TargetSpec, database: Any, peers: Collection[str] = ()
 ) -> tvm.IRModule:
     """Steps 1–3, the peers of the tasks keyed in ``peers``, ``MetaScheduleApplyDatabase``,
-    default schedules for the tasks still unscheduled (:mod:`compiler.default_schedules`) and
-    (prepacking) the weight fold: the scheduled Relax module a non-legacy build lowers to the VM
-    (tests read its constants)."""
+    default schedules for the tasks still unscheduled (:mod:`compiler.default_schedules`), the
+    8- and 4-bit peers' constant weights held in their format
+    (:func:`compiler.peers.held_weights.hold_weights`) and (prepacking) the weight fold: the
+    scheduled Relax module a non-legacy build lowers to the VM (tests read its constants)."""
     options = target.compile_options
     tvm_target = target.tvm_target()
     with tvm_target, database, tvm.transform.PassContext(opt_level=3):
@@ -120,6 +124,7 @@ def lower_with_database(
         module, _ = apply_peers(module, peers)
         module = MetaScheduleApplyDatabase()(module)
         module = apply_default_schedules(module, tvm_target)
+        module = hold_weights(module)
         return fold_prepacked_weights(module) if options.prepack else module
 
 

@@ -22,11 +22,13 @@ How it is applied, and why that keeps verification honest:
    that grid and holds it in the format, so a decode step streams a quarter (an eighth) of the
    bytes. The check is exact (``q * scale == w`` for every weight), so it never changes a
    result beyond the order of a sum.
-3. A weight kept beside the library (``params.bin``, a model past 1 GiB of weights:
-   :mod:`compiler.weights`) is written in the format (:mod:`compiler.weight_packing`) and read
-   back as the same float32 values. In memory the library still holds them in float32 as well
-   as the GEMM's copy in the format (made on the first call): a Relax program that takes the
-   weights in the format is not done yet.
+3. The library holds such a weight in the format only: the build replaces each constant weight
+   of those GEMMs by the shim's own bytes for it (:mod:`compiler.peers.held_weights`), which
+   the GEMM reads as they are; the float32 values are gone unless another operator reads them
+   (an embedding table shared with the head). Beside the library (``params.bin``, a model past
+   1 GiB of weights: :mod:`compiler.weights`) the held bytes are written as they are, and any
+   other weight on the grid in the format (:mod:`compiler.weight_packing`), read back as the
+   same float32 values.
 
 Raises :class:`compiler.errors.ModelError` (``bad_weights``) for a format the model cannot take.
 """

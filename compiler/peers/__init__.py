@@ -21,7 +21,7 @@ import tvm
 from tvm import tirx
 
 from compiler.keys import workload_key
-from compiler.peers.algorithms import FORMAT_ALGORITHMS, Q8_MAX_ROWS
+from compiler.peers.algorithms import FORMAT_ALGORITHMS
 from compiler.peers.calls import CUDA_DTYPES, PeerCall
 from compiler.peers.cuda_library import cuda_peer_library, cuda_unavailable_reason
 from compiler.peers.library import PeerLibrary, peer_library, unavailable_reason
@@ -129,9 +129,10 @@ def zero_trial_peer(task: tvm.IRModule, target: TargetSpec) -> bool:
 def zero_trial_call(task: tvm.IRModule, target: TargetSpec) -> PeerCall | None:
     """The peer call a zero-trial build of ``target`` makes for ``task`` (``None``: none, see
     :func:`zero_trial_peer`): :func:`find_peer`'s, except that on a target whose weights are
-    ``q8_0`` or ``q4_0`` (:mod:`compiler.weight_formats`) a GEMM over a weight of at most
-    :data:`~compiler.peers.algorithms.Q8_MAX_ROWS` rows streams its copy in that format
-    (``q8``, ``q4``: :data:`~compiler.peers.algorithms.FORMAT_ALGORITHMS`)."""
+    ``q8_0`` or ``q4_0`` (:mod:`compiler.weight_formats`) a GEMM over a weight, of any number of
+    rows, reads it in that format (``q8``, ``q4``:
+    :data:`~compiler.peers.algorithms.FORMAT_ALGORITHMS`), which the library then holds
+    instead of its float32 values (:mod:`compiler.peers.held_weights`)."""
     if not zero_trial_peer(task, target):
         return None
     call = find_peer(task, device_of(target))
@@ -141,7 +142,6 @@ def zero_trial_call(task: tvm.IRModule, target: TargetSpec) -> PeerCall | None:
         and (algorithm := FORMAT_ALGORITHMS.get(target.compile_options.weights))
         and call.kind == "gemm"
         and call.algorithm in ("", "packed")
-        and gemm_rows(task, call) <= Q8_MAX_ROWS
         and algorithm in {v.algorithm for v in peer_variants(task)}
     ):
         call = replace(call, algorithm=algorithm)

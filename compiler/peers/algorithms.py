@@ -26,15 +26,15 @@ ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
 GEMM_ALGORITHMS = ("packed", "", "q8", "q4")
 #: The GEMM algorithm that streams each weight format's values (:func:`zero_trial_call`).
 FORMAT_ALGORITHMS = {"q8_0": "q8", "q4_0": "q4"}
-#: A zero-trial build of a target whose weights are ``q8_0`` (``q4_0``) computes a GEMM over a
-#: weight of at most this many rows with ``q8`` (``q4``) (:func:`compiler.peers.zero_trial_call`).
-#: Over all of Qwen2.5-0.5B's GEMMs (169, each its own weight), 2 threads on a 2-core Zen 5,
-#: ``q8`` took 0.49x the best float32 algorithm's time at 1 row (18.1 against 36.9 ms), 0.47x at
-#: 4, 0.79x at 16, 0.87x at 32 and 1.02x at 128 (``bench/results/q8_gemm_2026-12-06.md``); on
-#: a 2-core Xeon, with the kernel's prefetch, 0.34x at 1 row, 0.81x at 32 and 0.82x at 64
-#: (``q8_gemm_2026-12-07.md``). Above 32 rows the packed GEMM stays the choice (the Zen 5's
-#: crossover was near 128 rows, and a prefill chunk of more rows is compute-bound).
-Q8_MAX_ROWS = 32
+#: A zero-trial build of a target whose weights are ``q8_0`` (``q4_0``) computes every GEMM
+#: over a weight with ``q8`` (``q4``) (:func:`compiler.peers.zero_trial_call`), whatever its
+#: rows, so that the library holds each weight in the format only
+#: (:mod:`compiler.peers.held_weights`): a prefill chunk on the float32 packed GEMM kept a
+#: packed float32 copy of every weight as well (TinyLlama-1.1B Q8_0: 9.7 GB after a 100-token
+#: prompt against 1.2 GB for llama.cpp's file). Over all of Qwen2.5-0.5B's GEMMs (169, each its
+#: own weight), 2 threads, ``q8`` took 0.49x the best float32 algorithm's time at 1 row, 0.79x
+#: at 16, 0.87x at 32 and 1.02x at 128 on a 2-core Zen 5 (``bench/results/q8_gemm_2026-12-06.md``);
+#: 0.34x at 1 row, 0.81x at 32 and 0.82x at 64 on a 2-core Xeon (``q8_gemm_2026-12-07.md``).
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).
 WINOGRAD_MIN_CHANNELS = 8

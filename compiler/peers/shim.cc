@@ -22,6 +22,9 @@
 //       the rows' default algorithm (namespace q8).
 //   tunehub_peer_gemm_q4(...)
 //       the same over llama.cpp's Q4_0 blocks, 4 bits a weight (namespace q4).
+//   tunehub_peer_gemm_q8_held(...), tunehub_peer_gemm_q4_held(...)
+//       the same over a weight the library holds in the format (tunehub_peer_hold_weight made it
+//       when the model was built): no float32 weight, no cache.
 //   tunehub_peer_depthwise_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, C, OH, OW, sh, sw, pt, pl, dh,
 //                                      dw)
 //       Y[n, OH, OW, C] = depthwise conv(X[n, H, W, C], W[KH, KW, 1, C]), zero padding: vectors
@@ -326,6 +329,60 @@ extern "C" int tunehub_peer_gemm_q4(const float* a, const float* b, float* c, in
   return QuantizedOrDefault<q4::Shape>(q4::FirstRunOnGrid, q4::QuantizedWeight, q4::Gemm, a, b,
                                        c, batch, m, n, k, trans_b, b_batched, flags, bias,
                                        residual, lo, hi);
+}
+
+// Weights held in their format by the library (compiler/peers/held_weights.py): the 8- or
+// 4-bit GEMM's cached form of B (format 8: q8's layout, 4: q4's), made once when the model is
+// built and passed as the weight argument of tunehub_peer_gemm_q8_held / _q4_held. Such a
+// library holds no float32 copy of the weight and no cache entry for it.
+namespace {
+int64_t HeldTiles(int64_t n) { return (n + q8::kTile - 1) / q8::kTile; }
+}  // namespace
+
+// The bytes of B ([k, n] or [n, k]) held in ``format``; 0 when the format cannot hold it (k not
+// a multiple of 32, an unknown format).
+extern "C" int64_t tunehub_peer_held_bytes(int32_t format, int64_t k, int64_t n) {
+  if (k <= 0 || n <= 0 || k % q8::kBlock != 0) return 0;
+  size_t floats = 0;
+  if (format == 8) floats = q8::Shape{k, n, HeldTiles(n)}.Floats();
+  if (format == 4) floats = q4::Shape{k, n, HeldTiles(n)}.Floats();
+  return static_cast<int64_t>(floats * sizeof(float));
+}
+
+// Writes B held in ``format`` to ``out`` (tunehub_peer_held_bytes bytes, 4-byte aligned, every
+// byte written); returns 1 when B is on the format's grid, else 0 (``out`` is then of no use).
+extern "C" int32_t tunehub_peer_hold_weight(int32_t format, const float* b, int64_t k, int64_t n,
+                                            int32_t trans_b, void* out) {
+  const int64_t bytes = tunehub_peer_held_bytes(format, k, n);
+  if (bytes == 0) return 0;
+  std::memset(out, 0, static_cast<size_t>(bytes));
+  auto* w = static_cast<float*>(out);
+  const bool on_grid = format == 8 ? q8::Quantize(b, q8::Shape{k, n, HeldTiles(n)}, trans_b, w)
+                                   : q4::Quantize(b, q4::Shape{k, n, HeldTiles(n)}, trans_b, w);
+  w[0] = on_grid ? 1.0f : 0.0f;
+  return on_grid ? 1 : 0;
+}
+
+// tunehub_peer_gemm_q8's product over B held by tunehub_peer_hold_weight (``w``; trans_b was
+// fixed when it was held, and a held B is never batched). Returns 1 (the calling kernel raises)
+// when ``w`` is not a held B that was on the grid.
+extern "C" int tunehub_peer_gemm_q8_held(const float* a, const float* w, float* c, int64_t batch,
+                                         int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                         int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  (void)trans_b;
+  if (b_batched || k % q8::kBlock != 0 || w[0] != 1.0f) return 1;
+  q8::Gemm(a, w, c, batch * m, q8::Shape{k, n, HeldTiles(n)}, TUNEHUB_EPILOGUE);
+  return 0;
+}
+
+// The same over B held in 4 bits (q4's layout).
+extern "C" int tunehub_peer_gemm_q4_held(const float* a, const float* w, float* c, int64_t batch,
+                                         int64_t m, int64_t n, int64_t k, int32_t trans_b,
+                                         int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
+  (void)trans_b;
+  if (b_batched || k % q8::kBlock != 0 || w[0] != 1.0f) return 1;
+  q4::Gemm(a, w, c, batch * m, q4::Shape{k, n, HeldTiles(n)}, TUNEHUB_EPILOGUE);
+  return 0;
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,

@@ -22,6 +22,7 @@ import pytest
 
 from compiler.compile_options import CPU_DEFAULT
 from compiler.errors import ModelError
+from compiler.peers.held_weights import HELD_FUNCTIONS, HeldCall, hold_weight
 from compiler.weight_formats import FORMAT_VALUES, WEIGHT_FORMATS, q4_0_values, q8_0_values
 
 #: Each quantized format and the shim's GEMM that streams it.
@@ -70,6 +71,8 @@ def test_q4_0_values_are_on_the_grid_and_idempotent() -> None:
 
 
 def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: np.ndarray):
+    """``symbol``'s C = A x B + bias; ``B`` is ``[K, N]``, ``[N, K]`` with ``trans_b``, or held
+    bytes (``N`` is then the bias's length)."""
     from compiler.peers.library import peer_library
 
     lib = ctypes.CDLL(str(peer_library().shared), mode=ctypes.RTLD_GLOBAL)
@@ -77,7 +80,7 @@ def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: n
     i64, i32, ptr, f32 = ctypes.c_int64, ctypes.c_int32, ctypes.c_void_p, ctypes.c_float
     f.argtypes = [ptr, ptr, ptr, i64, i64, i64, i64, i32, i32, i32, ptr, ptr, f32, f32]
     m, k = a.shape
-    n = b.shape[0] if trans_b else b.shape[1]
+    n = len(bias)
     c = np.zeros((m, n), np.float32)
     f(a.ctypes.data, b.ctypes.data, c.ctypes.data, 1, m, n, k, int(trans_b), 0, 1,
       bias.ctypes.data, None, f32(-np.inf), f32(np.inf))  # fmt: skip
@@ -109,6 +112,15 @@ def test_the_shim_gemm_over_quantized_weights(fmt, rows, inner, cols, trans_b) -
         _shim_gemm(FORMAT_GEMMS[fmt], a, off, trans_b, bias),
         _shim_gemm(fallback, a, off, trans_b, bias),
     )
+
+    # Held by the library ahead of time (compiler/peers/held_weights.py): the same bytes the
+    # cache holds, so the held entry point computes the very same numbers; off the grid: none.
+    call = HeldCall(*HELD_FUNCTIONS[FORMAT_GEMMS[fmt]], 1, inner, cols, trans_b)
+    held = hold_weight(b, call)
+    assert held is not None and held.dtype == np.int8
+    assert np.array_equal(_shim_gemm(call.function, a, held, trans_b, bias), got)
+    assert hold_weight(off, call) is None
+    assert hold_weight(b.T, call) is None  # not the call's shape
 
 
 @pytest.mark.parametrize("fmt", FORMAT_GEMMS)
@@ -190,15 +202,17 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
     monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
+    # The projections and the head are held as their GEMM reads them (compiler/peers/
+    # held_weights.py), every prefill chunk's too: no float32 copy of them is left (the held
+    # bytes of the smallest, under 4 KiB, stay in the library). The embedding table, which a
+    # gather reads, is written in the format and loaded as float32.
+    held = [a for a in stored.values() if str(a.dtype) == "int8" and len(a.shape) == 1]
+    assert len(held) >= 2 * 5 + 1
+    assert not [a.shape for a in stored.values() if str(a.dtype) == "float32"]
     packed = [name for name in stored if str(name).endswith(":codes")]
-    assert packed and all(":q8_0:" in str(name) for name in packed)
+    assert len(packed) == 1 and ":q8_0:" in str(packed[0])
     stored_bytes = sum(a.numpy().nbytes for a in stored.values())
-    float32_bytes = sum(
-        4 * a.numpy().size if str(name).endswith(":codes") else a.numpy().nbytes
-        for name, a in stored.items()
-        if not str(name).endswith(":scales")
-    )
-    assert stored_bytes < float32_bytes / 3
+    assert stored_bytes < manifest["model"]["weights"]["float32_bytes"] / 3
     assert manifest["verification"]["passed"], manifest["verification"]
     assert manifest["generation"]["passed"], manifest["generation"]
     assert manifest["model"]["weights"]["format"] == "q8_0"
@@ -312,14 +326,20 @@ def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
     assert all(gemm_rows(t, find_peer(t)) == 1 for t in gemms)
     assert {zero_trial_call(t, target).algorithm for t in gemms} == {algorithm}
     # Beside the library (as a real decoder's weights, past 1 GiB), params.bin holds the two
-    # quantized weights in the format (along their first axis where they are MatMul's [K, N])
-    # and the first layer's as it was.
+    # quantized weights as the library holds them, in the format's bytes the GEMM reads
+    # (compiler/peers/held_weights.py), not in float32; the first layer's as it was.
     monkeypatch.setattr(compiler.weights, "EXTERNAL_BYTES", 0)
     monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
-    packed = sorted(str(name) for name in stored if str(name).endswith(":codes"))
-    assert len(packed) == 2 and all(f":{fmt}:" in name for name in packed), packed
-    assert any(tuple(a.shape) in ((784, 512), (512, 784)) for a in stored.values())
+    held = [a for a in stored.values() if str(a.dtype) == "int8"]
+    per_weight = {"q8_0": 1 + 2 / 32, "q4_0": 0.5 + 2 / 32}[fmt]
+    assert sorted(a.shape[0] for a in held) == [
+        64 + int(per_weight * 32 * -(-n // 32) * k) for n, k in ((10, 256), (256, 512))
+    ]
+    shapes = {tuple(a.shape) for a in stored.values() if str(a.dtype) == "float32"}
+    assert shapes & {(784, 512), (512, 784)}
+    assert not shapes & {(512, 256), (256, 512), (256, 10), (10, 256)}
+    assert not any(str(name).endswith(":codes") for name in stored)
     assert manifest["verification"]["passed"], manifest["verification"]
     assert manifest["model"]["weights"]["format"] == fmt
