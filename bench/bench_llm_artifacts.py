@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> int:
         {name: memory(folder, args.steps) for name, folder in named.items()} if args.memory else {}
     )
     generators = {name: Generator.load(Path(folder)) for name, folder in named.items()}
-    prompt = np.random.default_rng(0).integers(0, 150_000, max(PROMPTS)).astype(np.int64)
+    # Token ids every decoder here takes (TinyLlama's vocabulary has 32,000).
+    prompt = np.random.default_rng(0).integers(0, 30_000, max(PROMPTS)).astype(np.int64)
     rounds: dict[str, list[dict[str, float]]] = {name: [] for name in generators}
     tokens: dict[str, list[int]] = {}
     load = os.getloadavg()

@@ -7,10 +7,11 @@ module (:func:`compiler.importer.import_model`):
 
 1. :func:`for_target` — before legalization, the target's
    :class:`~compiler.compile_options.CompileOptions` layout (:func:`compiler.conv_layout.to_nhwc`),
-   then fast math (:func:`compiler.fast_math.fast_math`). The order matters: fast math turns
-   ``sigmoid``, ``exp``, ``erf``… into ``call_tir`` s, which ``ConvertLayout`` cannot see
-   through, so a convolution followed by a sigmoid kept a transpose between them and the
-   sigmoid was a task of its own;
+   then fast math (:func:`compiler.fast_math.fast_math`), then, with 8- or 4-bit weights,
+   embedding tables gathered from their codes (:mod:`compiler.quantized_gather`). The order of
+   the first two matters: fast math turns ``sigmoid``, ``exp``, ``erf``… into ``call_tir`` s,
+   which ``ConvertLayout`` cannot see through, so a convolution followed by a sigmoid kept a
+   transpose between them and the sigmoid was a task of its own;
 2. :func:`fuse` — library dispatch, LegalizeOps, AnnotateTIROpPattern, FoldConstant, FuseOps,
    FuseTIR (STACK.md: the frontend's module yields 0 tasks without them);
 3. with prepacking, :func:`compiler.prepack.mark_layout_free`.
@@ -48,8 +49,10 @@ from compiler.default_schedules import apply_default_schedules, gpu_default_rule
 from compiler.fast_math import fast_math
 from compiler.gpu_gemv import legalize_matmul
 from compiler.peers import apply_peers
+from compiler.peers.algorithms import FORMAT_ALGORITHMS
 from compiler.peers.held_weights import hold_weights
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
+from compiler.quantized_gather import gather_from_codes
 from compiler.target import TargetSpec
 from compiler.weights import ExternalWeights, lift_weights
 
@@ -74,9 +77,13 @@ def build_context(target: TargetSpec) -> tvm.transform.PassContext:
 
 
 def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
-    """Step 1: ``mod`` in the convolution layout of ``options``, then with fast math (``mod``
-    is not modified)."""
-    return fast_math(to_nhwc(mod) if options.conv_layout == "NHWC" else mod)
+    """Step 1: ``mod`` in the convolution layout of ``options``, then with fast math, then,
+    where the weights are in an 8- or 4-bit format, its embedding tables gathered from their
+    codes (:func:`compiler.quantized_gather.gather_from_codes`; ``mod`` is not modified)."""
+    mod = fast_math(to_nhwc(mod) if options.conv_layout == "NHWC" else mod)
+    if options.weights in FORMAT_ALGORITHMS:
+        mod = gather_from_codes(mod, options.weights)
+    return mod
 
 
 def fuse(mod: tvm.IRModule, target: tvm.target.Target) -> tvm.IRModule:

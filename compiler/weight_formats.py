@@ -184,9 +184,10 @@ class WeightFormatReport:
             "format_bytes": self.format_bytes,
             "max_abs_change": self.max_abs_change,
             "max_rel_change": self.max_rel_change,
-            "stored_as": "in the format in params.bin (weights kept beside the library), as "
-            "float32 on the format's grid inside the library and in memory, and in the format "
-            "in memory too where a GEMM reads it",
+            "stored_as": "a GEMM's weight in the format only, as the GEMM reads it (in the "
+            "library, or in params.bin when the weights are kept beside it); a weight another "
+            "operator reads (an embedding table) as float32 on the format's grid in memory, in "
+            "the format in params.bin",
         }
 
 

@@ -67,9 +67,9 @@ def pack(weight: np.ndarray) -> PackedWeight | None:
             continue
         line = weight[(0,) * axis + (slice(None),) + (0,) * (weight.ndim - axis - 1)]
         for fmt in PACKED_FORMATS:
-            if _codes_on_grid(np.ascontiguousarray(line), fmt, 0) is None:
+            if grid_codes(np.ascontiguousarray(line), fmt, 0) is None:
                 continue
-            found = _codes_on_grid(weight, fmt, axis)
+            found = grid_codes(weight, fmt, axis)
             if found is not None:
                 q, scales = found
                 return PackedWeight(fmt, axis, _encode(q, fmt, axis), scales)
@@ -81,7 +81,7 @@ def pack(weight: np.ndarray) -> PackedWeight | None:
 CHUNK_VALUES = 1 << 20
 
 
-def _codes_on_grid(weight: np.ndarray, fmt: str, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
+def grid_codes(weight: np.ndarray, fmt: str, axis: int) -> tuple[np.ndarray, np.ndarray] | None:
     """``weight``'s int8 codes (its shape) and float16 scales (``axis`` divided by 32) in
     ``fmt`` by blocks along ``axis`` (its first or last) when its values equal their
     dequantized values, else ``None``; computed :data:`CHUNK_VALUES` at a time."""
