@@ -31,7 +31,8 @@
 //       along the channels (namespace depthwise); no BLAS.
 // Every entry point takes the epilogue's arguments last, (flags, bias, residual, lo, hi): the
 // task's bias, residual add and clamp, applied as the output is stored (see Epilogue).
-// All tensors are compact float32 on the CPU. All return 0.
+// All tensors are compact float32 on the CPU (a held weight: its bytes). All return 0, but a
+// _held GEMM returns 1 for a weight that was not held on the grid (the calling kernel raises).
 //
 // Threads: the work is split into row blocks run on TVM's own thread pool
 // (TVMBackendParallelLaunch), each calling single-threaded sgemm: the library uses exactly the
