@@ -24,11 +24,11 @@ How it is applied, and why that keeps verification honest:
    result beyond the order of a sum.
 3. The library holds such a weight in the format only: the build replaces each constant weight
    of those GEMMs by the shim's own bytes for it (:mod:`compiler.peers.held_weights`), which
-   the GEMM reads as they are; the float32 values are gone unless another operator reads them
-   (an embedding table shared with the head). Beside the library (``params.bin``, a model past
-   1 GiB of weights: :mod:`compiler.weights`) the held bytes are written as they are, and any
-   other weight on the grid in the format (:mod:`compiler.weight_packing`), read back as the
-   same float32 values.
+   the GEMM reads as they are, and an embedding table is gathered from its int8 codes and
+   float16 scales (:mod:`compiler.quantized_gather`): no float32 copy is left. Beside the
+   library (``params.bin``, a model past 1 GiB of weights: :mod:`compiler.weights`) those are
+   written as they are, and any other float32 weight on the grid in the format
+   (:mod:`compiler.weight_packing`), read back as the same float32 values.
 
 Raises :class:`compiler.errors.ModelError` (``bad_weights``) for a format the model cannot take.
 """
@@ -184,10 +184,10 @@ class WeightFormatReport:
             "format_bytes": self.format_bytes,
             "max_abs_change": self.max_abs_change,
             "max_rel_change": self.max_rel_change,
-            "stored_as": "a GEMM's weight in the format only, as the GEMM reads it (in the "
-            "library, or in params.bin when the weights are kept beside it); a weight another "
-            "operator reads (an embedding table) as float32 on the format's grid in memory, in "
-            "the format in params.bin",
+            "stored_as": "in the format only, in the library or in params.bin (weights kept "
+            "beside it) and in memory: a GEMM's weight as the GEMM reads it, an embedding table "
+            "as int8 codes and float16 scales; any other weight on the grid as float32 in "
+            "memory, in the format in params.bin",
         }
 
 
