@@ -24,17 +24,18 @@ ONEDNN_DEPTHWISE_MIN_PIXELS = 28 * 28
 #: (``q4``: Q4_0's grid); oneDNN's matmul (``onednn``) too where the peer library has it
 #: (:func:`gemm_algorithms`).
 GEMM_ALGORITHMS = ("packed", "", "q8", "q4")
-#: The GEMM algorithm that streams each weight format's values (:func:`zero_trial_call`).
+#: The GEMM algorithm that streams each weight format's values. A zero-trial build of a target
+#: whose weights are ``q8_0`` (``q4_0``) computes every GEMM over a weight with ``q8`` (``q4``)
+#: (:func:`compiler.peers.zero_trial_call`), whatever its rows, so that the library holds each
+#: weight in the format only (:mod:`compiler.peers.held_weights`): prefill chunks on the float32
+#: packed GEMM kept a packed float32 copy of every weight as well (TinyLlama-1.1B Q8_0: 9.90 GB
+#: of RSS at peak, against 1.69 GB held;
+#: ``bench/results/llm_artifacts_2026-12-07_tinyllama11_q8_held.md``).
+#: Over all of Qwen2.5-0.5B's GEMMs (169, each its own weight), 2 threads, ``q8`` took 0.49x the
+#: best float32 algorithm's time at 1 row, 0.79x at 16, 0.87x at 32 and 1.02x at 128 on a 2-core
+#: Zen 5 (``bench/results/q8_gemm_2026-12-06.md``); 0.34x at 1 row, 0.81x at 32 and 0.82x at 64
+#: on a 2-core Xeon (``q8_gemm_2026-12-07.md``).
 FORMAT_ALGORITHMS = {"q8_0": "q8", "q4_0": "q4"}
-#: A zero-trial build of a target whose weights are ``q8_0`` (``q4_0``) computes every GEMM
-#: over a weight with ``q8`` (``q4``) (:func:`compiler.peers.zero_trial_call`), whatever its
-#: rows, so that the library holds each weight in the format only
-#: (:mod:`compiler.peers.held_weights`): a prefill chunk on the float32 packed GEMM kept a
-#: packed float32 copy of every weight as well (TinyLlama-1.1B Q8_0: 9.7 GB after a 100-token
-#: prompt against 1.2 GB for llama.cpp's file). Over all of Qwen2.5-0.5B's GEMMs (169, each its
-#: own weight), 2 threads, ``q8`` took 0.49x the best float32 algorithm's time at 1 row, 0.79x
-#: at 16, 0.87x at 32 and 1.02x at 128 on a 2-core Zen 5 (``bench/results/q8_gemm_2026-12-06.md``);
-#: 0.34x at 1 row, 0.81x at 32 and 0.82x at 64 on a 2-core Xeon (``q8_gemm_2026-12-07.md``).
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).
 WINOGRAD_MIN_CHANNELS = 8
