@@ -4,8 +4,9 @@
 - the shim's GEMM over 8-bit weights (``tunehub_peer_gemm_q8``) computes an on-grid weight as
   numpy does, and any other weight (a float32 model's) exactly as the float32 path does;
 - a static-cache decoder compiled with ``q8_0`` is verified against torch running the same
-  quantized program, generates torch's tokens, says so in its manifest, and its one-row GEMMs
-  are the 8-bit kernel;
+  quantized program, generates torch's tokens, says so in its manifest, its one-row GEMMs are
+  the 8-bit kernel, and it keeps no float32 copy of any weight (the GEMMs' weights held as the
+  kernel reads them, the embedding gathered from its codes);
 - what cannot take the format is refused with a reason (exit 2 on the CLI).
 """
 
