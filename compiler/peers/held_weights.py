@@ -38,7 +38,7 @@ from tvm.relax.expr_functor import PyExprMutator, mutator
 from compiler.peers.calls import Q4_FUNCTION, Q8_FUNCTION
 from compiler.peers.library import peer_library
 from compiler.peers.patterns import _stages
-from compiler.peers.rewrite import _checked, _region
+from compiler.peers.rewrite import _checked, _region, root_realize
 
 #: The format code ``tunehub_peer_hold_weight`` takes and the entry point that reads the held
 #: bytes, by the peer call's entry point.
@@ -133,19 +133,8 @@ def held_function(func: tirx.PrimFunc, call: HeldCall, nbytes: int, name: str) -
     )
     body = [s.stmt for s in stages]
     body[index] = s_tir.SBlockRealize([], True, extern)
-    new_root = s_tir.SBlock(
-        root.iter_vars,
-        root.reads,
-        root.writes,
-        root.name_hint,
-        tirx.SeqStmt(body) if len(body) > 1 else body[0],
-        root.init,
-        root.alloc_buffers,
-        root.match_buffers,
-        root.annotations,
-    )
     params = [new if p.same_as(old) else p for p in func.params]
-    out = tirx.PrimFunc(params, s_tir.SBlockRealize([], True, new_root), func.ret_type, func.attrs)
+    out = tirx.PrimFunc(params, root_realize(root, body), func.ret_type, func.attrs)
     return out.with_attr("global_symbol", name)
 
 
@@ -192,9 +181,10 @@ def hold_weight(weight: np.ndarray, call: HeldCall) -> np.ndarray | None:
 class _HoldWeights(PyExprMutator):
     """Redirects the calls of :func:`hold_weights` (see the module docstring)."""
 
-    def __init__(self, mod: tvm.IRModule, calls: dict[str, tuple[HeldCall, Any]]) -> None:
+    def __init__(self, mod: tvm.IRModule) -> None:
         super().__init__(mod)
-        self.calls = calls  # PrimFunc name -> (its HeldCall, its held copy's GlobalVar)
+        #: PrimFunc name -> (its HeldCall, its held copy's GlobalVar), filled by hold_weights.
+        self.calls: dict[str, tuple[HeldCall, Any]] = {}
         self.held: dict[Any, Any] = {}  # float32 constant -> held constant (None: off the grid)
         self.used: set[str] = set()
 
@@ -238,7 +228,7 @@ def hold_weights(mod: tvm.IRModule) -> tvm.IRModule:
     }
     if not found:
         return mod
-    mutator_ = _HoldWeights(mod, {})
+    mutator_ = _HoldWeights(mod)
     builder = mutator_.builder_
     for gvar, call in found.items():
         nbytes = shim.tunehub_peer_held_bytes(call.format, call.k, call.n)

@@ -73,6 +73,15 @@ def peer_function(
     )
     dropped = {str(stages[i].block.writes[0].source.name) for i in range(last + 1)} - {call.output}
     body = [s_tir.SBlockRealize([], True, extern)] + [s.stmt for s in stages[last + 1 :]]
+    allocated = [b for b in root.alloc_buffers if str(b.name) not in dropped]
+    rewritten = func.with_body(root_realize(root, body, allocated))
+    rewritten = rewritten.without_attr("layout_free_buffers")
+    return _schedule_epilogue(rewritten, len(stages) - last - 1, device)
+
+
+def root_realize(root: Any, body: list[Any], alloc_buffers: list[Any] | None = None) -> Any:
+    """A PrimFunc's root block ``root`` with the statements ``body`` (and ``alloc_buffers``,
+    default its own), realized: the body of a rewritten peer function."""
     new_root = s_tir.SBlock(
         root.iter_vars,
         root.reads,
@@ -80,13 +89,11 @@ def peer_function(
         root.name_hint,
         tirx.SeqStmt(body) if len(body) > 1 else body[0],
         root.init,
-        [b for b in root.alloc_buffers if str(b.name) not in dropped],
+        root.alloc_buffers if alloc_buffers is None else alloc_buffers,
         root.match_buffers,
         root.annotations,
     )
-    rewritten = func.with_body(s_tir.SBlockRealize([], True, new_root))
-    rewritten = rewritten.without_attr("layout_free_buffers")
-    return _schedule_epilogue(rewritten, len(stages) - last - 1, device)
+    return s_tir.SBlockRealize([], True, new_root)
 
 
 def _checked(status: Any, function: str, device: str) -> Any:

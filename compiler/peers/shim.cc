@@ -364,16 +364,27 @@ extern "C" int32_t tunehub_peer_hold_weight(int32_t format, const float* b, int6
   return on_grid ? 1 : 0;
 }
 
-// tunehub_peer_gemm_q8's product over B held by tunehub_peer_hold_weight (``w``; trans_b was
-// fixed when it was held, and a held B is never batched). Returns 1 (the calling kernel raises)
-// when ``w`` is not a held B that was on the grid.
+namespace {
+// The product over B held by tunehub_peer_hold_weight (``w``) in one format's layout (q8:: or
+// q4::): trans_b was fixed when it was held, and a held B is never batched. Returns 1 (the
+// calling kernel raises) when ``w`` is not a held B that was on the grid.
+template <typename Shape>
+int HeldGemm(void (*gemm)(const float*, const float*, float*, int64_t, const Shape&,
+                          const Epilogue&),
+             const float* a, const float* w, float* c, int64_t batch, int64_t m, int64_t n,
+             int64_t k, int32_t b_batched, const Epilogue& e) {
+  if (b_batched || k % q8::kBlock != 0 || w[0] != 1.0f) return 1;
+  gemm(a, w, c, batch * m, Shape{k, n, HeldTiles(n)}, e);
+  return 0;
+}
+}  // namespace
+
+// tunehub_peer_gemm_q8's product over B held in 8 bits (HeldGemm).
 extern "C" int tunehub_peer_gemm_q8_held(const float* a, const float* w, float* c, int64_t batch,
                                          int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                          int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
   (void)trans_b;
-  if (b_batched || k % q8::kBlock != 0 || w[0] != 1.0f) return 1;
-  q8::Gemm(a, w, c, batch * m, q8::Shape{k, n, HeldTiles(n)}, TUNEHUB_EPILOGUE);
-  return 0;
+  return HeldGemm<q8::Shape>(q8::Gemm, a, w, c, batch, m, n, k, b_batched, TUNEHUB_EPILOGUE);
 }
 
 // The same over B held in 4 bits (q4's layout).
@@ -381,9 +392,7 @@ extern "C" int tunehub_peer_gemm_q4_held(const float* a, const float* w, float* 
                                          int64_t m, int64_t n, int64_t k, int32_t trans_b,
                                          int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
   (void)trans_b;
-  if (b_batched || k % q8::kBlock != 0 || w[0] != 1.0f) return 1;
-  q4::Gemm(a, w, c, batch * m, q4::Shape{k, n, HeldTiles(n)}, TUNEHUB_EPILOGUE);
-  return 0;
+  return HeldGemm<q4::Shape>(q4::Gemm, a, w, c, batch, m, n, k, b_batched, TUNEHUB_EPILOGUE);
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,
