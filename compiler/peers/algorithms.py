@@ -35,8 +35,9 @@ GEMM_ALGORITHMS = ("packed", "", "q8", "q4")
 #: best float32 algorithm's time at 1 row, 0.79x at 16, 0.87x at 32 and 1.02x at 128 on a 2-core
 #: Zen 5 (``bench/results/q8_gemm_2026-12-06.md``); 0.34x at 1 row and 0.81x at 32 on a 2-core
 #: Xeon (``q8_gemm_2026-12-07.md``), 0.99x at 64 and 1.26x at 128
-#: (``q8_gemm_2026-12-07_rows128.md``: the price of the memory at a full prefill chunk; ``q4``
-#: 1.39x).
+#: (``q8_gemm_2026-12-07_rows128.md``; ``q4`` 1.39x). From 64 rows the shim now widens each
+#: 32-column tile to float32 once a call and runs the packed micro-kernel over it: 0.83x at 64
+#: and 0.97x at 128 (``q4`` 0.94x and 0.98x; ``q8_gemm_2026-12-07_widened.md``).
 FORMAT_ALGORITHMS = {"q8_0": "q8", "q4_0": "q4"}
 #: Winograd variants are offered for convolutions with at least this many input and output
 #: channels (the shim's transforms work on vectors of 8 channels).

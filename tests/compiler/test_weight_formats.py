@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import ctypes
+import os
 import subprocess
 import sys
 from dataclasses import replace
@@ -89,13 +90,17 @@ def _shim_gemm(symbol: str, a: np.ndarray, b: np.ndarray, trans_b: bool, bias: n
 
 
 @pytest.mark.parametrize("fmt", FORMAT_GEMMS)
-@pytest.mark.parametrize("rows,inner,cols", [(1, 96, 200), (3, 64, 40), (6, 128, 33), (9, 32, 64)])
+@pytest.mark.parametrize(
+    "rows,inner,cols",
+    [(1, 96, 200), (3, 64, 40), (6, 128, 33), (9, 32, 64), (64, 96, 70), (131, 288, 40)],
+)
 @pytest.mark.parametrize("trans_b", [False, True])
 def test_the_shim_gemm_over_quantized_weights(fmt, rows, inner, cols, trans_b) -> None:
     """On the grid: numpy's product (float64) within float32 rounding, also where one block of
-    the input is a thousand times smaller than the rest or all zeros. Off the grid: exactly
-    what the float32 path the rows default to computes (OpenBLAS for a row, the packed GEMM
-    above)."""
+    the input is a thousand times smaller than the rest or all zeros; from 64 rows (each tile
+    widened to float32 once, then the packed micro-kernel) exactly the packed float32 GEMM's
+    product over the same values. Off the grid: exactly what the float32 path the rows default
+    to computes (OpenBLAS for a row, the packed GEMM above)."""
     rng = np.random.default_rng(rows * inner + cols)
     a = rng.standard_normal((rows, inner)).astype(np.float32)
     a[0, :32] *= 1e-3
@@ -106,6 +111,8 @@ def test_the_shim_gemm_over_quantized_weights(fmt, rows, inner, cols, trans_b) -
     want = a.astype(np.float64) @ weight.T.astype(np.float64) + bias
     got = _shim_gemm(FORMAT_GEMMS[fmt], a, b, trans_b, bias)
     assert np.abs(got - want).max() < 1e-5
+    if rows >= 64 and os.environ.get("TUNEHUB_PEERS_ISA") != "none":  # none: packed is BLAS
+        assert np.array_equal(got, _shim_gemm("tunehub_peer_gemm_packed", a, b, trans_b, bias))
 
     off = np.ascontiguousarray(rng.standard_normal(b.shape).astype(np.float32))
     fallback = "tunehub_peer_gemm" if rows == 1 else "tunehub_peer_gemm_packed"
