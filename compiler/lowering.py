@@ -5,7 +5,8 @@ extracts tasks from and the module the final build applies the database to must 
 pass sequence; this module is that sequence. For a :class:`TargetSpec` and a normalized Relax
 module (:func:`compiler.importer.import_model`):
 
-1. :func:`for_target` — before legalization, the target's
+1. :func:`for_target` — before legalization, a decoder's attention kept on the CPU shim or
+   expanded into matrix products (:func:`compiler.llm.attention.expand_attention`), the target's
    :class:`~compiler.compile_options.CompileOptions` layout (:func:`compiler.conv_layout.to_nhwc`),
    then fast math (:func:`compiler.fast_math.fast_math`), then, with 8- or 4-bit weights,
    embedding tables gathered from their codes (:mod:`compiler.quantized_gather`). The order of
@@ -48,7 +49,8 @@ from compiler.conv_layout import to_nhwc
 from compiler.default_schedules import apply_default_schedules, gpu_default_rules
 from compiler.fast_math import fast_math
 from compiler.gpu_gemv import legalize_matmul
-from compiler.peers import apply_peers
+from compiler.llm.attention import expand_attention, specialize_attention
+from compiler.peers import apply_peers, library_for
 from compiler.peers.algorithms import FORMAT_ALGORITHMS
 from compiler.peers.held_weights import hold_weights
 from compiler.prepack import fold_prepacked_weights, mark_layout_free
@@ -76,10 +78,23 @@ def build_context(target: TargetSpec) -> tvm.transform.PassContext:
     )
 
 
-def for_target(mod: tvm.IRModule, options: CompileOptions) -> tvm.IRModule:
-    """Step 1: ``mod`` in the convolution layout of ``options``, then with fast math, then,
-    where the weights are in an 8- or 4-bit format, its embedding tables gathered from their
-    codes (:func:`compiler.quantized_gather.gather_from_codes`; ``mod`` is not modified)."""
+def attention_peer_available(target: TargetSpec) -> bool:
+    """Whether a build for ``target`` may keep a decoder's attention on the CPU shim
+    (:func:`compiler.llm.attention.attention_kernel`): a CPU target that takes library peers,
+    on a machine with the peer library."""
+    return target.kind == "cpu" and library_for(target) is not None
+
+
+def for_target(
+    mod: tvm.IRModule, options: CompileOptions, attention_peer: bool = False
+) -> tvm.IRModule:
+    """Step 1: ``mod`` with a decoder's attention kernels expanded into matrix products unless
+    ``attention_peer`` (:func:`attention_peer_available`, and a build that links the peer
+    library: :func:`compiler.llm.attention.expand_attention`), in the convolution layout of
+    ``options``, then with fast math, then, where the weights are in an 8- or 4-bit format, its
+    embedding tables gathered from their codes
+    (:func:`compiler.quantized_gather.gather_from_codes`; ``mod`` is not modified)."""
+    mod = specialize_attention(mod) if attention_peer else expand_attention(mod)
     mod = fast_math(to_nhwc(mod) if options.conv_layout == "NHWC" else mod)
     if options.weights in FORMAT_ALGORITHMS:
         mod = gather_from_codes(mod, options.weights)
@@ -113,7 +128,9 @@ def _fuse_and_mark(
 def fused_for_target(mod: tvm.IRModule, target: TargetSpec) -> tvm.IRModule:
     """Steps 1–3: the fused module whose PrimFuncs are ``target``'s tuning tasks."""
     options = target.compile_options
-    return _fuse_and_mark(for_target(mod, options), target.tvm_target(), options)
+    return _fuse_and_mark(
+        for_target(mod, options, attention_peer_available(target)), target.tvm_target(), options
+    )
 
 
 def lower_with_database(
@@ -127,7 +144,9 @@ def lower_with_database(
     options = target.compile_options
     tvm_target = target.tvm_target()
     with tvm_target, database, tvm.transform.PassContext(opt_level=3):
-        module = _fuse_and_mark(for_target(mod, options), tvm_target, options)
+        # The attention kernel calls the shim, which an executable links with its peers.
+        attention_peer = bool(peers) and attention_peer_available(target)
+        module = _fuse_and_mark(for_target(mod, options, attention_peer), tvm_target, options)
         module, _ = apply_peers(module, peers)
         module = MetaScheduleApplyDatabase()(module)
         module = apply_default_schedules(module, tvm_target)

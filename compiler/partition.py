@@ -19,6 +19,7 @@ from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.analysis import estimate_tir_flops
 
 from compiler.keys import workload_key
+from compiler.llm.attention import is_attention_kernel
 from compiler.lowering import fuse, fused_for_target
 from compiler.target import TargetSpec
 
@@ -93,19 +94,26 @@ def _task_info(task: Any) -> TaskInfo:
         flops = 0.0
     name = str(task.task_name)
     indexing = next((op for op in _INDEXING_OPS if op in name.lower()), None)
+    if is_attention_kernel(func):
+        reason = (
+            "the CPU shim's attention over the cache's filled part (a library call: nothing to "
+            "schedule)"
+        )
+    elif indexing:
+        reason = (
+            f"'{indexing}' reads data-dependent indices; random measurement inputs would read "
+            "out of bounds and crash the runner"
+        )
+    else:
+        reason = ""
     return TaskInfo(
         key=workload_key(mod),
         name=name,
         flops=flops,
         weight=int(task.weight),
         shapes=_buffer_shapes(func),
-        tunable=indexing is None,
-        skip_reason=(
-            f"'{indexing}' reads data-dependent indices; random measurement inputs would read "
-            "out of bounds and crash the runner"
-            if indexing
-            else ""
-        ),
+        tunable=not reason,
+        skip_reason=reason,
     )
 
 

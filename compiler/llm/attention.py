@@ -17,18 +17,33 @@ with a default schedule, took 0.7 ms a layer in a Qwen2.5-0.5B decode step and 5
 (boolean: keep; float: add), so the result is exactly what torch's computes; dropout must be 0
 and ``is_causal`` false (the static-cache export passes its mask explicitly); anything else
 goes to TVM's converter.
+
+On a CPU whose build links the peer library, the converter's attention is one call of the
+shim's kernel instead (:func:`emit_attention`, :func:`attention_kernel`;
+``compiler/peers/shim_attention.inc``): a static cache is mostly empty, and the matrix products
+read all of it, so a 128-token prefill chunk at the start of a 1,088-position cache computed
+8.5 times the scores it needed. The kernel finds, for each block of query rows, the last key
+the mask lets any of them see and reads the cache up to there only: the same numbers up to the
+order of the sums (a hidden key adds exactly 0). The import always emits the kernel;
+:func:`compiler.lowering.for_target` keeps it, with its sizes made literal
+(:func:`specialize_attention`), or expands it into :func:`grouped_attention`
+(:func:`expand_attention`: CUDA, a machine without the peer library, a build without peers).
 """
 
 from __future__ import annotations
 
+import functools
+import re
 from typing import Any
 
-from tvm import relax
+import tvm
+from tvm import relax, tirx
 from tvm.relax.dpl import is_op, wildcard
 
 from compiler.relax_rewrite import rewrite_call
 
 SDPA = "scaled_dot_product_attention.default"
+_CALL_TIR = tvm.ir.Op.get("relax.call_tir")
 _REPEAT_OPS = {"view.default", "_unsafe_view.default", "clone.default", "reshape.default"}
 
 
@@ -82,9 +97,188 @@ def convert_sdpa(node: Any, importer: Any, fallback: Any) -> relax.Expr:
     mask = env[mask_node] if mask_node is not None else None
     if mask is not None and len(mask.ty.shape) != 4:
         return fallback(node)
-    return grouped_attention(
-        importer.block_builder, env[node.args[0]], env[key], env[value], mask, float(scale), n_rep
+    return emit_attention(
+        importer.block_builder, env[node.args[0]], env[key], env[value], mask, float(scale)
     )
+
+
+#: The PrimFunc attribute that marks :func:`attention_kernel`'s functions (its value: the scale).
+ATTENTION_ATTR = "tunehub.attention"
+ATTENTION_EXTERN = "tunehub_peer_attention"
+_MASK_KINDS = {None: 0, "float32": 1, "bool": 2}
+
+
+@functools.lru_cache(maxsize=64)
+def attention_kernel(
+    mask_dtype: str | None, scale: float, shape: tuple[int, ...] | None = None
+) -> tirx.PrimFunc:
+    """A PrimFunc ``(q, k, v[, mask], out)`` that calls the CPU shim's attention
+    (``tunehub_peer_attention``, ``compiler/peers/shim_attention.inc``): ``out = softmax(q k^T *
+    scale + mask) v`` for queries ``[b, h, s, d]`` over a cache ``[b, kv, c, d]`` whose head
+    ``g`` serves query heads ``g * h / kv ..`` (``repeat_kv``'s order), reading only the keys
+    some query row's mask lets through. Shapes are symbolic; the mask (float32: added, bool:
+    keep) is ``[mb, mh, ms, c]`` broadcast against the scores. Marked scheduled (nothing tunes
+    or schedules it) and with :data:`ATTENTION_ATTR`, so :func:`expand_attention` can replace it
+    by :func:`grouped_attention` where the shim is not there. The call's status is checked: a
+    shape the shim refuses raises in the kernel. ``shape``: the sizes ``(b, h, s, d, kv, c[,
+    mb, mh, ms])`` to build it for (what a build needs: TVM 0.27's lowering loses the
+    symbolic sizes of an opaque kernel; :func:`specialize_attention`)."""
+    masked = mask_dtype is not None
+    dims = ["b", "h", "s", "d", "kv", "c"] + (["mb", "mh", "ms"] if masked else [])
+    sizes = dict(zip(dims, shape)) if shape is not None else {}
+    regions = ["q[0:b, 0:h, 0:s, 0:d]", "k[0:b, 0:kv, 0:c, 0:d]", "v[0:b, 0:kv, 0:c, 0:d]"]
+    buffers = [
+        'q = T.match_buffer(var_q, (b, h, s, d), "float32")',
+        'k = T.match_buffer(var_k, (b, kv, c, d), "float32")',
+        'v = T.match_buffer(var_v, (b, kv, c, d), "float32")',
+    ]
+    if masked:
+        buffers.append(f'mask = T.match_buffer(var_mask, (mb, mh, ms, c), "{mask_dtype}")')
+        regions.append("mask[0:mb, 0:mh, 0:ms, 0:c]")
+    buffers.append('out = T.match_buffer(var_out, (b, h, s, d), "float32")')
+    # Without a mask the shim never reads its pointer (kind 0): q's is passed.
+    mask_args = "mask.data, mb, mh, ms" if masked else "q.data, T.int64(1), T.int64(1), T.int64(1)"
+    args = (
+        f"q.data, k.data, v.data, {mask_args.split(', ')[0]}, out.data, b, h, s, d, kv, c, "
+        f"{', '.join(mask_args.split(', ')[1:])}, {_MASK_KINDS[mask_dtype]}, T.float32({scale!r})"
+    )
+    indent = "\n    "
+    declare = f"{', '.join(dims)} = {', '.join(['T.int64()'] * len(dims))}"
+    if sizes:  # every size a literal
+        declare = "pass"
+        for name, value in sorted(sizes.items(), key=lambda item: -len(item[0])):
+            pattern = re.compile(rf"(?<![\w.]){name}(?![\w(])")
+            buffers = [pattern.sub(f"T.int64({value})", line) for line in buffers]
+            regions = [pattern.sub(f"T.int64({value})", line) for line in regions]
+            args = pattern.sub(f"T.int64({value})", args)
+    regions_out = "out[0:b, 0:h, 0:s, 0:d]"
+    for name, value in sorted(sizes.items(), key=lambda item: -len(item[0])):
+        regions_out = re.sub(rf"(?<![\w.]){name}(?![\w(])", f"T.int64({value})", regions_out)
+    source = f"""
+@T.prim_func(private=True)
+def attention(var_q: T.handle, var_k: T.handle, var_v: T.handle{", var_mask: T.handle" if masked else ""}, var_out: T.handle):
+    T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "{ATTENTION_ATTR}": T.float32({scale!r})}})
+    {declare}
+    {indent.join(buffers)}
+    with T.sblock("root"):
+        with T.sblock("tunehub_peer"):
+            T.reads({", ".join(regions)})
+            T.writes({regions_out})
+            assert T.call_extern("int32", "{ATTENTION_EXTERN}", {args}) == 0, "the library peer {ATTENTION_EXTERN} failed"
+"""  # noqa: E501 - generated TVMScript
+    return tvm.script.from_source(source, check_well_formed=False)
+
+
+def emit_attention(
+    builder: relax.BlockBuilder,
+    q: relax.Expr,
+    k: relax.Expr,
+    v: relax.Expr,
+    mask: relax.Expr | None,
+    scale: float,
+) -> relax.Expr:
+    """``softmax(q k^T * scale + mask) v`` over a grouped-query cache as one call of
+    :func:`attention_kernel` (the CPU shim's attention over the cache's filled part);
+    :func:`expand_attention` turns it into :func:`grouped_attention` for builds without the
+    shim. A mask of another float dtype is cast to float32."""
+    if mask is not None and str(mask.ty.dtype) not in ("bool", "float32"):
+        mask = builder.emit(relax.op.astype(mask, "float32"))
+    kernel = attention_kernel(None if mask is None else str(mask.ty.dtype), scale)
+    gvar = builder.add_func(kernel, "attention")
+    args = [q, k, v] + ([mask] if mask is not None else [])
+    return builder.emit(
+        relax.call_tir(gvar, args, relax.TensorType(q.ty.shape, "float32")),
+        name_hint="attention",
+    )
+
+
+def is_attention_kernel(func: object) -> bool:
+    """Whether ``func`` is one of :func:`attention_kernel`'s PrimFuncs."""
+    return (
+        isinstance(func, tirx.PrimFunc) and func.attrs is not None and ATTENTION_ATTR in func.attrs
+    )
+
+
+def _static_sizes(args: list[relax.Expr]) -> tuple[int, ...] | None:
+    """``(b, h, s, d, kv, c[, mb, mh, ms])`` of an attention call's arguments, or ``None`` while
+    one is symbolic."""
+    try:
+        q = [int(x) for x in args[0].ty.shape]
+        k = [int(x) for x in args[1].ty.shape]
+        mask = [int(x) for x in args[3].ty.shape][:3] if len(args) > 3 else []
+    except TypeError:
+        return None
+    return (*q, k[1], k[2], *mask)
+
+
+def specialize_attention(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each call of :func:`attention_kernel` whose arguments have static shapes
+    calling a copy built for those sizes (the form a build lowers; ``mod`` is not modified)."""
+    kernels = {gvar.name_hint for gvar, func in mod.functions_items() if is_attention_kernel(func)}
+    if not kernels:
+        return mod
+
+    @relax.expr_functor.mutator
+    class _Specialize(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's name
+            call = super().visit_call_(call)
+            if not (
+                isinstance(call, relax.Call)
+                and call.op.same_as(_CALL_TIR)
+                and call.args[0].name_hint in kernels
+            ):
+                return call
+            args = list(call.args[1].fields)
+            sizes = _static_sizes(args)
+            if sizes is None:
+                return call
+            func = mod[call.args[0]]
+            mask_dtype = str(args[3].ty.dtype) if len(args) > 3 else None
+            kernel = attention_kernel(mask_dtype, float(func.attrs[ATTENTION_ATTR].value), sizes)
+            gvar = self.builder_.add_func(kernel, "attention")
+            return relax.Call(call.op, [gvar, *call.args[1:]], call.attrs, call.ty_args)
+
+    specializer = _Specialize(mod.clone())
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            specializer.builder_.update_func(gvar, specializer.visit_expr(func))
+    return relax.transform.DeadCodeElimination()(specializer.builder_.get())
+
+
+def expand_attention(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with every call of :func:`attention_kernel` replaced by
+    :func:`grouped_attention` (its matrix products become tasks like any matmul) in the prefill
+    form where its query rows allow (:func:`prefill_scores`), and the kernels dropped: a build
+    for a target without the CPU shim (CUDA, a machine without the peer library, a build with
+    no library peers). ``mod`` is not modified."""
+    kernels = {gvar.name_hint for gvar, func in mod.functions_items() if is_attention_kernel(func)}
+    if not kernels:
+        return mod
+
+    @relax.expr_functor.mutator
+    class _Expand(relax.PyExprMutator):
+        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's name
+            call = super().visit_call_(call)
+            if not (
+                isinstance(call, relax.Call)
+                and call.op.same_as(_CALL_TIR)
+                and call.args[0].name_hint in kernels
+            ):
+                return call
+            func = mod[call.args[0]]
+            q, k, v, *mask = call.args[1].fields
+            heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
+            scale = float(func.attrs[ATTENTION_ATTR].value)
+            return grouped_attention(
+                self.builder_, q, k, v, mask[0] if mask else None, scale, heads // kv_heads
+            )
+
+    expander = _Expand(mod.clone())
+    for gvar, func in mod.functions_items():
+        if isinstance(func, relax.Function):
+            expander.builder_.update_func(gvar, prefill_scores(expander.visit_expr(func)))
+    # The kernels nothing calls any more.
+    return relax.transform.DeadCodeElimination()(expander.builder_.get())
 
 
 #: Query rows (``n_rep`` x tokens) from which the scores are ``q k^T`` (over a copy of the

@@ -25,6 +25,9 @@
 //   tunehub_peer_gemm_q8_held(...), tunehub_peer_gemm_q4_held(...)
 //       the same over a weight the library holds in the format (tunehub_peer_hold_weight made it
 //       when the model was built): no float32 weight, no cache.
+//   tunehub_peer_attention(q, k, v, mask, out, B, H, S, D, KV, C, mB, mH, mS, kind, scale)
+//       grouped-query attention over a KV cache, reading only the keys the mask lets some query
+//       row see (namespace attention).
 //   tunehub_peer_depthwise_conv2d_nhwc(X, W, Y, n, H, W, C, KH, KW, C, OH, OW, sh, sw, pt, pl, dh,
 //                                      dw)
 //       Y[n, OH, OW, C] = depthwise conv(X[n, H, W, C], W[KH, KW, 1, C]), zero padding: vectors
@@ -50,6 +53,7 @@
 //   shim_bf16.inc          the bfloat16 GEMM (namespace bf16)
 //   shim_q8.inc            the GEMM over 8-bit weights (namespace q8)
 //   shim_q4.inc            the GEMM over 4-bit weights (namespace q4)
+//   shim_attention.inc     attention over a KV cache's filled part (namespace attention)
 //   shim_onednn.inc        the oneDNN peers (built with -DTUNEHUB_ONEDNN only)
 #include <algorithm>
 #include <array>
@@ -200,6 +204,7 @@ void ParallelRows(int64_t total, int64_t min_rows, const Body& body) {
 #include "shim_bf16.inc"
 #include "shim_q8.inc"
 #include "shim_q4.inc"
+#include "shim_attention.inc"
 
 // ---------------------------------------------------------------------------------------------
 // The C entry points.
@@ -393,6 +398,21 @@ extern "C" int tunehub_peer_gemm_q4_held(const float* a, const float* w, float* 
                                          int32_t b_batched, TUNEHUB_EPILOGUE_ARGS) {
   (void)trans_b;
   return HeldGemm<q4::Shape>(q4::Gemm, a, w, c, batch, m, n, k, b_batched, TUNEHUB_EPILOGUE);
+}
+
+// out[B, H, S, D] = softmax(q k^T * scale + mask) v over the cache's filled part
+// (shim_attention.inc); returns 1 (the calling kernel raises) for heads that are not a multiple
+// of the cache's heads or a mask kind it does not know.
+extern "C" int tunehub_peer_attention(const float* q, const float* k, const float* v,
+                                      const void* mask, float* out, int64_t batch, int64_t heads,
+                                      int64_t tokens, int64_t dim, int64_t kv_heads,
+                                      int64_t capacity, int64_t mask_batch, int64_t mask_heads,
+                                      int64_t mask_tokens, int32_t kind, float scale) {
+  if (kv_heads <= 0 || heads % kv_heads != 0 || kind < 0 || kind > 2) return 1;
+  const attention::Shape s{batch,      heads,      tokens,      dim, kv_heads, capacity,
+                           mask_batch, mask_heads, mask_tokens, kind};
+  attention::Run(s, q, k, v, mask, out, scale);
+  return 0;
 }
 
 extern "C" int tunehub_peer_conv2d_nhwc_packed(const float* x, const float* w, float* y,
