@@ -33,7 +33,6 @@ order of the sums (a hidden key adds exactly 0). The import always emits the ker
 from __future__ import annotations
 
 import functools
-import re
 from typing import Any
 
 import tvm
@@ -97,9 +96,10 @@ def convert_sdpa(node: Any, importer: Any, fallback: Any) -> relax.Expr:
     mask = env[mask_node] if mask_node is not None else None
     if mask is not None and len(mask.ty.shape) != 4:
         return fallback(node)
-    return emit_attention(
-        importer.block_builder, env[node.args[0]], env[key], env[value], mask, float(scale)
-    )
+    q, k, v = env[node.args[0]], env[key], env[value]
+    if all(str(x.ty.dtype) == "float32" for x in (q, k, v)):  # the shim's kernel is float32
+        return emit_attention(importer.block_builder, q, k, v, mask, float(scale))
+    return grouped_attention(importer.block_builder, q, k, v, mask, float(scale), n_rep)
 
 
 #: The PrimFunc attribute that marks :func:`attention_kernel`'s functions (its value: the scale).
@@ -124,46 +124,46 @@ def attention_kernel(
     mb, mh, ms])`` to build it for (what a build needs: TVM 0.27's lowering loses the
     symbolic sizes of an opaque kernel; :func:`specialize_attention`)."""
     masked = mask_dtype is not None
-    dims = ["b", "h", "s", "d", "kv", "c"] + (["mb", "mh", "ms"] if masked else [])
-    sizes = dict(zip(dims, shape)) if shape is not None else {}
-    regions = ["q[0:b, 0:h, 0:s, 0:d]", "k[0:b, 0:kv, 0:c, 0:d]", "v[0:b, 0:kv, 0:c, 0:d]"]
-    buffers = [
-        'q = T.match_buffer(var_q, (b, h, s, d), "float32")',
-        'k = T.match_buffer(var_k, (b, kv, c, d), "float32")',
-        'v = T.match_buffer(var_v, (b, kv, c, d), "float32")',
-    ]
-    if masked:
-        buffers.append(f'mask = T.match_buffer(var_mask, (mb, mh, ms, c), "{mask_dtype}")')
-        regions.append("mask[0:mb, 0:mh, 0:ms, 0:c]")
-    buffers.append('out = T.match_buffer(var_out, (b, h, s, d), "float32")')
-    # Without a mask the shim never reads its pointer (kind 0): q's is passed.
-    mask_args = "mask.data, mb, mh, ms" if masked else "q.data, T.int64(1), T.int64(1), T.int64(1)"
-    args = (
-        f"q.data, k.data, v.data, {mask_args.split(', ')[0]}, out.data, b, h, s, d, kv, c, "
-        f"{', '.join(mask_args.split(', ')[1:])}, {_MASK_KINDS[mask_dtype]}, T.float32({scale!r})"
-    )
-    indent = "\n    "
-    declare = f"{', '.join(dims)} = {', '.join(['T.int64()'] * len(dims))}"
-    if sizes:  # every size a literal
+    names = ("b", "h", "s", "d", "kv", "c") + (("mb", "mh", "ms") if masked else ())
+    if shape is None:  # symbolic: each size a variable the buffers bind
+        size = {name: name for name in names}
+        declare = f"{', '.join(names)} = {', '.join(['T.int64()'] * len(names))}"
+    else:
+        size = {name: f"T.int64({value})" for name, value in zip(names, shape)}
         declare = "pass"
-        for name, value in sorted(sizes.items(), key=lambda item: -len(item[0])):
-            pattern = re.compile(rf"(?<![\w.]){name}(?![\w(])")
-            buffers = [pattern.sub(f"T.int64({value})", line) for line in buffers]
-            regions = [pattern.sub(f"T.int64({value})", line) for line in regions]
-            args = pattern.sub(f"T.int64({value})", args)
-    regions_out = "out[0:b, 0:h, 0:s, 0:d]"
-    for name, value in sorted(sizes.items(), key=lambda item: -len(item[0])):
-        regions_out = re.sub(rf"(?<![\w.]){name}(?![\w(])", f"T.int64({value})", regions_out)
+    b, h, s, d, kv, c = (size[name] for name in names[:6])
+    shapes = {"q": (b, h, s, d), "k": (b, kv, c, d), "v": (b, kv, c, d), "out": (b, h, s, d)}
+    if masked:
+        shapes["mask"] = (size["mb"], size["mh"], size["ms"], c)
+    dtypes = {"mask": mask_dtype}
+
+    def region(name: str) -> str:
+        return f"{name}[{', '.join(f'0:{x}' for x in shapes[name])}]"
+
+    inputs = [name for name in ("q", "k", "v", "mask") if name in shapes]
+    buffers = "\n    ".join(
+        f"{name} = T.match_buffer(var_{name}, ({', '.join(shapes[name])}), "
+        f'"{dtypes.get(name, "float32")}")'
+        for name in (*inputs, "out")
+    )
+    # Without a mask the shim never reads its pointer (kind 0): q's is passed.
+    mask_args = ["mask.data", *shapes["mask"][:3]] if masked else ["q.data"] + ["T.int64(1)"] * 3
+    args = ", ".join(
+        ["q.data", "k.data", "v.data", mask_args[0], "out.data", b, h, s, d, kv, c]
+        + mask_args[1:]
+        + [str(_MASK_KINDS[mask_dtype]), f"T.float32({scale!r})"]
+    )
+    params = ", ".join(f"var_{name}: T.handle" for name in (*inputs, "out"))
     source = f"""
 @T.prim_func(private=True)
-def attention(var_q: T.handle, var_k: T.handle, var_v: T.handle{", var_mask: T.handle" if masked else ""}, var_out: T.handle):
+def attention({params}):
     T.func_attr({{"tirx.noalias": True, "tirx.is_scheduled": True, "{ATTENTION_ATTR}": T.float32({scale!r})}})
     {declare}
-    {indent.join(buffers)}
+    {buffers}
     with T.sblock("root"):
         with T.sblock("tunehub_peer"):
-            T.reads({", ".join(regions)})
-            T.writes({regions_out})
+            T.reads({", ".join(region(name) for name in inputs)})
+            T.writes({region("out")})
             assert T.call_extern("int32", "{ATTENTION_EXTERN}", {args}) == 0, "the library peer {ATTENTION_EXTERN} failed"
 """  # noqa: E501 - generated TVMScript
     return tvm.script.from_source(source, check_well_formed=False)
