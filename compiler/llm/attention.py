@@ -33,6 +33,7 @@ order of the sums (a hidden key adds exactly 0). The import always emits the ker
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import tvm
@@ -211,15 +212,21 @@ def _static_sizes(args: list[relax.Expr]) -> tuple[int, ...] | None:
     return (*q, k[1], k[2], *mask)
 
 
-def specialize_attention(mod: tvm.IRModule) -> tvm.IRModule:
-    """``mod`` with each call of :func:`attention_kernel` whose arguments have static shapes
-    calling a copy built for those sizes (the form a build lowers; ``mod`` is not modified)."""
+def _rewrite_attention_calls(
+    mod: tvm.IRModule,
+    rewrite: Callable[[relax.BlockBuilder, relax.Call, list[relax.Expr], float], relax.Expr],
+    finish: Callable[[relax.Function], relax.Function] = lambda func: func,
+) -> tvm.IRModule:
+    """``mod`` with each call of :func:`attention_kernel` replaced by ``rewrite(builder, call,
+    args, scale)`` (the call's tensor arguments, the kernel's scale), each Relax function then
+    passed through ``finish``, and the functions nothing calls any more dropped; ``mod`` itself
+    when it has no such kernel (``mod`` is never modified)."""
     kernels = {gvar.name_hint for gvar, func in mod.functions_items() if is_attention_kernel(func)}
     if not kernels:
         return mod
 
     @relax.expr_functor.mutator
-    class _Specialize(relax.PyExprMutator):
+    class _Rewrite(relax.PyExprMutator):
         def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's name
             call = super().visit_call_(call)
             if not (
@@ -228,21 +235,31 @@ def specialize_attention(mod: tvm.IRModule) -> tvm.IRModule:
                 and call.args[0].name_hint in kernels
             ):
                 return call
-            args = list(call.args[1].fields)
-            sizes = _static_sizes(args)
-            if sizes is None:
-                return call
-            func = mod[call.args[0]]
-            mask_dtype = str(args[3].ty.dtype) if len(args) > 3 else None
-            kernel = attention_kernel(mask_dtype, float(func.attrs[ATTENTION_ATTR].value), sizes)
-            gvar = self.builder_.add_func(kernel, "attention")
-            return relax.Call(call.op, [gvar, *call.args[1:]], call.attrs, call.ty_args)
+            scale = float(mod[call.args[0]].attrs[ATTENTION_ATTR].value)
+            return rewrite(self.builder_, call, list(call.args[1].fields), scale)
 
-    specializer = _Specialize(mod.clone())
+    rewriter = _Rewrite(mod.clone())
     for gvar, func in mod.functions_items():
         if isinstance(func, relax.Function):
-            specializer.builder_.update_func(gvar, specializer.visit_expr(func))
-    return relax.transform.DeadCodeElimination()(specializer.builder_.get())
+            rewriter.builder_.update_func(gvar, finish(rewriter.visit_expr(func)))
+    return relax.transform.DeadCodeElimination()(rewriter.builder_.get())
+
+
+def specialize_attention(mod: tvm.IRModule) -> tvm.IRModule:
+    """``mod`` with each call of :func:`attention_kernel` whose arguments have static shapes
+    calling a copy built for those sizes (the form a build lowers; ``mod`` is not modified)."""
+
+    def specialized(
+        builder: relax.BlockBuilder, call: relax.Call, args: list[relax.Expr], scale: float
+    ) -> relax.Expr:
+        sizes = _static_sizes(args)
+        if sizes is None:
+            return call
+        mask_dtype = str(args[3].ty.dtype) if len(args) > 3 else None
+        gvar = builder.add_func(attention_kernel(mask_dtype, scale, sizes), "attention")
+        return relax.Call(call.op, [gvar, *call.args[1:]], call.attrs, call.ty_args)
+
+    return _rewrite_attention_calls(mod, specialized)
 
 
 def expand_attention(mod: tvm.IRModule) -> tvm.IRModule:
@@ -251,34 +268,17 @@ def expand_attention(mod: tvm.IRModule) -> tvm.IRModule:
     form where its query rows allow (:func:`prefill_scores`), and the kernels dropped: a build
     for a target without the CPU shim (CUDA, a machine without the peer library, a build with
     no library peers). ``mod`` is not modified."""
-    kernels = {gvar.name_hint for gvar, func in mod.functions_items() if is_attention_kernel(func)}
-    if not kernels:
-        return mod
 
-    @relax.expr_functor.mutator
-    class _Expand(relax.PyExprMutator):
-        def visit_call_(self, call: relax.Call) -> relax.Expr:  # noqa: N802 - TVM's name
-            call = super().visit_call_(call)
-            if not (
-                isinstance(call, relax.Call)
-                and call.op.same_as(_CALL_TIR)
-                and call.args[0].name_hint in kernels
-            ):
-                return call
-            func = mod[call.args[0]]
-            q, k, v, *mask = call.args[1].fields
-            heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
-            scale = float(func.attrs[ATTENTION_ATTR].value)
-            return grouped_attention(
-                self.builder_, q, k, v, mask[0] if mask else None, scale, heads // kv_heads
-            )
+    def expanded(
+        builder: relax.BlockBuilder, call: relax.Call, args: list[relax.Expr], scale: float
+    ) -> relax.Expr:
+        q, k, v, *mask = args
+        heads, kv_heads = int(q.ty.shape[1]), int(k.ty.shape[1])
+        return grouped_attention(
+            builder, q, k, v, mask[0] if mask else None, scale, heads // kv_heads
+        )
 
-    expander = _Expand(mod.clone())
-    for gvar, func in mod.functions_items():
-        if isinstance(func, relax.Function):
-            expander.builder_.update_func(gvar, prefill_scores(expander.visit_expr(func)))
-    # The kernels nothing calls any more.
-    return relax.transform.DeadCodeElimination()(expander.builder_.get())
+    return _rewrite_attention_calls(mod, expanded, prefill_scores)
 
 
 #: Query rows (``n_rep`` x tokens) from which the scores are ``q k^T`` (over a copy of the
