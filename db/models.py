@@ -27,7 +27,7 @@ from sqlalchemy import (
     func,
     text,
 )
-from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column, relationship
 
 #: 64-bit ids on PostgreSQL; SQLite needs INTEGER PRIMARY KEY to alias the rowid.
 BigId = BigInteger().with_variant(Integer(), "sqlite")
@@ -273,9 +273,26 @@ class JobTaskRow(Base):
     updated_at: Mapped[datetime] = _created()
 
 
+class LeaseTaskRow(Base):
+    """A task a tune lease covers. A tune lease covers one or several queued tasks of one job
+    (their search shares the lease's trials, spread by MetaSchedule's gradient task scheduler);
+    ``position`` 0 is the lease's own ``task_id``, the others follow in claim order."""
+
+    __tablename__ = "lease_tasks"
+
+    lease_id: Mapped[int] = mapped_column(
+        ForeignKey("task_leases.id", ondelete="CASCADE"), primary_key=True
+    )
+    task_id: Mapped[int] = mapped_column(
+        ForeignKey("job_tasks.id", ondelete="CASCADE"), primary_key=True
+    )
+    position: Mapped[int] = mapped_column(Integer, nullable=False)
+
+
 class TaskLeaseRow(Base):
-    """A worker's lease: a trial batch of one job task (``tune``), a job's ``finalize`` step, or
-    its ``preview`` (the zero-trial artifact built while the job tunes).
+    """A worker's lease: trial batches of one or several tasks of a job (``tune``; the tasks in
+    ``lease_tasks``, the first of them in ``task_id``), a job's ``finalize`` step, or its
+    ``preview`` (the zero-trial artifact built while the job tunes).
 
     ``work_key`` names the work (``task:<id>`` / ``finalize:<job id>`` / ``preview:<job id>``);
     at most one *active*
@@ -325,6 +342,14 @@ class TaskLeaseRow(Base):
     updated_at: Mapped[datetime] = _created()
     expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), nullable=False)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
+    task_links: Mapped[list[LeaseTaskRow]] = relationship(
+        order_by=LeaseTaskRow.position, lazy="selectin", cascade="all, delete-orphan"
+    )
+
+    @property
+    def task_ids(self) -> tuple[int, ...]:
+        """The tasks of a tune lease, its own ``task_id`` first (empty for other kinds)."""
+        return tuple(link.task_id for link in self.task_links)
 
 
 class WorkerRow(Base):

@@ -612,8 +612,9 @@ class Worker:
 
 @dataclass(frozen=True)
 class TaskLease:
-    """A worker's lease: ``trials`` of one job task (``kind='tune'``, ``task_id`` set) or the
-    compile/verify/publish step of a job (``kind='finalize'``, ``task_id`` ``None``).
+    """A worker's lease: ``trials`` shared by one or several tasks of a job (``kind='tune'``:
+    ``task_ids``, the first of them ``task_id``) or the compile/verify/publish step of a job
+    (``kind='finalize'``/``'preview'``: ``task_id`` ``None``, no ``task_ids``).
 
     ``trials_done``/``batches_done`` count the batches uploaded while the lease was active;
     ``expires_at`` is pushed forward by the worker's heartbeats and uploads (database clock).
@@ -634,6 +635,7 @@ class TaskLease:
     updated_at: datetime | None = None
     expires_at: datetime | None = None
     finished_at: datetime | None = None
+    task_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -73,6 +73,7 @@ class EmbeddedWorkers:
         env["TUNEHUB_WORKER_POLL_SECS"] = str(self.settings.worker_poll_secs)
         env["TUNEHUB_LEASE_SECS"] = str(self.settings.lease_secs)
         env["TUNEHUB_LEASE_BATCHES"] = str(self.settings.lease_batches)
+        env["TUNEHUB_LEASE_TASKS"] = str(self.settings.lease_tasks)
         # The worker watches this process and stops when it is gone (service.worker).
         env["TUNEHUB_PARENT_PID"] = str(os.getpid())
         return env

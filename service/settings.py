@@ -136,7 +136,16 @@ class Settings(BaseSettings):
         gt=0,
         description="a worker's lease expires this long after its last heartbeat or upload",
     )
-    lease_batches: int = Field(4, ge=1, le=1000, description="measured batches per task lease")
+    lease_batches: int = Field(
+        4, ge=1, le=1000, description="measured batches of each task per tune lease"
+    )
+    lease_tasks: int = Field(
+        4,
+        ge=1,
+        le=1000,
+        description="tasks of one job a tune lease covers at most (one search spreads its "
+        "trials over them with MetaSchedule's gradient task scheduler)",
+    )
     lease_max_attempts: int = Field(
         3,
         ge=1,
@@ -173,6 +182,7 @@ class Settings(BaseSettings):
             lease_secs=self.lease_secs,
             batches_per_lease=self.lease_batches,
             max_attempts=self.lease_max_attempts,
+            tasks_per_lease=self.lease_tasks,
         )
 
     def model_limits(self) -> ModelLimits:

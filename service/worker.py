@@ -7,13 +7,14 @@ same (the coordinator's rules are in :mod:`tuner.coordinator`):
 
 1. Register the worker's name, hardware fingerprint and target (an earlier process of the same
    name is gone: what it held goes back to the queue).
-2. Ask for a lease. A **tune** lease is a trial batch of one task: the worker fetches the lease's
-   context (the server's best records for the task, the schedules it already holds, the task's
-   faster siblings' schedules), runs the one search (:func:`tuner.task_tuning.tune_workload`, the
-   same :func:`tuner.search.run_search` as ``tunehub tune``; measured locally or through an RPC
-   tracker) and uploads every measured batch; ending the lease, it reports what the search's
-   features did. A **finalize** lease: fetch the model, compile it with the best records,
-   verify it against the reference framework and upload the artifact
+2. Ask for a lease. A **tune** lease is trial batches of one or several tasks of a job: the
+   worker fetches each task's context (the server's best records for the task, the schedules it
+   already holds, the task's faster siblings' schedules), runs the one search over them
+   (:func:`tuner.task_tuning.tune_workloads`, the same :func:`tuner.search.run_search` as
+   ``tunehub tune``, whose gradient task scheduler spreads the trials over the tasks; measured
+   locally or through an RPC tracker) and uploads every measured batch; ending the lease, it
+   reports what the search's features did. A **finalize** lease: fetch the model, compile it
+   with the best records, verify it against the reference framework and upload the artifact
    (:func:`tuner.finalize.publish_tuned`). A **preview** lease: the same with no records (library
    peers and TVM's default schedules, :func:`tuner.finalize.publish_zero_trial`), uploaded as the
    job's preview while it tunes.
@@ -55,7 +56,7 @@ from service.worker_client import (
     WorkerApiError,
 )
 from tuner.cost_models import transfer_choice
-from tuner.work import TargetInfo, WorkOffer
+from tuner.work import LeasedTask, TargetInfo, WorkOffer
 
 logger = logging.getLogger("tunehub.worker")
 
@@ -203,9 +204,8 @@ class Worker:
         """Run one lease to its end; return how it ended (``done``, ``failed``, ``cancelled``,
         ``returned`` or ``lost``)."""
         self.current = current = _Current(offer)
-        what = (
-            f" task {offer.workload_name} ({offer.trials} trials)" if offer.kind == "tune" else ""
-        )
+        names = ", ".join(t.workload_name for t in leased_tasks(offer))
+        what = f" task(s) {names} ({offer.trials} trials)" if offer.kind == "tune" else ""
         logger.info("lease %s: %s job %s%s", offer.lease_id, offer.kind, offer.job_id, what)
         try:
             if offer.kind == "tune":
@@ -249,18 +249,29 @@ class Worker:
 
     def _tune(self, current: _Current) -> str:
         from tuner.finalize import tvm_module  # noqa: PLC0415 - TVM only where a lease is worked
-        from tuner.task_tuning import tune_workload  # noqa: PLC0415 - TVM
+        from tuner.task_tuning import LeasedWorkload, tune_workloads  # noqa: PLC0415 - TVM
 
         offer = current.offer
-        context = self.client.context(offer.lease_id, SEED_RECORDS)
+        tasks = leased_tasks(offer)
+        contexts = [
+            self.client.context(offer.lease_id, SEED_RECORDS, task_id=task.task_id or None)
+            for task in tasks
+        ]
+        workloads = [
+            LeasedWorkload(tvm_module(task.mod_json), task.workload_name, context)
+            for task, context in zip(tasks, contexts, strict=True)
+        ]
         cost_model = self._transferred_cost_model(offer)
         batch_no = 0
         verdict: dict[str, str | None] = {"reason": None}
 
         def on_batch(batch) -> bool:
             nonlocal batch_no
+            task_id = tasks[batch.task_index].task_id or None
             try:
-                ack = self.client.upload(offer.lease_id, batch_no, list(batch.records))
+                ack = self.client.upload(
+                    offer.lease_id, batch_no, list(batch.records), task_id=task_id
+                )
             except (ServerUnavailable, WorkerApiError) as err:
                 logger.warning(
                     "lease %s: upload of batch %d failed: %s", offer.lease_id, batch_no, err
@@ -271,9 +282,10 @@ class Worker:
                 return False
             batch_no += 1
             logger.info(
-                "lease %s: batch %d uploaded (%d trials, best %s)",
+                "lease %s: batch %d uploaded (%s, %d trials, best %s)",
                 offer.lease_id,
                 batch_no,
+                tasks[batch.task_index].workload_name,
                 len(batch.records),
                 "-" if batch.best_secs is None else f"{batch.best_secs * 1e3:.4f} ms",
             )
@@ -286,14 +298,12 @@ class Worker:
             return verdict["reason"] is None
 
         try:
-            tuned = tune_workload(
-                tvm_module(offer.mod_json),
+            tuned = tune_workloads(
+                workloads,
                 self.job_target(offer),
-                task_name=offer.workload_name or "task",
                 trials=offer.trials,
                 batch_size=offer.batch_size,
                 on_batch=on_batch,
-                context=context,
                 search=search_config(self.settings),
                 rpc=self.rpc,
                 seed=self.settings.search_seed,
@@ -513,6 +523,22 @@ class Worker:
             self._beat("offline")
         _kill_children()
         os._exit(128 + signum)
+
+
+def leased_tasks(offer: WorkOffer) -> tuple[LeasedTask, ...]:
+    """The tasks of tune lease ``offer``: its ``leased_tasks``, or the one task an older server
+    describes in the offer's own fields."""
+    if offer.leased_tasks or offer.kind != "tune":
+        return offer.leased_tasks
+    return (
+        LeasedTask(
+            task_id=offer.task_id or 0,
+            workload_id=offer.workload_id or 0,
+            workload_key=offer.workload_key or "",
+            workload_name=offer.workload_name or "task",
+            mod_json=offer.mod_json or "",
+        ),
+    )
 
 
 def _rmtree(path: Path) -> None:

@@ -70,8 +70,9 @@ class WorkClient(Protocol):
 
     def records(self, workload_key: str, target_key: str, k: int) -> list[list]: ...
 
-    def context(self, lease_id: int, k: int) -> LeaseContext:
-        """What tune lease ``lease_id``'s search starts from (:class:`tuner.work.LeaseContext`)."""
+    def context(self, lease_id: int, k: int, task_id: int | None = None) -> LeaseContext:
+        """What the search of task ``task_id`` (default: the first) of tune lease ``lease_id``
+        starts from (:class:`tuner.work.LeaseContext`)."""
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         """The target's newest transferred cost model for this TVM version, or ``None``."""
@@ -80,7 +81,11 @@ class WorkClient(Protocol):
         """Retrain the target's cost model if enough new records arrived (idle time only); true
         when a new model was stored. Remote workers leave this to the server's own workers."""
 
-    def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck: ...
+    def upload(
+        self, lease_id: int, batch: int, records: list[RecordUpload], task_id: int | None = None
+    ) -> BatchAck:
+        """Upload batch ``batch`` of the lease, measured on its task ``task_id`` (default: the
+        first)."""
 
     def finish(
         self,
@@ -207,8 +212,9 @@ class HttpClient:
         ).json()
         return reply["data"]
 
-    def context(self, lease_id: int, k: int) -> LeaseContext:
-        reply = self._call("GET", f"/workers/leases/{lease_id}/context", params={"k": k})
+    def context(self, lease_id: int, k: int, task_id: int | None = None) -> LeaseContext:
+        params = {"k": k} if task_id is None else {"k": k, "task_id": task_id}
+        reply = self._call("GET", f"/workers/leases/{lease_id}/context", params=params)
         return LeaseContext.model_validate(reply.json())
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
@@ -227,8 +233,10 @@ class HttpClient:
     def retrain_cost_model(self, target) -> bool:
         return False  # the database is the server's: its embedded workers retrain
 
-    def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
-        body = BatchUpload(batch=batch, records=tuple(records))
+    def upload(
+        self, lease_id: int, batch: int, records: list[RecordUpload], task_id: int | None = None
+    ) -> BatchAck:
+        body = BatchUpload(batch=batch, task_id=task_id, records=tuple(records))
         reply = self._call(
             "POST", f"/workers/leases/{lease_id}/records", json=body.model_dump(mode="json")
         )
@@ -334,8 +342,10 @@ class DirectClient:
             raise WorkerApiError(404, "not_found", f"target {target_key} not found")
         return self._call(lambda: coordinator.seed_records(self.storage, workload_key, target, k))
 
-    def context(self, lease_id: int, k: int) -> LeaseContext:
-        return self._call(lambda: coordinator.lease_context(self.storage, lease_id, k))
+    def context(self, lease_id: int, k: int, task_id: int | None = None) -> LeaseContext:
+        return self._call(
+            lambda: coordinator.lease_context(self.storage, lease_id, k, task_id=task_id)
+        )
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         return self._call(lambda: latest_model_blob(self.storage, target_key, tvm_version))
@@ -345,9 +355,13 @@ class DirectClient:
 
         return self._call(lambda: maybe_retrain(self.storage, target)) is not None
 
-    def upload(self, lease_id: int, batch: int, records: list[RecordUpload]) -> BatchAck:
+    def upload(
+        self, lease_id: int, batch: int, records: list[RecordUpload], task_id: int | None = None
+    ) -> BatchAck:
         return self._call(
-            lambda: coordinator.accept_batch(self.storage, lease_id, batch, records, self.policy)
+            lambda: coordinator.accept_batch(
+                self.storage, lease_id, batch, records, self.policy, task_id=task_id
+            )
         )
 
     def finish(

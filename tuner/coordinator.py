@@ -10,12 +10,14 @@ Life of a job (see the lease contract in :mod:`db.base`):
    the model's task list stored at upload (:func:`plan_job`: :func:`tuner.plan.plan_tuning` with
    what this target already has tuned, then :func:`tuner.plan.allot_trials`) and started, tasks
    and all, in one transaction. Only one planner wins the job.
-2. **Tune leases.** Each queued task is leased to one worker at a time for at most
-   ``batches_per_lease`` batches of its remaining trials. The worker seeds its local search with
-   the records the server has for that task (:func:`seed_records`), measures, and uploads each
-   batch (:func:`accept_batch`): records are stored (keep-the-better, so a retried upload changes
-   nothing) and counted once per batch number. Ending the lease (:func:`end_lease`) queues what
-   is left of the task, or finishes it.
+2. **Tune leases.** A tune lease covers up to ``tasks_per_lease`` queued tasks of one job, each
+   task leased to one worker at a time, for at most ``batches_per_lease`` batches of each task's
+   remaining trials; one search on the worker spreads the lease's trials over its tasks with
+   MetaSchedule's gradient task scheduler, as ``tunehub tune`` does over a whole job. The worker
+   seeds each task's search with the records the server has for it (:func:`lease_context`),
+   measures, and uploads each task's batches (:func:`accept_batch`): records are stored
+   (keep-the-better, so a retried upload changes nothing) and counted once per batch number.
+   Ending the lease (:func:`end_lease`) queues what is left of each task, or finishes it.
 3. **Finalize.** When no task of a running job is queued or running, one worker of the target
    takes the job's finalize lease: it compiles the model with the best records, verifies it
    against the reference framework and uploads the artifact (:func:`accept_artifact`), which
@@ -38,9 +40,11 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 import tempfile
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -65,6 +69,7 @@ from tuner.work import (
     BatchAck,
     JobTaskInfo,
     LeaseContext,
+    LeasedTask,
     LeaseEnd,
     RecordUpload,
     SearchReport,
@@ -86,6 +91,8 @@ class LeasePolicy:
     lease_secs: float = 60.0
     batches_per_lease: int = 4
     max_attempts: int = 3
+    #: Tasks of one job a tune lease covers at most (its search spreads the trials over them).
+    tasks_per_lease: int = 1
 
 
 def target_info(row: TargetRecord) -> TargetInfo:
@@ -252,12 +259,13 @@ def lease_work(
     lease = _held_lease(storage, name)
     try:
         for target_id in served if lease is None else ():
-            lease = _claim(storage, name, target_id, policy)
+            lease = _claim(storage, name, target_id, policy, tasks_for(storage, served, policy))
             if lease is not None:
                 break
         for job in _queued_jobs(storage, served) if lease is None else ():
             if plan_job(storage, job) is not None:
-                lease = _claim(storage, name, job.target_id, policy)
+                tasks = tasks_for(storage, served, policy)
+                lease = _claim(storage, name, job.target_id, policy, tasks)
                 if lease is not None:
                     break
     except LeaseHeldError:  # a concurrent request of this worker claimed first
@@ -294,7 +302,30 @@ def _held_lease(storage: TuningStorage, name: str) -> TaskLease | None:
     return held[0] if held else None
 
 
-def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy):
+def tasks_for(storage: TuningStorage, served: list[int], policy: LeasePolicy) -> int:
+    """How many tasks the next tune lease for a worker serving ``served`` covers: at most
+    ``policy.tasks_per_lease``, and no more than an even share of the queued tasks among the
+    live workers of those targets (registered, not offline, heard from within two lease
+    lifetimes), so that a lease spreads its trials over several tasks without leaving the
+    other workers idle."""
+    if policy.tasks_per_lease <= 1:
+        return 1
+    recent = datetime.now(UTC) - timedelta(seconds=2 * policy.lease_secs)
+    live = sum(
+        1
+        for w in storage.list_workers()
+        if w.target_id in served
+        and w.status != "offline"
+        and w.last_heartbeat is not None
+        and w.last_heartbeat >= recent
+    )
+    queued = storage.count_queued_tasks(target_ids=served)
+    return max(1, min(policy.tasks_per_lease, math.ceil(queued / max(1, live))))
+
+
+def _claim(
+    storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy, max_tasks: int = 1
+):
     lease = storage.claim_finalize_lease(name, target_id=target_id, lease_secs=policy.lease_secs)
     if lease is None:
         lease = storage.claim_preview_lease(
@@ -306,6 +337,7 @@ def _claim(storage: TuningStorage, name: str, target_id: int, policy: LeasePolic
             target_id=target_id,
             lease_secs=policy.lease_secs,
             max_trials=lambda budget: lease_trials(budget, policy)[1],
+            max_tasks=max_tasks,
         )
     return lease
 
@@ -341,19 +373,37 @@ def offer_for(
         job_trials_done=job.trials_done,
     )
     if lease.kind == "tune":
-        task = next(t for t in storage.list_job_tasks(job.id) if t.id == lease.task_id)
-        workload = storage.get_workload_by_id(task.workload_id)
-        assert workload is not None
-        batch, _ = lease_trials(task.trial_budget, policy)
+        rows = {t.id: t for t in storage.list_job_tasks(job.id)}
+        leased = []
+        for task_id in lease.task_ids or (lease.task_id,):
+            workload = storage.get_workload_by_id(rows[task_id].workload_id)
+            assert workload is not None  # foreign key
+            leased.append(
+                LeasedTask(
+                    task_id=task_id,
+                    workload_id=workload.id,
+                    workload_key=workload.key,
+                    workload_name=rows[task_id].name,
+                    mod_json=workload.mod_json,
+                )
+            )
+        first = leased[0]
+        if len(leased) == 1:
+            batch, _ = lease_trials(rows[first.task_id].trial_budget, policy)
+        else:  # the gradient scheduler's first round: a batch of each task, half the trials
+            from tuner.plan import choose_batch_size  # noqa: PLC0415
+
+            batch = choose_batch_size(len(leased), lease.trials)
         return WorkOffer(
             **common,
             trials=lease.trials,
             batch_size=min(batch, lease.trials),
-            task_id=task.id,
-            workload_id=workload.id,
-            workload_key=workload.key,
-            workload_name=task.name,
-            mod_json=workload.mod_json,
+            task_id=first.task_id,
+            workload_id=first.workload_id,
+            workload_key=first.workload_key,
+            workload_name=first.workload_name,
+            mod_json=first.mod_json,
+            leased_tasks=tuple(leased),
         )
     model = storage.get_model(job.model_id) if job.model_id is not None else None
     return WorkOffer(
@@ -413,21 +463,28 @@ LEASE_STORED_KEYS = 20_000
 
 
 def lease_context(
-    storage: TuningStorage, lease_id: int, k: int, *, token_id: int | None = None
+    storage: TuningStorage,
+    lease_id: int,
+    k: int,
+    *,
+    task_id: int | None = None,
+    token_id: int | None = None,
 ) -> LeaseContext:
-    """What the search of tune lease ``lease_id`` starts from (see
-    :class:`tuner.work.LeaseContext`): the workload's ``k`` best records on the lease's target,
-    the keys of the schedules stored for it, and its faster siblings' best schedules
-    (:func:`tuner.siblings.faster_siblings`, the query ``tunehub tune`` runs too). Raises
-    :class:`db.NotFoundError` (no lease) and :class:`db.ConflictError` (a finalize lease)."""
+    """What the search of task ``task_id`` (default: the first) of tune lease ``lease_id``
+    starts from (see :class:`tuner.work.LeaseContext`): the workload's ``k`` best records on the
+    lease's target, the keys of the schedules stored for it, and its faster siblings' best
+    schedules (:func:`tuner.siblings.faster_siblings`, the query ``tunehub tune`` runs too).
+    Raises :class:`db.NotFoundError` (no lease) and :class:`db.ConflictError` (a finalize
+    lease, or a task the lease does not cover)."""
     from compiler.task_family import workload_family  # noqa: PLC0415
     from tuner.siblings import family_members, faster_siblings, own_rate  # noqa: PLC0415
 
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
         raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it has no search context")
+    task_id = leased_task(lease, task_id)
     job = storage.get_job(lease.job_id)
-    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
+    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == task_id), None)
     workload = None if task is None else storage.get_workload_by_id(task.workload_id)
     if job is None or task is None or workload is None:  # pragma: no cover - foreign keys
         raise NotFoundError(f"the job of lease {lease_id} is gone")
@@ -451,6 +508,16 @@ def lease_context(
     )
 
 
+def leased_task(lease: TaskLease, task_id: int | None) -> int:
+    """``task_id`` if tune lease ``lease`` covers it, its first task for ``None``. Raises
+    :class:`db.ConflictError` for a task the lease does not cover."""
+    if task_id is None:
+        return lease.task_id
+    if task_id not in (lease.task_ids or (lease.task_id,)):
+        raise ConflictError(f"task {task_id} is not a task of lease {lease.id}")
+    return task_id
+
+
 def _schedule_keys(storage: TuningStorage, workload_id: int, target_id: int) -> list[str]:
     """The schedule keys (trace hashes) of every record of a workload on a target, oldest first."""
     return [
@@ -465,9 +532,11 @@ def accept_batch(
     records: list[RecordUpload],
     policy: LeasePolicy,
     *,
+    task_id: int | None = None,
     token_id: int | None = None,
 ) -> BatchAck:
-    """Check, store and count one uploaded batch of a tune lease (once per batch number).
+    """Check, store and count one uploaded batch of task ``task_id`` (default: the first) of a
+    tune lease (once per batch number).
 
     The whole batch is checked first (:func:`tuner.record_checks.check_records`); a refused record
     refuses it all (:class:`tuner.record_checks.RecordRefused`, nothing stored). The records are
@@ -477,14 +546,15 @@ def accept_batch(
     running, and no more trials than the lease was allotted (``lease.trials``; a batch past it
     counts what is left). Raises :class:`db.NotFoundError` (no lease), :class:`Forbidden` (another
     worker's lease), :class:`db.ConflictError` (a finalize lease, a batch number ahead of the next
-    expected, or a new batch of a lease whose allotted trials are all counted: checked before
-    anything is stored, so a refused batch stores nothing).
+    expected, a task the lease does not cover, or a new batch of a lease whose allotted trials
+    are all counted: checked before anything is stored, so a refused batch stores nothing).
     """
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
         raise ConflictError(f"lease {lease_id} is a {lease.kind} lease: it takes no records")
+    task_id = leased_task(lease, task_id)
     job = storage.get_job(lease.job_id)
-    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == lease.task_id), None)
+    task = next((t for t in storage.list_job_tasks(lease.job_id) if t.id == task_id), None)
     if job is None or task is None:  # pragma: no cover - foreign keys
         raise NotFoundError(f"the job of lease {lease_id} is gone")
     if (
@@ -520,6 +590,7 @@ def accept_batch(
         trials=len(new),
         best_mean_secs=min(valid) if valid else None,
         lease_secs=policy.lease_secs,
+        task_id=task_id,
     )
     keep_going = (
         result.lease.status == LeaseStatus.ACTIVE and result.job_status == JobStatus.RUNNING

@@ -1,13 +1,14 @@
-"""Tune one workload for a lease: the one search (:func:`tuner.search.run_search`) on a lease's
-view.
+"""Tune a lease's workloads: the one search (:func:`tuner.search.run_search`) on a lease's view.
 
-A distributed worker does not hold the tuning database. :func:`tune_workload` runs the same
-search as ``tunehub tune``, with the lease's roles: a :class:`tuner.database.lease.LeaseDatabase`
-holding the server's best records for the task and the keys of every schedule it holds (so the
-search skips them), sibling seeds from the server's siblings of the task
-(:class:`tuner.task_scheduler.sibling_seeds.LeaseSiblings`), default-schedule seeds on GPU, and
-:class:`tuner.measure_callback.upload_batches.UploadBatches` handing every measured batch to
-``on_batch`` (the worker uploads it); when ``on_batch`` answers ``False`` tuning stops at once.
+A distributed worker does not hold the tuning database. :func:`tune_workloads` runs the same
+search as ``tunehub tune``, over the lease's tasks (one or several workloads of a job:
+MetaSchedule's gradient task scheduler spreads the trials over them), with the lease's roles: a
+:class:`tuner.database.lease.LeaseDatabase` holding the server's best records for each task and
+the keys of every schedule it holds (so the search skips them), sibling seeds from the server's
+siblings of each task (:class:`tuner.task_scheduler.sibling_seeds.LeaseSiblings`),
+default-schedule seeds on GPU, and :class:`tuner.measure_callback.upload_batches.UploadBatches`
+handing every measured batch to ``on_batch`` (the worker uploads it); when ``on_batch`` answers
+``False`` tuning stops at once.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +36,16 @@ from tuner.work import LeaseContext
 
 logger = logging.getLogger(__name__)
 
-__all__ = ["LeaseTuning", "MeasuredBatch", "tune_workload"]
+__all__ = ["LeaseTuning", "LeasedWorkload", "MeasuredBatch", "tune_workloads"]
+
+
+@dataclass(frozen=True)
+class LeasedWorkload:
+    """One workload of a lease: its TIR module, its task name and the server's context for it."""
+
+    mod: tvm.IRModule
+    task_name: str
+    context: LeaseContext
 
 
 @dataclass(frozen=True)
@@ -48,15 +58,13 @@ class LeaseTuning:
     report: SearchReport
 
 
-def tune_workload(
-    mod: tvm.IRModule,
+def tune_workloads(
+    workloads: Sequence[LeasedWorkload],
     target: TargetSpec,
     *,
-    task_name: str,
     trials: int,
     batch_size: int,
     on_batch: Callable[[MeasuredBatch], bool],
-    context: LeaseContext,
     measure: MeasureConfig | None = None,
     search: SearchConfig | None = None,
     rpc: RpcConfig | None = None,
@@ -64,33 +72,45 @@ def tune_workload(
     num_threads: int | None = None,
     cost_model: Any | None = None,
 ) -> LeaseTuning:
-    """Measure up to ``trials`` candidates of ``mod`` in batches of ``batch_size``.
+    """Measure up to ``trials`` candidates of ``workloads`` (together: the gradient task
+    scheduler chooses which task each batch of ``batch_size`` measures) and hand each batch to
+    ``on_batch`` (:attr:`MeasuredBatch.task_index` is the workload's index in ``workloads``).
 
     ``trials`` measured below ``trials`` without ``stopped`` means the search ran out of new
     candidates. ``cost_model``: a MetaSchedule cost model (e.g. the target's transferred
     :class:`cost_model.transfer.TransferCostModel`, kept by the worker across the task's
     leases); default MetaSchedule's cold XGBModel. Either is first updated with the seed
-    records. Raises what MetaSchedule raises for a task it cannot tune.
+    records. Raises ``ValueError`` for no workloads, and what MetaSchedule raises for a task
+    it cannot tune.
     """
+    if not workloads:
+        raise ValueError("a lease's search needs at least one workload")
     measure = measure or MeasureConfig.for_target(target.kind)
     reset_metaschedule_logging()
     tvm_target = target.tvm_target()
-    database = LeaseDatabase(mod, target, context)
+    database = LeaseDatabase(target, [(w.mod, w.context) for w in workloads])
     config = search or SearchConfig()
     seeds = None
     if config.sibling_seeds or config.sibling_population:
-        task = SeedTask(context.workload_id, workload_family(task_name), context.flops)
-        seeds = SiblingSeeds(database, [task], source=LeaseSiblings(context))
+        tasks = [
+            SeedTask(w.context.workload_id, workload_family(w.task_name), w.context.flops)
+            for w in workloads
+        ]
+        source = LeaseSiblings([w.context for w in workloads])
+        seeds = SiblingSeeds(database, tasks, source=source)
     callback = UploadBatches(on_batch)
-    task = ms.ExtractedTask(
-        task_name=task_name, mod=mod, target=tvm_target, dispatched=[mod], weight=1
-    )
+    extracted = [
+        ms.ExtractedTask(
+            task_name=w.task_name, mod=w.mod, target=tvm_target, dispatched=[w.mod], weight=1
+        )
+        for w in workloads
+    ]
     work_dir = tempfile.mkdtemp(prefix="tunehub-lease-")
     report = SearchReport()
     try:
         try:
             report = run_search(
-                [task],
+                extracted,
                 database=database,
                 target_kind=target.kind,
                 trials=trials,

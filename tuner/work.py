@@ -71,15 +71,29 @@ class JobTaskInfo(_Message):
     best_mean_secs: float | None
 
 
+class LeasedTask(_Message):
+    """One task of a tune lease: its job task, its workload and the workload's TIR module
+    (``tvm.ir.save_json``)."""
+
+    task_id: int
+    workload_id: int
+    workload_key: str
+    workload_name: str
+    mod_json: str
+
+
 class WorkOffer(_Message):
     """One lease handed to a worker.
 
-    ``tune``: measure ``trials`` candidates of the workload ``mod_json`` (``tvm.ir.save_json`` of
-    its TIR module) in batches of ``batch_size``, starting from the lease's
-    :class:`LeaseContext`; ``finalize``: compile the model (``model_url``) with the best records,
-    verify it, upload the artifact; ``preview``: the same with no records (library peers and
-    TVM's default schedules), published as the job's preview while it tunes. ``expires_at`` is
-    ISO 8601 (database clock): the worker keeps the lease by heartbeating well before it.
+    ``tune``: measure ``trials`` candidates of the lease's tasks (``leased_tasks``: one or
+    several workloads of the job; one search spreads the trials over them with MetaSchedule's
+    gradient task scheduler) in batches of ``batch_size`` per task, each task's search starting
+    from its :class:`LeaseContext`. The ``task_id``/``workload_*``/``mod_json`` fields repeat
+    the first leased task (for workers that know only one); ``finalize``: compile the model
+    (``model_url``) with the best records, verify it, upload the artifact; ``preview``: the
+    same with no records (library peers and TVM's default schedules), published as the job's
+    preview while it tunes. ``expires_at`` is ISO 8601 (database clock): the worker keeps the
+    lease by heartbeating well before it.
     """
 
     lease_id: int
@@ -105,6 +119,7 @@ class WorkOffer(_Message):
     job_trial_budget: int = 0
     job_trials_done: int = 0
     tasks: tuple[JobTaskInfo, ...] = ()
+    leased_tasks: tuple[LeasedTask, ...] = ()
 
 
 class LeaseOffer(_Message):
@@ -154,10 +169,12 @@ class RecordUpload(_Request):
 
 
 class BatchUpload(_Request):
-    """One measured batch of a tune lease; ``batch`` numbers are 0, 1, ... per lease, and a
-    repeated number counts once."""
+    """One measured batch of one task of a tune lease (``task_id``: one of the lease's
+    ``leased_tasks``; null: its first); ``batch`` numbers are 0, 1, ... per lease, whatever the
+    task, and a repeated number counts once."""
 
     batch: int = Field(ge=0, le=10_000_000, description="0, 1, ... per lease; a repeat counts once")
+    task_id: int | None = Field(None, description="the leased task measured (null: the first)")
     records: tuple[RecordUpload, ...] = Field(max_length=4096)
 
 

@@ -173,14 +173,19 @@ class JobStorage(abc.ABC):
         target_id: int,
         lease_secs: float,
         max_trials: int | Callable[[int], int],
+        max_tasks: int = 1,
     ) -> TaskLease | None:
-        """Lease the next queued task of a running job for ``target_id`` to ``worker``.
+        """Lease the next queued task of a running job for ``target_id`` to ``worker``, with up
+        to ``max_tasks - 1`` more queued tasks of the same job (one search spreads the lease's
+        trials over them: ``TaskLease.task_ids``, the first one ``task_id``).
 
-        Order: job priority, job age, heaviest task (FLOPs x weight). The lease covers
-        ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the task's
-        trial budget) and expires ``lease_secs`` from now unless renewed. ``None`` when no task
-        is waiting. Raises :class:`db.errors.LeaseHeldError` (nothing claimed) when ``worker``
-        already holds an active lease of any kind.
+        Order: job priority, job age, heaviest task (FLOPs x weight). For each task the lease
+        covers ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the
+        task's trial budget), and in all no more than its job has left (``trial_budget -
+        trials_done``); a task with nothing left is finished, not leased. The lease expires
+        ``lease_secs`` from now unless renewed. ``None`` when no task is waiting. Raises
+        :class:`db.errors.LeaseHeldError` (nothing claimed) when ``worker`` already holds an
+        active lease of any kind.
         """
 
     @abc.abstractmethod
@@ -233,9 +238,11 @@ class JobStorage(abc.ABC):
         trials: int,
         best_mean_secs: float | None,
         lease_secs: float,
+        task_id: int | None = None,
     ) -> LeaseBatchResult:
-        """Count batch number ``batch`` (0, 1, ...) of a tune lease: ``trials`` on the lease, its
-        task and its job, the task's best latency, and renew the lease. Counted at most once: a
+        """Count batch number ``batch`` (0, 1, ...) of a tune lease: ``trials`` on the lease, on
+        the task measured (``task_id``, one of the lease's ``task_ids``; default its first) and
+        on its job, the task's best latency, and renew the lease. Counted at most once: a
         repeated batch number, a lease no longer active or a job no longer running counts
         nothing (``counted`` false). A lease counts no more trials than it was allotted
         (``TaskLease.trials``): a batch past the allotment counts only what is left of it.
@@ -243,7 +250,8 @@ class JobStorage(abc.ABC):
 
         Raises:
             NotFoundError: no such lease.
-            ConflictError: ``batch`` skips ahead of the next expected number.
+            ConflictError: ``batch`` skips ahead of the next expected number, or ``task_id``
+                is not a task of the lease.
         """
 
     @abc.abstractmethod
@@ -251,7 +259,8 @@ class JobStorage(abc.ABC):
         self, lease_id: int, outcome: str, *, error: str | None = None, max_attempts: int = 3
     ) -> TaskLease:
         """End an active lease with ``outcome`` (``done``, ``returned``, ``failed``,
-        ``cancelled``) and move its work on: a task is ``succeeded`` once its budget is counted
+        ``cancelled``) and move its work on, each task of a tune lease alike: a task is
+        ``succeeded`` once its budget is counted
         (or a ``done`` lease measured fewer trials than leased: the search ran out of
         candidates), ``failed`` after ``max_attempts`` expired/failed leases, else ``queued``
         again; a failed finalize lease fails its job; a preview lease moves nothing.
@@ -314,6 +323,10 @@ class JobStorage(abc.ABC):
     @abc.abstractmethod
     def count_open_jobs(self, *, target_id: int) -> int:
         """Jobs for ``target_id`` still ``queued`` or ``running``."""
+
+    @abc.abstractmethod
+    def count_queued_tasks(self, *, target_ids: Sequence[int]) -> int:
+        """Tasks waiting for a tune lease: ``queued`` tasks of ``running`` jobs of the targets."""
 
     # -- artifacts ---------------------------------------------------------------------------
     @abc.abstractmethod

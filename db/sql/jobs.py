@@ -279,6 +279,20 @@ class JobSQL(SQLBase, JobStorage):
         with self._connection() as conn:
             return int(conn.execute(stmt).scalar_one())
 
+    def count_queued_tasks(self, *, target_ids: Sequence[int]) -> int:
+        stmt = (
+            select(func.count())
+            .select_from(JobTaskRow)
+            .join(JobRow, JobRow.id == JobTaskRow.job_id)
+            .where(
+                JobRow.target_id.in_(list(target_ids)),
+                JobRow.status == JobStatus.RUNNING,
+                JobTaskRow.status == JobStatus.QUEUED,
+            )
+        )
+        with self._connection() as conn:
+            return int(conn.execute(stmt).scalar_one())
+
     # -- artifacts ---------------------------------------------------------------------------
     def add_artifact(
         self,

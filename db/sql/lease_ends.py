@@ -89,27 +89,28 @@ class LeaseEndSQL(SQLBase, JobStorage):
                     {"finished_at": func.now(), "error": f"finalize failed: {reason}"},
                 )
             return
-        task = session.get(JobTaskRow, lease.task_id, populate_existing=True)
-        if task is None or task.status != JobStatus.RUNNING:
-            return
-        if job.status != JobStatus.RUNNING or outcome == LeaseStatus.CANCELLED:
-            new = JobStatus.CANCELLED
-        elif task.trials_done >= task.trial_budget:
-            new = JobStatus.SUCCEEDED
-        elif outcome == LeaseStatus.DONE and lease.trials_done < lease.trials:
-            new = JobStatus.SUCCEEDED  # the search ran out of new candidates
-        elif outcome in (LeaseStatus.EXPIRED, LeaseStatus.FAILED) and (
-            self._attempts(session, lease.work_key) >= max_attempts
-        ):
-            new = JobStatus.FAILED
-        else:
-            new = JobStatus.QUEUED
-        session.execute(
-            update(JobTaskRow)
-            .where(JobTaskRow.id == task.id, JobTaskRow.status == JobStatus.RUNNING)
-            .values(status=new, leased_by=None, lease_expires_at=None, updated_at=func.now())
-            .execution_options(synchronize_session=False)
-        )
+        for task_id in lease.task_ids or (lease.task_id,):
+            task = session.get(JobTaskRow, task_id, populate_existing=True)
+            if task is None or task.status != JobStatus.RUNNING:
+                continue
+            if job.status != JobStatus.RUNNING or outcome == LeaseStatus.CANCELLED:
+                new = JobStatus.CANCELLED
+            elif task.trials_done >= task.trial_budget:
+                new = JobStatus.SUCCEEDED
+            elif outcome == LeaseStatus.DONE and lease.trials_done < lease.trials:
+                new = JobStatus.SUCCEEDED  # the search ran out of new candidates
+            elif outcome in (LeaseStatus.EXPIRED, LeaseStatus.FAILED) and (
+                self._attempts(session, lease.work_key) >= max_attempts
+            ):
+                new = JobStatus.FAILED
+            else:
+                new = JobStatus.QUEUED  # a claim finishes it if its job has no trials left
+            session.execute(
+                update(JobTaskRow)
+                .where(JobTaskRow.id == task.id, JobTaskRow.status == JobStatus.RUNNING)
+                .values(status=new, leased_by=None, lease_expires_at=None, updated_at=func.now())
+                .execution_options(synchronize_session=False)
+            )
 
     def reap_expired_leases(self, *, max_attempts: int = 3) -> list[int]:
         expired = (TaskLeaseRow.status == LeaseStatus.ACTIVE, TaskLeaseRow.expires_at < func.now())

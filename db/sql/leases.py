@@ -14,7 +14,7 @@ from sqlalchemy import case, exc, func, not_, or_, select, update
 
 from db.contracts.jobs import JobStorage
 from db.errors import ConflictError, LeaseHeldError, NotFoundError
-from db.models import ArtifactRow, JobRow, JobTaskRow, TaskLeaseRow
+from db.models import ArtifactRow, JobRow, JobTaskRow, LeaseTaskRow, TaskLeaseRow
 from db.sql.base import SQLBase, frozen
 from db.sql.jobs import job_task_row
 from db.types import Job, JobStatus, LeaseBatchResult, LeaseStatus, NewJobTask, TaskLease
@@ -96,18 +96,76 @@ class LeaseSQL(SQLBase, JobStorage):
         target_id: int,
         lease_secs: float,
         max_trials: int | Callable[[int], int],
+        max_tasks: int = 1,
     ) -> TaskLease | None:
         cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
+        with self._session(write=True) as session:
+            _refuse_if_held(session, worker)
+            first = self._claim_queued_task(session, worker, lease_secs, target_id=target_id)
+            if first is None:
+                return None
+            claimed = [first]
+            while len(claimed) < max_tasks:
+                more = self._claim_queued_task(session, worker, lease_secs, job_id=first[3])
+                if more is None:
+                    break
+                claimed.append(more)
+            job_left = session.execute(
+                select(JobRow.trial_budget - JobRow.trials_done).where(JobRow.id == first[3])
+            ).scalar_one()
+            trials = sum(
+                max(1, min(budget - done, int(cap(budget)))) for _, budget, done, _ in claimed
+            )
+            lease = TaskLeaseRow(
+                job_id=first[3],
+                task_id=first[0],
+                kind="tune",
+                work_key=f"task:{first[0]}",
+                worker=worker,
+                status=LeaseStatus.ACTIVE,
+                trials=max(1, min(trials, job_left)),
+                expires_at=self._db_now_plus(lease_secs),
+                task_links=[
+                    LeaseTaskRow(task_id=task_id, position=i)
+                    for i, (task_id, *_rest) in enumerate(claimed)
+                ],
+            )
+            try:
+                # The tasks' compare-and-sets rule out another lease of them: a conflict here
+                # is the worker's own lease, claimed meanwhile (PostgreSQL: this insert waited
+                # for that claim to commit). Raising undoes the claims.
+                with session.begin_nested():
+                    session.add(lease)
+                    session.flush()
+            except exc.IntegrityError:
+                raise LeaseHeldError(worker, _held_lease(session, worker)) from None
+            session.refresh(lease)
+            return frozen(TaskLease, lease)
+
+    def _claim_queued_task(
+        self,
+        session,
+        worker: str,
+        lease_secs: float,
+        *,
+        target_id: int | None = None,
+        job_id: int | None = None,
+    ) -> tuple[int, int, int, int] | None:
+        """Move the next queued task (of a running job of ``target_id``, or of job ``job_id``)
+        with trials left to ``running``, leased by ``worker``: ``(task id, trial budget, trials
+        done, job id)``, or ``None``. Tasks found with nothing left, of their own or of their
+        job's budget, are finished on the way (``succeeded``)."""
+        scope = JobRow.target_id == target_id if job_id is None else JobRow.id == job_id
         candidate = (
             select(
-                JobTaskRow.id, JobTaskRow.trial_budget, JobTaskRow.trials_done, JobTaskRow.job_id
+                JobTaskRow.id,
+                JobTaskRow.trial_budget,
+                JobTaskRow.trials_done,
+                JobTaskRow.job_id,
+                JobRow.trial_budget - JobRow.trials_done,
             )
             .join(JobRow, JobRow.id == JobTaskRow.job_id)
-            .where(
-                JobTaskRow.status == JobStatus.QUEUED,
-                JobRow.status == JobStatus.RUNNING,
-                JobRow.target_id == target_id,
-            )
+            .where(JobTaskRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING, scope)
             .order_by(
                 JobRow.priority.desc(),
                 JobRow.id,
@@ -117,52 +175,29 @@ class LeaseSQL(SQLBase, JobStorage):
             .limit(1)
             .with_for_update(skip_locked=True, of=JobTaskRow)  # PostgreSQL; SQLite: write lock
         )
-        with self._session(write=True) as session:
-            _refuse_if_held(session, worker)
-            while True:
-                row = session.execute(candidate).one_or_none()
-                if row is None:
-                    return None
-                task_id, budget, done, job_id = row
-                remaining = budget - done
-                values: dict[str, Any] = {"updated_at": func.now()}
-                if remaining <= 0:  # nothing left to measure: finished, not lease-able
-                    values["status"] = JobStatus.SUCCEEDED
-                else:
-                    values.update(
-                        status=JobStatus.RUNNING,
-                        leased_by=worker,
-                        lease_expires_at=self._db_now_plus(lease_secs),
-                    )
-                claimed = session.execute(
-                    update(JobTaskRow)
-                    .where(JobTaskRow.id == task_id, JobTaskRow.status == JobStatus.QUEUED)
-                    .values(**values)
-                    .execution_options(synchronize_session=False)
+        while True:
+            row = session.execute(candidate).one_or_none()
+            if row is None:
+                return None
+            task_id, budget, done, found_job, job_left = row
+            spent = budget - done <= 0 or job_left <= 0  # nothing left to measure: finished
+            values: dict[str, Any] = {"updated_at": func.now()}
+            if spent:
+                values["status"] = JobStatus.SUCCEEDED
+            else:
+                values.update(
+                    status=JobStatus.RUNNING,
+                    leased_by=worker,
+                    lease_expires_at=self._db_now_plus(lease_secs),
                 )
-                if claimed.rowcount != 1 or remaining <= 0:
-                    continue
-                lease = TaskLeaseRow(
-                    job_id=job_id,
-                    task_id=task_id,
-                    kind="tune",
-                    work_key=f"task:{task_id}",
-                    worker=worker,
-                    status=LeaseStatus.ACTIVE,
-                    trials=max(1, min(remaining, int(cap(budget)))),
-                    expires_at=self._db_now_plus(lease_secs),
-                )
-                try:
-                    # The task's compare-and-set above rules out another lease of the task: a
-                    # conflict here is the worker's own lease, claimed meanwhile (PostgreSQL:
-                    # this insert waited for that claim to commit). Raising undoes the claim.
-                    with session.begin_nested():
-                        session.add(lease)
-                        session.flush()
-                except exc.IntegrityError:
-                    raise LeaseHeldError(worker, _held_lease(session, worker)) from None
-                session.refresh(lease)
-                return frozen(TaskLease, lease)
+            claimed = session.execute(
+                update(JobTaskRow)
+                .where(JobTaskRow.id == task_id, JobTaskRow.status == JobStatus.QUEUED)
+                .values(**values)
+                .execution_options(synchronize_session=False)
+            )
+            if claimed.rowcount == 1 and not spent:
+                return task_id, budget, done, found_job
 
     def claim_finalize_lease(
         self, worker: str, *, target_id: int, lease_secs: float
@@ -291,11 +326,15 @@ class LeaseSQL(SQLBase, JobStorage):
         trials: int,
         best_mean_secs: float | None,
         lease_secs: float,
+        task_id: int | None = None,
     ) -> LeaseBatchResult:
         with self._session(write=True) as session:
             lease = session.get(TaskLeaseRow, lease_id)
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
+            measured = lease.task_id if task_id is None else task_id
+            if lease.kind == "tune" and measured not in (lease.task_ids or (lease.task_id,)):
+                raise ConflictError(f"task {task_id} is not a task of lease {lease_id}")
             counted = False
             job_status = session.execute(
                 select(JobRow.status).where(JobRow.id == lease.job_id)
@@ -313,7 +352,9 @@ class LeaseSQL(SQLBase, JobStorage):
                         f"{lease.batches_done}: upload batches in order"
                     )
                 if batch == lease.batches_done:
-                    counted = self._count_batch(session, lease, trials, best_mean_secs, lease_secs)
+                    counted = self._count_batch(
+                        session, lease, measured, trials, best_mean_secs, lease_secs
+                    )
             job_status = session.execute(
                 select(JobRow.status).where(JobRow.id == lease.job_id)
             ).scalar_one()
@@ -321,11 +362,11 @@ class LeaseSQL(SQLBase, JobStorage):
             return LeaseBatchResult(frozen(TaskLease, lease), counted, job_status)
 
     def _count_batch(
-        self, session, lease, trials: int, best: float | None, lease_secs: float
+        self, session, lease, task_id: int, trials: int, best: float | None, lease_secs: float
     ) -> bool:
-        """Count one batch of ``lease`` (a compare-and-set on its batch number): at most the
-        trials left of its allotment (``lease.trials``), never more; ``False`` when another
-        upload of the same batch counted first."""
+        """Count one batch of ``lease``'s task ``task_id`` (a compare-and-set on the lease's
+        batch number): at most the trials left of the lease's allotment (``lease.trials``),
+        never more; ``False`` when another upload of the same batch counted first."""
         # trials_done moves only with batches_done, so the compare-and-set on batches_done
         # below also guarantees the trials_done read with it.
         trials = max(0, min(int(trials), lease.trials - lease.trials_done))
@@ -360,7 +401,7 @@ class LeaseSQL(SQLBase, JobStorage):
             )
         session.execute(
             update(JobTaskRow)
-            .where(JobTaskRow.id == lease.task_id)
+            .where(JobTaskRow.id == task_id)
             .values(**task_values)
             .execution_options(synchronize_session=False)
         )

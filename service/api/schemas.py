@@ -610,13 +610,16 @@ class WorkerHeartbeat(BaseModel):
 
 
 class LeasePublic(BaseModel):
-    """A lease: a trial batch of one job task (``tune``), a job's ``finalize`` step or its
-    ``preview`` (the zero-trial build published while it tunes)."""
+    """A lease: trial batches of one or several tasks of a job (``tune``), a job's ``finalize``
+    step or its ``preview`` (the zero-trial build published while it tunes)."""
 
     id: int
     kind: Literal["tune", "finalize", "preview"]
     job_id: int | None = Field(description="null on a lease of another user's job")
-    task_id: int | None
+    task_id: int | None = Field(description="a tune lease's first task")
+    task_ids: list[int] = Field(
+        default_factory=list, description="every task a tune lease covers, its first one first"
+    )
     worker: str
     status: Literal["active", "done", "expired", "returned", "failed", "cancelled"]
     trials: int = Field(description="trials leased (tune)")
@@ -634,6 +637,7 @@ class LeasePublic(BaseModel):
             kind=lease.kind,
             job_id=lease.job_id,  # type: ignore[arg-type]
             task_id=lease.task_id,
+            task_ids=list(lease.task_ids),
             worker=lease.worker,
             status=lease.status,  # type: ignore[arg-type]
             trials=lease.trials,

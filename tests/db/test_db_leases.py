@@ -88,6 +88,57 @@ def test_lease_batches_finish_and_finalize(storage, target_id, workloads):
     ]
 
 
+def test_one_lease_covers_several_tasks_of_a_job(storage, target_id, workloads):
+    """Issue 33: a tune lease covers up to ``max_tasks`` queued tasks of one job (the heaviest
+    first); each batch counts on the task it measured; its end moves every task on; a task left
+    queued after its job's budget is spent is finished by the next claim, not leased again."""
+    job = _started_job(storage, target_id, workloads[:3], [4, 4, 4])
+    other = _started_job(storage, target_id, workloads[3:4], [4])
+    lease = storage.claim_task_lease(
+        "w1", target_id=target_id, lease_secs=60, max_trials=64, max_tasks=5
+    )
+    tasks = {t.id: t for t in storage.list_job_tasks(job.id)}
+    # One job's tasks only, heaviest first, the first in task_id; trials: all three budgets.
+    assert set(lease.task_ids) == set(tasks) and lease.task_id == lease.task_ids[0]
+    assert [tasks[t].workload_id for t in lease.task_ids] == workloads[2::-1]
+    assert lease.trials == 12 and lease.work_key == f"task:{lease.task_id}"
+    assert all(t.status == "running" and t.leased_by == "w1" for t in tasks.values())
+    assert storage.get_lease(lease.id).task_ids == lease.task_ids
+    # The gradient scheduler gives the heaviest task more than its allotment.
+    heavy, middle, light = lease.task_ids
+    storage.record_lease_batch(
+        lease.id, batch=0, trials=6, best_mean_secs=2e-3, lease_secs=60, task_id=heavy
+    )
+    storage.record_lease_batch(
+        lease.id, batch=1, trials=4, best_mean_secs=1e-3, lease_secs=60, task_id=middle
+    )
+    with pytest.raises(db.ConflictError):  # not a task of this lease
+        storage.record_lease_batch(
+            lease.id, batch=2, trials=1, best_mean_secs=None, lease_secs=60, task_id=10**6
+        )
+    storage.record_lease_batch(
+        lease.id, batch=2, trials=5, best_mean_secs=None, lease_secs=60, task_id=light
+    )
+    tasks = {t.id: t for t in storage.list_job_tasks(job.id)}
+    # The lease counts no more than its 12 trials: the last batch counted the 2 left.
+    assert [tasks[t].trials_done for t in lease.task_ids] == [6, 4, 2]
+    assert tasks[heavy].best_mean_secs == 2e-3 and tasks[middle].best_mean_secs == 1e-3
+    assert storage.get_job(job.id).trials_done == 12
+    storage.finish_lease(lease.id, "done")
+    tasks = {t.id: t for t in storage.list_job_tasks(job.id)}
+    assert tasks[heavy].status == "succeeded"  # its budget is counted
+    assert tasks[light].status == "queued"  # short of its own budget ...
+    # ... but its job has no trials left: the next claim finishes it and leases the next job.
+    nxt = storage.claim_task_lease(
+        "w1", target_id=target_id, lease_secs=60, max_trials=64, max_tasks=5
+    )
+    assert nxt.job_id == other.id and len(nxt.task_ids) == 1
+    assert {t.status for t in storage.list_job_tasks(job.id)} == {"succeeded"}
+    # A returned lease requeues its tasks.
+    storage.finish_lease(nxt.id, "returned")
+    assert [t.status for t in storage.list_job_tasks(other.id)] == ["queued"]
+
+
 def test_preview_lease_once_per_tuning_job(storage, target_id, workloads):
     """A running job with tasks to tune has one preview lease at a time; its artifact is the
     job's preview (the job goes on); a failed or returned preview is tried again, two leases in

@@ -11,7 +11,7 @@ from sqlalchemy import inspect, text
 import db
 from db.engine import create_storage_engine
 
-HEAD = "0012_library_record_holds"
+HEAD = "0013_lease_tasks"
 EXPECTED_TABLES = {
     "workloads",
     "targets",
@@ -27,6 +27,7 @@ EXPECTED_TABLES = {
     "cost_models",
     "api_tokens",
     "task_leases",
+    "lease_tasks",
     "alembic_version",
 }
 

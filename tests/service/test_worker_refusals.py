@@ -18,7 +18,7 @@ class _RefusingClient:
         self.finish_status = finish_status
         self.ended: list[tuple[int, str, str | None]] = []
 
-    def context(self, lease_id: int, k: int):
+    def context(self, lease_id: int, k: int, task_id: int | None = None):
         raise WorkerApiError(403, "forbidden", f"task lease {lease_id} is held by another worker")
 
     def finish(self, lease_id: int, outcome: str, error=None, search=None) -> LeaseEnd:

@@ -223,8 +223,11 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
 
             leases = _leases(user, job["id"])
             tune = [x for x in leases if x["kind"] == "tune"]
-            # Every task leased and done exactly once; nothing expired, nothing repeated.
-            assert sorted(x["task_id"] for x in tune) == sorted(t["id"] for t in final["tasks"])
+            # Every task leased and done exactly once (a lease may cover several: the live
+            # workers share the queued tasks); nothing expired, nothing repeated.
+            leased = sorted(t for x in tune for t in x["task_ids"])
+            assert leased == sorted(t["id"] for t in final["tasks"])
+            assert all(x["task_id"] == x["task_ids"][0] for x in tune)
             assert {x["status"] for x in leases} == {"done"}
             assert [x["kind"] for x in leases].count("finalize") == 1
             # One worker built the job's zero-trial preview first; the server re-verified it.
@@ -233,15 +236,14 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
             preview = user.get(final["preview"]["manifest_url"].removeprefix("/api/v1")).json()
             review = preview["server_review"]  # issue 31: the server built it itself
             assert preview["zero_trial"] and review["verified"] and review["built_by"] == "server"
-            assert all(
-                t["status"] == "succeeded" and t["trials_done"] == t["trial_budget"]
-                for t in final["tasks"]
-            )
+            # A lease of several tasks spreads its trials as the gradient scheduler chooses.
+            assert all(t["status"] == "succeeded" for t in final["tasks"])
+            assert sum(t["trials_done"] for t in final["tasks"]) == 12
             assert final["trials_done"] == 12 == sum(x["trials_done"] for x in tune)
             records = _records(user, job["id"])
             assert len(records) == 12 and len({r["trace_hash"] for r in records}) == 12
             by_worker = {x["worker"] for x in tune}
-            print(f"tune leases by worker: {sorted((x['worker'], x['task_id']) for x in tune)}")
+            print(f"tune leases by worker: {sorted((x['worker'], x['task_ids']) for x in tune)}")
             assert by_worker <= {"ci-0", "ci-1", "ci-2"} and len(by_worker) >= 2
             listed = {w["name"]: w for w in user.get("/workers").json()["data"]}
             assert {listed[f"ci-{i}"]["status"] for i in range(3)} == {"offline"}

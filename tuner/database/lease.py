@@ -1,9 +1,9 @@
-"""The database a lease worker's search runs on: the server's view of one task, held in memory.
+"""The database a lease worker's search runs on: the server's view of a lease's tasks, in memory.
 
 A worker does not hold the tuning database. :class:`LeaseDatabase` is what MetaSchedule reads
-and writes during one tune lease instead of the SQL adapter: it starts with the workload's best
-records on the server (:attr:`tuner.work.LeaseContext.seeds`: the search's initial population
-and the cost model's warm start), knows which schedules the server already holds
+and writes during one tune lease instead of the SQL adapter: it starts with each leased
+workload's best records on the server (:attr:`tuner.work.LeaseContext.seeds`: the search's
+initial population and the cost model's warm start), knows which schedules the server holds
 (:attr:`~tuner.work.LeaseContext.stored_keys`), and keeps what the lease measures. Its
 :meth:`holds` is the SQL adapter's (:meth:`db.metaschedule_database.MetaScheduleDatabase.holds`):
 so :class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` and
@@ -33,26 +33,32 @@ logger = logging.getLogger(__name__)
 class LeaseDatabase(ms.database.PyDatabase):
     """MetaSchedule database of one lease (see the module docstring).
 
-    ``mod`` is the leased workload's TIR module, ``context`` the server's answer for it. Seeds
-    that do not replay on ``mod`` are skipped with a warning (:attr:`bad_seeds` counts them).
+    ``leased`` pairs each leased workload's TIR module with the server's context for it. Seeds
+    that do not replay on their module are skipped with a warning (:attr:`bad_seeds` counts
+    them).
     """
 
-    def __init__(self, mod: tvm.IRModule, target: TargetSpec, context: LeaseContext) -> None:
+    def __init__(
+        self, target: TargetSpec, leased: Sequence[tuple[tvm.IRModule, LeaseContext]]
+    ) -> None:
         super().__init__()
         self.target_spec = target
-        self.workload_id = context.workload_id
         self._memory = ms.database.MemoryDatabase()
-        self._stored: set[str] = set(context.stored_keys)
-        self.workload = self._memory.commit_workload(mod)
+        self._stored: set[str] = set()
+        self._workloads: list[tuple[Any, int]] = []  # (MetaSchedule workload, server id)
         self.bad_seeds = 0
-        for entry in context.seeds:
-            try:
-                record = ms.database.TuningRecord.from_json(list(entry), self.workload)
-            except Exception as err:  # noqa: BLE001 - a bad seed must not stop tuning
-                self.bad_seeds += 1
-                logger.warning("skipped a seed record that does not replay: %s", err)
-                continue
-            self._memory.commit_tuning_record(record)
+        for mod, context in leased:
+            workload = self._memory.commit_workload(mod)
+            self._workloads.append((workload, context.workload_id))
+            self._stored.update(context.stored_keys)
+            for entry in context.seeds:
+                try:
+                    record = ms.database.TuningRecord.from_json(list(entry), workload)
+                except Exception as err:  # noqa: BLE001 - a bad seed must not stop tuning
+                    self.bad_seeds += 1
+                    logger.warning("skipped a seed record that does not replay: %s", err)
+                    continue
+                self._memory.commit_tuning_record(record)
 
     def has_workload(self, mod: tvm.IRModule) -> bool:
         return self._memory.has_workload(mod)
@@ -74,9 +80,11 @@ class LeaseDatabase(ms.database.PyDatabase):
         return len(self._memory)
 
     def workload_id_of(self, workload: Any) -> int | None:
-        """The server's id of the leased workload (``None`` for any other module)."""
-        same = tvm.ir.structural_equal(workload.mod, self.workload.mod)
-        return self.workload_id if same else None
+        """The server's id of a leased workload (``None`` for any other module)."""
+        for leased, workload_id in self._workloads:
+            if tvm.ir.structural_equal(workload.mod, leased.mod):
+                return workload_id
+        return None
 
     def holds(self, mod: tvm.IRModule, candidates: Sequence[Any]) -> list[bool]:
         """For each ``MeasureCandidate`` of ``mod``: whether the server held a record of that

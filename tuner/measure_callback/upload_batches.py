@@ -1,10 +1,11 @@
 """Measure callback of a lease worker: every measured batch goes to the server as it is.
 
 Where a run on the SQL database commits each candidate through MetaSchedule's default callbacks,
-a lease worker hands each batch (seeds included: :mod:`tuner.task_scheduler.seeds` reports them
-to every callback) to ``on_batch`` as :class:`tuner.work.RecordUpload` objects, failures with
-their error text (:func:`tuner.measurements.outcome`); the worker uploads it. When ``on_batch``
-answers ``False`` (lease lost, job cancelled, worker stopping) tuning stops at once.
+a lease worker hands each task's batch (seeds included: :mod:`tuner.task_scheduler.seeds`
+reports them to every callback) to ``on_batch`` as :class:`tuner.work.RecordUpload` objects,
+failures with their error text (:func:`tuner.measurements.outcome`); the worker uploads it.
+When ``on_batch`` answers ``False`` (lease lost, job cancelled, worker stopping) tuning stops at
+once.
 """
 
 from __future__ import annotations
@@ -23,10 +24,12 @@ from tuner.work import RecordUpload
 
 @dataclass(frozen=True)
 class MeasuredBatch:
-    """One measured batch: its records (in candidate order) and its best valid mean latency."""
+    """One measured batch of one task: its records (in candidate order), its best valid mean
+    latency, and the task's index in the search's task list."""
 
     records: tuple[RecordUpload, ...]
     best_secs: float | None
+    task_index: int = 0
 
 
 class StopTuning(BaseException):
@@ -66,6 +69,7 @@ class UploadBatches(ms.measure_callback.PyMeasureCallback):
             )
         self.trials += len(records)
         means = [m for r in records if (m := measurement(r.run_secs)[1]) is not None]
-        if not self.on_batch(MeasuredBatch(tuple(records), min(means) if means else None)):
+        best = min(means) if means else None
+        if not self.on_batch(MeasuredBatch(tuple(records), best, int(task_id))):
             self.stopped = True
             raise StopTuning("tuning stopped by the worker")

@@ -156,17 +156,22 @@ class StorageSiblings:
 
 
 class LeaseSiblings:
-    """Siblings the server handed a tune lease (:attr:`tuner.work.LeaseContext.siblings`): the
-    best schedule of each sibling faster than the task when the lease began."""
+    """Siblings the server handed a tune lease (:attr:`tuner.work.LeaseContext.siblings`, one
+    context per leased task): the best schedule of each sibling faster than the task when the
+    lease began."""
 
-    def __init__(self, context: LeaseContext) -> None:
-        self.context = context
+    def __init__(self, contexts: Sequence[LeaseContext]) -> None:
+        self.contexts = {context.workload_id: context for context in contexts}
+
+    def _siblings(self, task: SeedTask) -> tuple[SiblingSchedule, ...]:
+        context = self.contexts.get(task.workload_id)
+        return () if context is None else context.siblings
 
     def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
-        return [s for s in self.context.siblings if s.record_id not in tried and s.rate > own_rate]
+        return [s for s in self._siblings(task) if s.record_id not in tried and s.rate > own_rate]
 
     def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
-        return list(self.context.siblings)
+        return list(self._siblings(task))
 
 
 class SiblingSeeds:

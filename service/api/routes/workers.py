@@ -297,9 +297,14 @@ def lease_context(
     storage: StorageDep,
     _worker: WorkerAuth,
     k: Annotated[int, Query(ge=1, le=4096)] = 256,
+    task_id: Annotated[
+        int | None, Query(ge=1, description="a task of the lease (default: its first)")
+    ] = None,
 ) -> LeaseContext:
     try:
-        return coordinator.lease_context(storage, lease_id, k, token_id=_worker.token_id)
+        return coordinator.lease_context(
+            storage, lease_id, k, task_id=task_id, token_id=_worker.token_id
+        )
     except coordinator.Forbidden as err:
         raise _forbidden(err) from None
 
@@ -324,6 +329,7 @@ def upload_batch(
             body.batch,
             list(body.records),
             settings.lease_policy(),
+            task_id=body.task_id,
             token_id=_worker.token_id,
         )
     except coordinator.Forbidden as err:
