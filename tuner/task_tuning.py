@@ -96,7 +96,11 @@ def tune_workloads(
             SeedTask(w.context.workload_id, workload_family(w.task_name), w.context.flops)
             for w in workloads
         ]
-        source = LeaseSiblings([w.context for w in workloads])
+        source = LeaseSiblings(
+            [w.context for w in workloads],
+            database,
+            [(task, tvm.ir.save_json(w.mod)) for task, w in zip(tasks, workloads, strict=True)],
+        )
         seeds = SiblingSeeds(database, tasks, source=source)
     callback = UploadBatches(on_batch)
     extracted = [

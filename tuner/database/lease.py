@@ -86,6 +86,15 @@ class LeaseDatabase(ms.database.PyDatabase):
                 return workload_id
         return None
 
+    def best_record(self, workload_id: int) -> Any | None:
+        """The best valid record this database holds of leased workload ``workload_id`` (a seed
+        or a measurement of this lease), or ``None``."""
+        for workload, leased_id in self._workloads:
+            if leased_id == workload_id:
+                best = self._memory.get_top_k(workload, 1)
+                return best[0] if best else None
+        return None
+
     def holds(self, mod: tvm.IRModule, candidates: Sequence[Any]) -> list[bool]:
         """For each ``MeasureCandidate`` of ``mod``: whether the server held a record of that
         very schedule when the lease began, or this lease measured it since."""

@@ -17,7 +17,8 @@ all serve the search, the two competed anyway; throughput in ``bench/results/mod
 With ``seeding`` (:meth:`tuner.task_scheduler.sibling_seeds.SiblingSeeds.seed`), the task chosen is
 first offered its siblings' best schedules, measured and committed before its batch is made, so that
 the batch's population can start from them. Seeds count as trials: with ``max_trials`` the scheduler
-stops once batches and seeds together reach it (MetaSchedule's own limit counts batches only).
+stops once batches and seeds together reach it (MetaSchedule's own limit counts batches only), and
+makes no batch after seeds that reach it.
 """
 
 from __future__ import annotations
@@ -101,6 +102,8 @@ class BatchCommittingGradient(ms.task_scheduler.PyTaskScheduler):
         task_id = self._choose(tasks)
         if task_id != -1:
             self._seed(task_id)
+            if self.max_trials is not None and self.trials >= self.max_trials:
+                return -1  # the seeds spent the budget: no batch after them (a lease refuses it)
         return task_id
 
     def _choose(self, tasks) -> int:

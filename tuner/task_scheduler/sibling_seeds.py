@@ -39,6 +39,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 from tvm.s_tir.schedule import Trace
 
+from db.metaschedule_database import record_as_json
 from db.types import mean_run_secs, measurement
 from tuner.reports import SiblingSchedule
 from tuner.siblings import family_members, faster_siblings
@@ -156,22 +157,63 @@ class StorageSiblings:
 
 
 class LeaseSiblings:
-    """Siblings the server handed a tune lease (:attr:`tuner.work.LeaseContext.siblings`, one
-    context per leased task): the best schedule of each sibling faster than the task when the
-    lease began."""
+    """Siblings of a tune lease's tasks: those the server handed the lease
+    (:attr:`tuner.work.LeaseContext.siblings`, one context per leased task: the best schedule of
+    each sibling faster than the task when the lease began) and, as the lease measures them, the
+    lease's other tasks of the same family (``leased``: each task with its workload's TIR module
+    as ``tvm.ir.save_json``; their best records are read from ``database``, the lease's
+    :class:`tuner.database.lease.LeaseDatabase`). So the tasks of one lease seed each other as a
+    run on the SQL database does (:class:`StorageSiblings`)."""
 
-    def __init__(self, contexts: Sequence[LeaseContext]) -> None:
+    def __init__(
+        self,
+        contexts: Sequence[LeaseContext],
+        database: Any = None,
+        leased: Sequence[tuple[SeedTask, str]] = (),
+    ) -> None:
         self.contexts = {context.workload_id: context for context in contexts}
+        self.database = database
+        self.leased = list(leased)
 
-    def _siblings(self, task: SeedTask) -> tuple[SiblingSchedule, ...]:
+    def _siblings(self, task: SeedTask) -> list[SiblingSchedule]:
         context = self.contexts.get(task.workload_id)
-        return () if context is None else context.siblings
+        served = list(context.siblings) if context is not None else []
+        return sorted(served + self._in_lease(task), key=lambda s: -s.rate)
+
+    def _in_lease(self, task: SeedTask) -> list[SiblingSchedule]:
+        """The best record so far of each other leased task of ``task``'s family. Its id is
+        negative (not a server record id), and a new best record gets a new one."""
+        if self.database is None:
+            return []
+        out = []
+        for other, mod_json in self.leased:
+            if other.workload_id == task.workload_id or other.family != task.family:
+                continue
+            if not other.flops:
+                continue
+            best = self.database.best_record(other.workload_id)
+            secs = measurement([float(x) for x in best.run_secs])[1] if best else None
+            if not secs:
+                continue
+            trace = record_as_json(best)[0]
+            digest = hash((other.workload_id, json.dumps(trace, sort_keys=True)))
+            out.append(
+                SiblingSchedule(
+                    record_id=-1 - (digest & 0x3FFFFFFFFFFFFFFF),
+                    workload_id=other.workload_id,
+                    mod_json=mod_json,
+                    flops=float(other.flops),
+                    mean_secs=secs,
+                    trace=trace,
+                )
+            )
+        return out
 
     def faster(self, task: SeedTask, own_rate: float, tried: set[int]) -> list[SiblingSchedule]:
         return [s for s in self._siblings(task) if s.record_id not in tried and s.rate > own_rate]
 
     def population(self, task: SeedTask, per_sibling: int) -> list[SiblingSchedule]:
-        return list(self._siblings(task))
+        return self._siblings(task)
 
 
 class SiblingSeeds:
