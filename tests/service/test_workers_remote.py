@@ -241,7 +241,10 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
             assert sum(t["trials_done"] for t in final["tasks"]) == 12
             assert final["trials_done"] == 12 == sum(x["trials_done"] for x in tune)
             records = _records(user, job["id"])
-            assert len(records) == 12 and len({r["trace_hash"] for r in records}) == 12
+            # Stored: the counted 12, and what a lease's last batch measured past its trials
+            # (a sibling seed can precede it; evidence, not counted); never a schedule twice.
+            assert 12 <= len(records) < 12 + 4
+            assert len({r["trace_hash"] for r in records}) == len(records)
             by_worker = {x["worker"] for x in tune}
             print(f"tune leases by worker: {sorted((x['worker'], x['task_ids']) for x in tune)}")
             assert by_worker <= {"ci-0", "ci-1", "ci-2"} and len(by_worker) >= 2
