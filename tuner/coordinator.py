@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
+from compiler.build.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from db import (
     ConflictError,
     InvalidTransitionError,
