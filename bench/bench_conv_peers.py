@@ -19,7 +19,7 @@ median round):
   task has them, NCHW as ONNX Runtime takes it.
 
 And (unless ``--no-model``) the **whole model** the same way, interleaved: ONNX Runtime and the
-zero-trial build with peers (:func:`compiler.build.build_zero_trial`) three times, its
+zero-trial build with peers (:func:`compiler.build.builder.build_zero_trial`) three times, its
 convolutions on the baseline shim's im2col, on today's im2col only, and on
 :func:`compiler.peers.find_peer`'s default algorithms; each exported without the shim (resolved
 from the shims loaded into this process, as MetaSchedule's runner does) and checked against
@@ -296,10 +296,10 @@ def bench_model(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from tvm import relax
 
     from bench.bench_peers import _timer
-    from compiler.build import build_zero_trial, export_library
+    from compiler.build.builder import build_zero_trial, export_library
+    from compiler.build.verify import random_inputs
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
-    from compiler.verify import random_inputs
     from examples.export import export_onnx
 
     path = export_onnx("resnet18", work / "resnet18.onnx")

@@ -21,9 +21,9 @@ Per case, in one process:
   error is reported in the table when it does not compile here;
 - **ONNX Runtime**: the case's ONNX export, ``intra_op_num_threads = --threads``;
 - **TuneHub zero-trial**: the ``.pt2`` export prepared like an upload and built as ``tunehub
-  compile`` without a database does (``compiler.build.build_zero_trial``: OpenBLAS peers for
+  compile`` without a database does (``compiler.build.builder.build_zero_trial``: OpenBLAS peers for
   the GEMM tasks, TVM's default schedules for the rest), exported, loaded from disk, verified
-  against torch (``compiler.verify.verify``, plus once on ids over the whole vocabulary);
+  against torch (``compiler.build.verify.verify``, plus once on ids over the whole vocabulary);
 - **TuneHub tuned** (``--tune N``): ``tuner.job.tune_model`` with N trials into a SQLite
   database (``--db``, default a temporary one; the final build re-measures each task's top
   records against its peer and default schedule, as every job does); the job's verified
@@ -173,8 +173,8 @@ def _library_timer(
 ) -> tuple[Callable[[], float], dict[str, Any]]:
     """Load the library at ``path``, verify it (seeded inputs, then ``inputs``) against the
     model's reference, and return its timer (the VM call on inputs already on the device)."""
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import compare, reference_outputs, verify
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import compare, reference_outputs, verify
 
     library = LoadedLibrary(path, "cpu")
     check = verify(prepared.model, library.run)
@@ -196,7 +196,7 @@ def _tune(
     """``tuner.job.tune_model`` of ``prepared`` with ``trials`` into ``args.db``: the job's
     summary for the results (without its per-task rows) and its verified library's path.
     Raises what the job raises."""
-    from compiler.artifact_layout import LIBRARY_NAME
+    from compiler.build.artifact_layout import LIBRARY_NAME
     from db.storage import open_storage
     from tuner.job import tune_model
 
@@ -233,7 +233,7 @@ def tune_one_job(
 ) -> dict[str, Any]:
     """Every case as a program of one archive, tuned as one job of ``args.one_job`` trials; the
     job's summary and its library's path (``"library"``), or its error (``"error"``)."""
-    from compiler.model_spec import ModelLimits
+    from compiler.frontends.model_spec import ModelLimits
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples.kv_decoder import export_programs
@@ -280,7 +280,7 @@ def bench_case(
     one_job: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One program at one length: every variant built, verified and timed side by side."""
-    from compiler.build import build_zero_trial, export_library
+    from compiler.build.builder import build_zero_trial, export_library
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples.kv_decoder import example_inputs, export_both, program_module

@@ -9,8 +9,8 @@ upload path in a separate process that never imports ``transformers`` (as a vali
 does: a ``.pt2`` calling an operator that only ``transformers`` registers does not even load
 there): :func:`compiler.prepare.prepare_model` (load with external data refused, validate,
 import, partition for this machine's CPU target), an untuned build (TVM's default schedules,
-:func:`compiler.build.build`), and :func:`compiler.verify.verify` against the model's own
-framework (torch for ``.pt2``, ONNX Runtime for ONNX) on its seeded inputs, plus one set of
+:func:`compiler.build.builder.build`), and :func:`compiler.build.verify.verify` against the model's
+own framework (torch for ``.pt2``, ONNX Runtime for ONNX) on its seeded inputs, plus one set of
 token ids drawn over the whole vocabulary (``verify`` draws ids 0 and 1 only).
 
 Writes ``bench/results/decoders_import_<date>.md``: one row per definition and format (imported
@@ -107,12 +107,12 @@ def check_file(path: str, fmt: str, vocab: int, seq: int) -> dict[str, Any]:
     """The upload path for one exported file; plain data back (runs in the child process)."""
     import numpy as np
 
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import compare, reference_outputs, verify
     from compiler.errors import CompileError, ModelError
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
-    from compiler.verify import compare, reference_outputs, verify
 
     result: dict[str, Any] = {"transformers_loaded": "transformers" in sys.modules}
     target = cpu_target(2)

@@ -335,11 +335,11 @@ def torch_network_ms(name: str, inputs) -> dict[str, Any]:
 
 
 def bench_network(name: str, trials: int, target, work: Path, storage, population: int):
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs, verify
     from compiler.errors import ModelError
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import random_inputs, verify
     from examples.export import export_onnx, export_pt2
     from tuner.job import tune_model
     from tuner.search import default_cost_model
@@ -548,7 +548,7 @@ def main() -> int:
     args = parser.parse_args()
 
     import db
-    from compiler.intrinsics import load_tensor_intrinsics
+    from compiler.lowering.intrinsics import load_tensor_intrinsics
     from compiler.target import resolve_target
 
     target = resolve_target("cuda")

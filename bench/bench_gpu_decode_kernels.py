@@ -9,8 +9,8 @@ and ``out[h, i, d] = Σ_n P[h, i, n] V[h, n, d]`` (P·V, a long reduction over t
 ``i`` the query heads of a group (Qwen2.5-0.5B: 2 key-value heads of 7 query heads, head
 dimension 64). Each product is written in TE with those shapes (bfloat16), scheduled by DLight's
 matmul rule alone and as a zero-trial CUDA build schedules it
-(:func:`compiler.default_schedules.default_task_module`: TuneHub's default CUDA rules, the split
-reduction for P·V), built for the GPU and timed with ``time_evaluator`` (median µs). Writes
+(:func:`compiler.lowering.default_schedules.default_task_module`: TuneHub's default CUDA rules, the
+split reduction for P·V), built for the GPU and timed with ``time_evaluator`` (median µs). Writes
 ``gpu_decode_kernels_<date>.json`` / ``.md`` to ``--out``.
 """
 
@@ -79,7 +79,7 @@ def time_module(
 
 
 def main(argv: list[str] | None = None) -> int:
-    from compiler.default_schedules import default_task_module
+    from compiler.lowering.default_schedules import default_task_module
     from compiler.target import cuda_target, detect_gpu
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])

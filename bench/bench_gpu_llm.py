@@ -76,7 +76,7 @@ def export_static(model: Any, capacity: int, path: Path, batch: int = 1) -> None
 
 def build_tunehub(program: Path, out: Path) -> dict[str, Any]:
     """The zero-trial CUDA library of ``program`` in ``out`` (verified); its manifest's summary."""
-    from compiler.model_spec import ModelLimits
+    from compiler.frontends.model_spec import ModelLimits
     from compiler.prepare import prepare_model
     from compiler.target import cuda_target, detect_gpu
     from tuner.finalize import publish_zero_trial

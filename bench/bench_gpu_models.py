@@ -78,7 +78,7 @@ def export_module(model, inputs, path: Path) -> Path:
 def with_graphs(enabled: bool):
     """Context manager: ``TUNEHUB_CUDA_GRAPHS`` set to ``enabled`` for the builds inside (the
     environment restored after)."""
-    from compiler.lowering import CUDA_GRAPHS_ENV
+    from compiler.lowering.pipeline import CUDA_GRAPHS_ENV
 
     return mock.patch.dict(os.environ, {CUDA_GRAPHS_ENV: "1" if enabled else "0"})
 
@@ -89,7 +89,7 @@ def outputs_stable(library, prepared) -> bool:
     import numpy as np
     import tvm
 
-    from compiler.verify import random_inputs
+    from compiler.build.verify import random_inputs
 
     first_in = random_inputs(prepared.model.inputs, seed=1)
     second_in = random_inputs(prepared.model.inputs, seed=2)
@@ -129,11 +129,11 @@ def tunehub_times(name: str, model, inputs, trials: int, work: Path) -> dict[str
 
     import db
     from bench.bench_gpu import tune_on_gpu
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import resolve_target
-    from compiler.verify import random_inputs
     from db.metaschedule_database import MetaScheduleDatabase
 
     target = resolve_target("cuda")

@@ -99,11 +99,11 @@ def bench_network(name: str, target, trials: int, work: Path) -> dict[str, Any]:
 
     import db
     from bench.bench_gpu import torch_network_ms, tune_on_gpu
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs, verify
     from compiler.peers import device_of, find_peer
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import random_inputs, verify
     from examples.export import export_onnx
 
     path = export_onnx(name, work / f"{name}.onnx")

@@ -78,9 +78,9 @@ def interleaved(prepared: Any, artifact: Path, threads: int, rounds: int = ROUND
     import numpy as np
     import onnxruntime
 
-    from compiler.artifact_layout import LIBRARY_NAME
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import random_inputs
+    from compiler.build.artifact_layout import LIBRARY_NAME
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs
 
     arrays = random_inputs(prepared.model.inputs)
     library = LoadedLibrary(artifact / LIBRARY_NAME, "cpu")

@@ -7,8 +7,8 @@
 Each case is one operator of an example network (ResNet-18's 3x3 convolutions 64→64 at 56² and
 256→256 at 14², MobileNetV2's depthwise 3x3 and pointwise 1x1 convolutions at 56², a BERT FFN
 dense), written as a one-operator ONNX model with seeded weights. The TVM side runs it through
-the real compile path (``from_onnx`` → :func:`compiler.importer.normalize` →
-:func:`compiler.partition.partition` → :func:`compiler.build.build`) once per variant of
+the real compile path (``from_onnx`` → :func:`compiler.frontends.importer.normalize` →
+:func:`compiler.partition.partition` → :func:`compiler.build.builder.build`) once per variant of
 :class:`compiler.compile_options.CompileOptions` (``NCHW`` today, ``NCHW+prepack``, ``NHWC``,
 ``NHWC+prepack``). Per variant the heaviest task (the operator; NHWC's edge transposes are left
 out) is tuned with MetaSchedule's evolutionary search, the same trials, batch, cost model
@@ -168,7 +168,7 @@ CASES: dict[str, Case] = {
 def _relax_module(proto: Any) -> Any:
     from tvm.relax.frontend.onnx import from_onnx
 
-    from compiler.importer import normalize
+    from compiler.frontends.importer import normalize
 
     return normalize(from_onnx(proto, keep_params_in_input=False))
 
@@ -287,10 +287,10 @@ def _side_by_side(
 
 def run_case(case: Case, args: argparse.Namespace, work: Path) -> dict[str, Any]:
     """Tune every variant of ``case``, verify its builds, time kernels and ONNX Runtime."""
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
     from compiler.compile_options import CompileOptions
     from compiler.partition import partition
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
 
     proto = case.build()

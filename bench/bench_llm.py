@@ -12,7 +12,8 @@ with TuneHub's runtimes registered:
   place; a prompt fed in chunks of the compiled token counts);
 - ``tunehub-zero-bf16``: the same exported in bfloat16 (named with ``--runtimes``);
 - ``tunehub-zero-q8`` / ``-q4``: the float32 export compiled with ``--weights q8_0`` /
-  ``q4_0`` (llama.cpp's 8- and 4-bit blocks, applied at load: :mod:`compiler.weight_formats`);
+  ``q4_0`` (llama.cpp's 8- and 4-bit blocks, applied at load:
+  :mod:`compiler.weights.weight_formats`);
 - ``tunehub-tuned``: the same after ``tunehub tune --trials N`` (named with ``--runtimes``).
 
 Compiling happens once per model (cached under the work dir, like the peers' conversions) and

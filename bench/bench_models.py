@@ -37,8 +37,8 @@ imported: the path of ``models_2026-11-30.md``; columns ``TuneHub NCHW <budget>`
 ``new`` only.
 
 ``--top-up N`` (with ``--work``/``--db`` of an earlier run): after a compiler change that gives
-some tasks of a model new keys (e.g. ``compiler/fast_math.py``), tune each named model with N
-more trials *without* ``--continue``: only the tasks the database has no records for are tuned,
+some tasks of a model new keys (e.g. ``compiler/lowering/fast_math.py``), tune each named model with
+N more trials *without* ``--continue``: only the tasks the database has no records for are tuned,
 the others are reused. Reported as its own column (``TuneHub top-up``) beside the rungs.
 """
 
@@ -124,11 +124,11 @@ def zero_trial_rung(row: dict, prepared, work: Path) -> None:
 
 def baseline_row(name: str, threads: int, work: Path) -> tuple[dict, object, list[np.ndarray]]:
     """Export ``name``, prepare it and measure every framework that needs no tuning."""
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs, time_reference
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
-    from compiler.verify import random_inputs, time_reference
     from examples.export import export_onnx
 
     path = export_onnx(name, work / f"{name}.onnx")
@@ -198,7 +198,7 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     from tvm.s_tir import meta_schedule as ms
 
     import db
-    from compiler.build import build
+    from compiler.build.builder import build
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples.export import export_onnx
@@ -258,9 +258,9 @@ def interleaved_latencies(
     import torch
 
     from bench.bench_peers import _ort_timer, _timer, _torch_timer, interleaved
-    from compiler.loader import load_model
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import random_inputs
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs
+    from compiler.frontends.loader import load_model
     from examples.networks import EXAMPLES
 
     inputs = random_inputs(load_model(model_path).inputs)
@@ -301,11 +301,11 @@ def rung_libraries(work: Path, model: str, labels: list[str]) -> dict[str, Path]
 def retime(work: Path, threads: int, rounds: int = 7) -> tuple[list[dict], list[int], dict | None]:
     """Measure baselines and every stored rung artifact of ``work/rows.json`` again, side by side
     (:func:`interleaved_latencies`); TVM untuned apart (seconds a call)."""
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
-    from compiler.verify import random_inputs
 
     saved = json.loads((work / "rows.json").read_text())
     budgets = saved["budgets"]

@@ -6,11 +6,11 @@
 ``ARTIFACT_DIR`` is a decoder artifact whose weights live beside its library (``params.bin``;
 compiled with ``--weights q8_0`` or ``q4_0``, written by this or an older TuneHub). Its arrays are
 written twice into a temporary folder, each time beside a copy of the library and manifest: as
-float32 arrays (what TuneHub wrote before :mod:`compiler.weight_packing`) and by
-:func:`compiler.weights.save_params` (weights on a grid in their format). The table gives each
-file's bytes, the time to write it, and :func:`compiler.weights.load_params`'s time to read it
-(alternating rounds, medians); then both artifacts generate ``--steps`` greedy tokens from one
-prompt (:class:`compiler.llm.generate.Generator`), which must agree bit for bit in their logits.
+float32 arrays (what TuneHub wrote before :mod:`compiler.weights.weight_packing`) and by
+:func:`compiler.weights.external.save_params` (weights on a grid in their format). The table gives
+each file's bytes, the time to write it, and :func:`compiler.weights.external.load_params`'s time to
+read it (alternating rounds, medians); then both artifacts generate ``--steps`` greedy tokens from
+one prompt (:class:`compiler.llm.generate.Generator`), which must agree bit for bit in their logits.
 Writes ``params_file_<date>[_<tag>].md`` into ``--out``.
 """
 
@@ -59,7 +59,7 @@ def _generate(folder: Path, prompt: np.ndarray, steps: int) -> tuple[list[int], 
 def main(argv: list[str] | None = None) -> int:
     import tvm
 
-    from compiler.weights import PARAMS_NAME, load_params, save_params
+    from compiler.weights.external import PARAMS_NAME, load_params, save_params
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("artifact", type=Path)

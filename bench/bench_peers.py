@@ -7,15 +7,15 @@
 Per model (exported at run time, batch 1, seeded weights), in one process:
 
 - **Per task**, every task with a peer (:mod:`compiler.peers`): every peer variant, TVM's default
-  schedule (:mod:`compiler.default_schedules`) and, with ``--db``, the database's best record,
-  all built with the tuner's builder and timed by the tuner's runner side by side
+  schedule (:mod:`compiler.lowering.default_schedules`) and, with ``--db``, the database's best
+  record, all built with the tuner's builder and timed by the tuner's runner side by side
   (:func:`tuner.remeasure.time_side_by_side`, ``--rounds`` rounds, order rotated); medians and
   GFLOP/s. What the peer's time includes: the whole task (library call + the TIR epilogue).
 - **Whole model**, each a verified library run in this process, timed in ``--rounds``
   interleaved rounds (each round runs every variant for at least 0.2 s; the table gives the
   median of rounds): ONNX Runtime, torch eager, zero-trial without peers (TVM's default
-  schedules only), zero-trial with peers (``compiler.build.build_zero_trial``), the same with
-  OpenBLAS instead of the packed GEMM and with the shim's kernels instead of oneDNN's (where
+  schedules only), zero-trial with peers (``compiler.build.builder.build_zero_trial``), the same
+  with OpenBLAS instead of the packed GEMM and with the shim's kernels instead of oneDNN's (where
   oneDNN is a default) and, with
   ``--db``, tuned alone (each task's best record) and tuned + peers (each task's winner of the
   side-by-side re-measurement of its top records and its peer, ``tuner.finalize.choose_winners``,
@@ -97,9 +97,9 @@ def _library_timer(
     executable: Any, inputs: list[np.ndarray], link_peers: bool, work: Path, model: Any, label: str
 ) -> tuple[Callable[[], float], dict[str, Any]]:
     """Export ``executable``, load it from disk, verify it and return its timer."""
-    from compiler.build import export_library
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import verify
+    from compiler.build.builder import export_library
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import verify
 
     path = export_library(executable, work / f"{label}.so", link_peers=link_peers)
     library = LoadedLibrary(path, "cpu")
@@ -161,7 +161,7 @@ def without_onednn(call: Any) -> Any:
 def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[str, Any]]:
     """Every peer variant (:func:`compiler.peers.peer_variants`: packed GEMM, OpenBLAS,
     Winograd) vs default schedule vs best record of every task with a peer, side by side."""
-    from compiler.default_schedules import apply_default_schedules
+    from compiler.lowering.default_schedules import apply_default_schedules
     from compiler.peers import find_peer, peer_task_module, peer_variants
     from tuner.remeasure import time_side_by_side
 
@@ -211,11 +211,11 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
 
 
 def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, Any]:
-    from compiler.build import build, build_zero_trial
+    from compiler.build.builder import build, build_zero_trial
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
-    from compiler.verify import random_inputs
     from examples.export import export_onnx
 
     path = export_onnx(name, work / f"{name}.onnx")
@@ -305,7 +305,7 @@ def _tuned(
     result: dict[str, Any],
 ) -> dict[str, list]:
     """Add ``tuned alone`` and ``tuned + peers`` from ``--db``; return the top records."""
-    from compiler.build import build
+    from compiler.build.builder import build
     from db.metaschedule_database import MetaScheduleDatabase
     from db.storage import open_storage
     from tuner.finalize import choose_winners, database_from_records, top_records

@@ -6,7 +6,7 @@ A decode step reads each weight once, and a model's weights do not fit in any ca
 timer here runs every GEMM of a model once (Qwen2.5-0.5B's shapes: 24 layers of q, k, v, o,
 gate, up and down projections, and the 896 x 151,936 head), each over its own weight, at
 ``rows`` rows of input: what one decode step's (or a small batch's) projections cost. The
-weights are random and put on Q8_0's grid (:func:`compiler.weight_formats.q8_0_values`), as
+weights are random and put on Q8_0's grid (:func:`compiler.weights.weight_formats.q8_0_values`), as
 ``--weights q8_0`` leaves them. Timers, side by side, interleaved
 (:func:`bench.bench_peers.interleaved`):
 
@@ -14,7 +14,7 @@ weights are random and put on Q8_0's grid (:func:`compiler.weight_formats.q8_0_v
 - ``packed``: the shim's packed-weight GEMM (``tunehub_peer_gemm_packed``);
 - ``q8``: the shim's GEMM over the 8-bit copy (``tunehub_peer_gemm_q8``);
 - ``q4``: the shim's GEMM over a 4-bit copy (``tunehub_peer_gemm_q4``) of the same weights put
-  on Q4_0's grid instead (:func:`compiler.weight_formats.q4_0_values`).
+  on Q4_0's grid instead (:func:`compiler.weights.weight_formats.q4_0_values`).
 
 The shim is called directly (ctypes) on TVM's thread pool (``TVM_NUM_THREADS = --threads``).
 Each algorithm's output is checked against float64 numpy on the head. The effective bandwidth
@@ -53,7 +53,7 @@ BYTES_PER_WEIGHT = {"sgemv": 4.0, "packed": 4.0, "q8": 1.0625, "q4": 0.5625}
 
 
 def _weights(seed: int = 0, fmt: str = "q8_0") -> list[np.ndarray]:
-    from compiler.weight_formats import FORMAT_VALUES
+    from compiler.weights.weight_formats import FORMAT_VALUES
 
     rng = np.random.default_rng(seed)
     shapes = [shape for _ in range(LAYERS) for shape in LAYER.values()] + [HEAD]

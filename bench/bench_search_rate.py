@@ -215,9 +215,9 @@ def _retime_models(
     run's ``model_ms`` and ``result["zero_trial_model_ms"]`` are their medians. (Each run's own
     final comparison is timed minutes apart from the others' and cannot be compared across runs.)
     """
-    from compiler.artifact_layout import LIBRARY_NAME
-    from compiler.runner import LoadedLibrary
-    from compiler.verify import model_inputs
+    from compiler.build.artifact_layout import LIBRARY_NAME
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import model_inputs
     from db.storage import open_storage
     from tuner.final_choice import CompareConfig, time_side_by_side
     from tuner.job import tune_model

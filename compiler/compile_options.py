@@ -1,11 +1,11 @@
 """How a CPU target lowers convolutions and weights: the target-level compile options.
 
 A :class:`CompileOptions` says which layout convolutions are tuned and built in and whether
-weights are prepacked (see :mod:`compiler.conv_layout` and :mod:`compiler.prepack`). It is part
-of the CPU target's fingerprint (``"compile"``), hence of :attr:`TargetSpec.key`: records tuned
-under one set of options are never evidence for another (their workload keys differ anyway),
-and tuning and the final build read the same options off the same :class:`TargetSpec`, so they
-always produce the same task keys.
+weights are prepacked (see :mod:`compiler.lowering.conv_layout` and
+:mod:`compiler.lowering.prepack`). It is part of the CPU target's fingerprint (``"compile"``), hence
+of :attr:`TargetSpec.key`: records tuned under one set of options are never evidence for another
+(their workload keys differ anyway), and tuning and the final build read the same options off the
+same :class:`TargetSpec`, so they always produce the same task keys.
 
 :data:`CPU_DEFAULT` is the choice for every CPU target, decided by measurement
 (``bench/bench_levers.py``; ``bench/results/levers_2026-12-01.md``, an 8-thread Xeon
@@ -29,7 +29,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from compiler.weight_formats import WEIGHT_FORMATS
+from compiler.weights.weight_formats import WEIGHT_FORMATS
 
 ConvLayout = Literal["NCHW", "NHWC"]
 _LAYOUTS: tuple[str, ...] = ("NCHW", "NHWC")
@@ -41,7 +41,7 @@ class CompileOptions:
     ``"NHWC"`` with ``HWIO`` weights). ``prepack``: weights are marked layout-free before task
     extraction (MetaSchedule's ``RewriteLayout`` may tile them) and the tiling is folded into the
     constants at build time. ``weights``: the weight format applied at load, one of
-    :data:`compiler.weight_formats.WEIGHT_FORMATS` (a user's choice, not measured: ``q8_0``
+    :data:`compiler.weights.weight_formats.WEIGHT_FORMATS` (a user's choice, not measured: ``q8_0``
     changes the model's numbers). A target of another weight format is another target, so its
     jobs and records never mix with the float32 model's."""
 

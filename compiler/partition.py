@@ -1,8 +1,8 @@
 """Partition a Relax module into tuning tasks.
 
-``partition`` runs the target's lowering (:func:`compiler.lowering.fused_for_target`: layout,
-the pass sequence MetaSchedule task extraction needs, layout-free weights; the final build runs
-the same sequence) and promises a :class:`Partition`: the fused module that tuning and
+``partition`` runs the target's lowering (:func:`compiler.lowering.pipeline.fused_for_target`:
+layout, the pass sequence MetaSchedule task extraction needs, layout-free weights; the final build
+runs the same sequence) and promises a :class:`Partition`: the fused module that tuning and
 compilation share, and one :class:`TaskInfo` per distinct workload, keyed by
 :func:`compiler.keys.workload_key` so tasks are shared across every model.
 """
@@ -20,7 +20,7 @@ from tvm.s_tir.analysis import estimate_tir_flops
 
 from compiler.keys import workload_key
 from compiler.llm.attention import is_attention_kernel
-from compiler.lowering import fuse, fused_for_target
+from compiler.lowering.pipeline import fuse, fused_for_target
 from compiler.target import TargetSpec
 
 __all__ = ["Partition", "TaskInfo", "fuse", "partition"]

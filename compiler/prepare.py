@@ -8,12 +8,12 @@ from pathlib import Path
 
 import tvm
 
-from compiler.buckets import BucketSpec
-from compiler.constant_limits import bounded_folding, check_relax_constants
-from compiler.importer import import_model
-from compiler.loader import load_model
-from compiler.model_spec import LoadedModel, ModelFormat, ModelLimits
+from compiler.frontends.importer import import_model
+from compiler.frontends.loader import load_model
+from compiler.frontends.model_spec import LoadedModel, ModelFormat, ModelLimits
+from compiler.limits.constant_limits import bounded_folding, check_relax_constants
 from compiler.partition import Partition, partition
+from compiler.shapes.buckets import BucketSpec
 from compiler.target import TargetSpec
 
 
@@ -43,8 +43,8 @@ def prepare_model(
     ``input_shapes``, ``buckets``, ``allow_external_data`` and ``display_name`` are passed to
     :func:`load_model`, and the target's weight format (``target.compile_options.weights``) with
     them (a model with symbolic dimensions is prepared as one module with a
-    function per shape bucket: :mod:`compiler.bucket_module`). Every tensor
-    TVM folds is bounded by ``limits`` (:mod:`compiler.constant_limits`), and running out of
+    function per shape bucket: :mod:`compiler.shapes.bucket_module`). Every tensor
+    TVM folds is bounded by ``limits`` (:mod:`compiler.limits.constant_limits`), and running out of
     memory while folding is a ``ModelError("out_of_memory")``. Raises
     :class:`compiler.errors.ModelError` (or its subclass for unsupported operators) for anything
     wrong with the input.

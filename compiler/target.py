@@ -30,7 +30,7 @@ import tvm
 from compiler.compile_options import CPU_DEFAULT, CompileOptions
 from compiler.errors import ModelError
 from compiler.threads import usable_cores
-from compiler.weight_formats import check_weight_format
+from compiler.weights.weight_formats import check_weight_format
 
 
 def _plain(value: Any) -> Any:
@@ -160,9 +160,9 @@ class TargetSpec:
         return CompileOptions.from_json(self.fingerprint.get("compile"))
 
     def with_weights(self, weights: str) -> TargetSpec:
-        """This target with the weight format ``weights`` (:mod:`compiler.weight_formats`): the same
-        machine and options otherwise, so a worker of one serves the other's jobs. A CUDA target
-        (or a legacy CPU one) has only its own."""
+        """This target with the weight format ``weights`` (:mod:`compiler.weights.weight_formats`):
+        the same machine and options otherwise, so a worker of one serves the other's jobs. A CUDA
+        target (or a legacy CPU one) has only its own."""
         if self.kind != "cpu" or self.compile_options.is_legacy:
             return self
         fingerprint = self.fingerprint
@@ -260,9 +260,9 @@ def resolve_target(
 
     ``cpu`` (or ``llvm``): this machine's CPU. ``cuda``: this machine's first GPU (``gpu``, when
     given, replaces detection). ``weights``: the weight format of the CPU target's compile options
-    (:mod:`compiler.weight_formats`). Raises :class:`ModelError` (code ``bad_target``) for unknown
-    names and for ``cuda`` on a machine without a CUDA GPU, ``bad_weights`` for an unknown format
-    or one the target has no kernels for (CUDA keeps the weights as exported).
+    (:mod:`compiler.weights.weight_formats`). Raises :class:`ModelError` (code ``bad_target``) for
+    unknown names and for ``cuda`` on a machine without a CUDA GPU, ``bad_weights`` for an unknown
+    format or one the target has no kernels for (CUDA keeps the weights as exported).
     """
     check_weight_format(weights)
     if name in ("cpu", "llvm"):

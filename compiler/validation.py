@@ -14,9 +14,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from compiler.buckets import BucketSpec
-from compiler.model_spec import ModelFormat, ModelLimits
+from compiler.frontends.model_spec import ModelFormat, ModelLimits
 from compiler.partition import TaskInfo
+from compiler.shapes.buckets import BucketSpec
 from compiler.target import TargetSpec
 
 
@@ -46,7 +46,7 @@ def validate_upload(
     """Load, validate, import and partition the uploaded file at ``path`` for ``target``.
 
     External data is refused; messages name the file ``display_name``. A model with symbolic
-    dimensions is validated with its shape ``buckets`` (:mod:`compiler.buckets`; defaults for
+    dimensions is validated with its shape ``buckets`` (:mod:`compiler.shapes.buckets`; defaults for
     a symbol given none). Raises :class:`compiler.errors.ModelError` for anything wrong with
     the file or the buckets.
     """

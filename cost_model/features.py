@@ -29,7 +29,7 @@ import tvm
 import tvm_ffi
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.intrinsics import load_tensor_intrinsics
+from compiler.lowering.intrinsics import load_tensor_intrinsics
 from cost_model.version import FEATURE_VERSION  # noqa: F401 - re-exported
 
 _EXTRACTOR_ARGS = dict(
@@ -118,7 +118,7 @@ def tune_context(mod: tvm.IRModule, target: tvm.target.Target) -> ms.TuneContext
     """A bare tuning context for feature extraction (no space, no search strategy).
 
     Registers only the target's tensor intrinsics first: ``TuneContext`` would otherwise import
-    every backend's (11-60 s, see :mod:`compiler.intrinsics`).
+    every backend's (11-60 s, see :mod:`compiler.lowering.intrinsics`).
     """
     load_tensor_intrinsics("cuda" if target.kind.name == "cuda" else "cpu")
     return ms.TuneContext(mod=mod, target=target, task_name="features")

@@ -283,9 +283,9 @@ def export_programs(
     """Write programs of decoder ``name`` as one ``.pt2`` archive, atomically: ``programs`` maps
     each archive name to ``(program, length)`` (``"prefill"`` at S = length, ``"decode"`` at
     P = length, ``"step"`` at capacity C = length), all of one model's weights. What a user
-    uploads to tune and build them as one job (``compiler.loader``: one function per program;
-    the library tells them apart by their inputs' shapes, so no two may have the same program
-    and length)."""
+    uploads to tune and build them as one job (``compiler.frontends.loader``: one function per
+    program; the library tells them apart by their inputs' shapes, so no two may have the same
+    program and length)."""
     model = build_causal_lm(get_kv_decoder(name))
     wrappers = _wrappers(model)
     unknown = sorted({program for program, _ in programs.values()} - set(wrappers))

@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from compiler.artifact_layout import job_artifact_dir
+from compiler.build.artifact_layout import job_artifact_dir
 
 OWNER = ".owner"
 #: A process's folder is created under a name starting with this and renamed once its owner

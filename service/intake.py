@@ -15,9 +15,9 @@ from collections.abc import Mapping
 from functools import lru_cache
 
 import db
-from compiler.buckets import BucketSpec
 from compiler.errors import ModelError
-from compiler.model_spec import ModelLimits
+from compiler.frontends.model_spec import ModelLimits
+from compiler.shapes.buckets import BucketSpec
 from compiler.target import TargetSpec, resolve_target
 from service.files import FileStore
 from service.uploads import ReceivedUpload

@@ -12,7 +12,7 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from compiler.model_spec import ModelLimits
+from compiler.frontends.model_spec import ModelLimits
 
 
 class Settings(BaseSettings):

@@ -50,14 +50,19 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
-from compiler.buckets import BucketSpec
 from compiler.errors import ModelError
-from compiler.model_spec import ModelFormat, ModelLimits
+from compiler.frontends.model_spec import ModelFormat, ModelLimits
+from compiler.shapes.buckets import BucketSpec
 from compiler.target import TargetSpec
 from compiler.validation import ValidatedModel
 from tuner.process_limits import die_with_parent
 
-_PRELOAD = ["compiler.validation", "compiler.prepare", "compiler.pt2_loader", "compiler.pt2_safety"]
+_PRELOAD = [
+    "compiler.validation",
+    "compiler.prepare",
+    "compiler.frontends.pt2_loader",
+    "compiler.frontends.pt2_safety",
+]
 _M_ARENA_MAX = -8  # glibc mallopt parameter
 _context: Any = None
 _context_lock = threading.Lock()
@@ -155,7 +160,7 @@ def validate_in_child(
     tmp_root: Path | None = None,
 ) -> ValidatedModel:
     """Validate the file at ``path`` in a child process and return what it found (``buckets``:
-    the shape buckets of a model with symbolic dimensions, :mod:`compiler.buckets`).
+    the shape buckets of a model with symbolic dimensions, :mod:`compiler.shapes.buckets`).
 
     Blocks the calling thread for at most ``process_limits.timeout_secs`` (plus process clean-up).
     Raises :class:`ModelError` (the file's fault: refused by the compiler, over the memory or

@@ -392,8 +392,8 @@ class Worker:
         another: a job's preview and finalize leases on one worker (the embedded worker's case)
         download and prepare it once. A prepared model is the same for the same file, target and
         buckets (``offer``'s model hash, target key, format and buckets are the key)."""
-        from compiler.buckets import bucket_values  # noqa: PLC0415 - with the compiler
         from compiler.prepare import prepare_model  # noqa: PLC0415 - TVM only where a lease is worked
+        from compiler.shapes.buckets import bucket_values  # noqa: PLC0415 - with the compiler
 
         key = (offer.model_sha256, offer.target.key, offer.model_format, offer.model_buckets)
         if self._last_prepared is not None and offer.model_sha256 and self._last_prepared[0] == key:

@@ -17,7 +17,7 @@ never loads it in its own trust. :func:`review_artifact` decides what is publish
 2. **Otherwise the worker's library is checked in a sandbox** (:mod:`tuner.sandbox`): a trusted
    child computes the reference's outputs on seeded inputs (one case per shape bucket or
    program), the sandboxed child runs the worker's library on the same inputs and writes its
-   outputs, and this process compares them (:func:`compiler.verify.compare`). No line the
+   outputs, and this process compares them (:func:`compiler.build.verify.compare`). No line the
    library prints is a verdict (``sandbox_reference``). A CUDA library on a server without a
    GPU can only be loaded there; it is published unverified (``sandbox_load_only``). A bucketed
    model's padding between buckets is not allowed for a library the server did not build.
@@ -219,7 +219,7 @@ def _sandbox_check(
     not_run: str | None,
     cannot_build: str,
 ) -> Review:
-    from compiler.verify import compare  # noqa: PLC0415
+    from compiler.build.verify import compare  # noqa: PLC0415
 
     notes = [f"the server did not build it: {cannot_build}"]
     device = context.target.device
@@ -362,9 +362,9 @@ def _reference_cases(context: ReviewContext, work: Path) -> list[dict[str, Any]]
 def _reference_main() -> None:  # pragma: no cover - runs in the trusted child
     import numpy as np  # noqa: PLC0415
 
-    from compiler.buckets import bucket_values  # noqa: PLC0415
-    from compiler.loader import load_model  # noqa: PLC0415
-    from compiler.verify import model_inputs, reference_name, reference_outputs  # noqa: PLC0415
+    from compiler.build.verify import model_inputs, reference_name, reference_outputs  # noqa: PLC0415
+    from compiler.frontends.loader import load_model  # noqa: PLC0415
+    from compiler.shapes.buckets import bucket_values  # noqa: PLC0415
 
     model_path, model_format, buckets_json, device, work, weights = sys.argv[1:7]
     model = load_model(

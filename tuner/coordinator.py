@@ -48,7 +48,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
-from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
+from compiler.build.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from db import (
     ConflictError,
     InvalidTransitionError,

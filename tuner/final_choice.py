@@ -3,15 +3,15 @@
 The re-measurement before a final build (:mod:`tuner.remeasure`) times each task's candidates
 alone, with hot caches; inside the whole model a kernel runs after other kernels, on other data
 in cache, and a build of per-task winners can be slower end to end than the zero-trial build
-(library peers and TVM's default schedules, :func:`compiler.build.build_zero_trial`). A ResNet-18
-tuned 500 trials built at 10.4 ms against its zero-trial build's 8.7 ms
+(library peers and TVM's default schedules, :func:`compiler.build.builder.build_zero_trial`). A
+ResNet-18 tuned 500 trials built at 10.4 ms against its zero-trial build's 8.7 ms
 (``bench/results/models_2026-12-03.md``).
 
 So every tuned final build (:func:`tuner.finalize.publish_tuned`: a job run in one process and a
 worker's finalize lease) also builds the zero-trial library and times both whole models on the
 same seeded inputs in alternating rounds (:func:`time_side_by_side`: round ``r`` times them in
-the order rotated by ``r``; each time is :meth:`compiler.runner.LoadedLibrary.time`'s median of
-``repeat`` measurements). :func:`decide` applies the rule:
+the order rotated by ``r``; each time is :meth:`compiler.build.runner.LoadedLibrary.time`'s median
+of ``repeat`` measurements). :func:`decide` applies the rule:
 
     the zero-trial library is published when the median of its rounds is more than 2 %
     (:data:`MARGIN`) below the tuned library's; otherwise the tuned library is.
@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from compiler.runner import LoadedLibrary, Timing
+    from compiler.build.runner import LoadedLibrary, Timing
 
 #: The setting that sets the rounds (``0``: no comparison).
 ROUNDS_ENV = "TUNEHUB_FINAL_COMPARE_ROUNDS"
@@ -59,7 +59,7 @@ class CompareConfig:
     """How the two whole models are timed: ``rounds`` alternating rounds (below 1: not
     compared), each library timed once a round with ``repeat`` measurements of at least
     ``min_repeat_ms`` (fewer for a slow library, at least 3, so that a round of one library
-    stays near ``max_round_secs``: :meth:`compiler.runner.LoadedLibrary.time`)."""
+    stays near ``max_round_secs``: :meth:`compiler.build.runner.LoadedLibrary.time`)."""
 
     rounds: int = 5
     repeat: int = 5
@@ -181,8 +181,8 @@ def _rounds_secs(values: Any) -> tuple[float, ...]:
 def decide(
     tuned: Sequence[Timing], zero_trial: Sequence[Timing], margin: float = MARGIN
 ) -> FinalChoice:
-    """The rule (module docstring) over each round's :class:`compiler.runner.Timing` of the two
-    libraries (the same number of rounds, at least one): :data:`ZERO_TRIAL` when the median of
+    """The rule (module docstring) over each round's :class:`compiler.build.runner.Timing` of the
+    two libraries (the same number of rounds, at least one): :data:`ZERO_TRIAL` when the median of
     the zero-trial rounds' medians is below ``(1 - margin)`` times the tuned one, else
     :data:`TUNED`."""
     if not tuned or len(tuned) != len(zero_trial):
@@ -199,7 +199,7 @@ def decide(
 def time_side_by_side(
     libraries: Sequence[LoadedLibrary], inputs: list[Any], config: CompareConfig
 ) -> list[list[Timing]]:
-    """Each library's :class:`compiler.runner.Timing` of every round, in the order given:
+    """Each library's :class:`compiler.build.runner.Timing` of every round, in the order given:
     ``config.rounds`` rounds on the same ``inputs``, round ``r`` timing the libraries in the
     order rotated by ``r`` (two libraries: A B, B A, A B, ...), so neither always runs first."""
     timings: list[list[Timing]] = [[] for _ in libraries]

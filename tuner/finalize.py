@@ -28,14 +28,14 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.artifact import peers_extra, peers_manifest, publish_artifact
-from compiler.artifact_layout import LIBRARY_NAME
-from compiler.build import build, build_zero_trial, export_library
+from compiler.build.artifact import peers_extra, peers_manifest, publish_artifact
+from compiler.build.artifact_layout import LIBRARY_NAME
+from compiler.build.builder import build, build_zero_trial, export_library
+from compiler.build.runner import LoadedLibrary, Timing
+from compiler.build.verify import model_inputs, time_reference
 from compiler.errors import VerificationError
 from compiler.peers import device_of, find_peer, library_for
 from compiler.prepare import PreparedModel
-from compiler.runner import LoadedLibrary, Timing
-from compiler.verify import model_inputs, time_reference
 from db.metaschedule_database import record_as_json, replay_error
 from db.types import measurement
 from tuner.final_choice import (
@@ -269,7 +269,7 @@ def publish_tuned(
     following the worker's manifest): nothing is timed, ``follow.published`` is built.
     ``not_run_because``: this machine cannot run the target's code; the tuned library (or the
     followed choice) is built and written, not verified or timed
-    (:func:`compiler.artifact.publish_artifact`), timing ``None``. A zero-trial library that
+    (:func:`compiler.build.artifact.publish_artifact`), timing ``None``. A zero-trial library that
     fails to build, to time or to verify is not published: the tuned one is, and
     ``final_choice`` says why. Raises :class:`compiler.errors.VerificationError` (nothing
     written) when the published library does not verify.
@@ -359,7 +359,7 @@ def _publish(
     force: bool,
     not_run_because: str | None,
 ) -> tuple[dict[str, Any], Timing | None]:
-    """:func:`compiler.artifact.publish_artifact` of ``executable`` (built with the peers of
+    """:func:`compiler.build.artifact.publish_artifact` of ``executable`` (built with the peers of
     ``peers``) with manifest fields ``extra``, plus, when it runs here, its timing on seeded
     inputs (``measured``) and the reference framework's (``reference``); returns the manifest
     and the timing (``None``: not run)."""
@@ -384,8 +384,8 @@ def _publish(
 
 
 def build_zero_trial_of(prepared: PreparedModel) -> Built:
-    """``prepared``'s zero-trial executable (:func:`compiler.build.build_zero_trial`) and the
-    keys of the tasks it computes with their library peer."""
+    """``prepared``'s zero-trial executable (:func:`compiler.build.builder.build_zero_trial`) and
+    the keys of the tasks it computes with their library peer."""
     tasks = [
         (t.key, e.dispatched[0])
         for t, e in zip(prepared.partition.tasks, prepared.partition.extracted)
@@ -492,9 +492,9 @@ def publish_zero_trial(
     not_run_because: str | None = None,
 ) -> dict[str, Any]:
     """The zero-trial library of ``prepared``: every task with a library peer on it, the others
-    on TVM's default schedules (:func:`compiler.build.build_zero_trial`), no records; verified,
-    timed and written to ``out_dir`` like every artifact (:func:`publish_artifact`: nothing is
-    written when the verification fails, :class:`compiler.errors.VerificationError`). The
+    on TVM's default schedules (:func:`compiler.build.builder.build_zero_trial`), no records;
+    verified, timed and written to ``out_dir`` like every artifact (:func:`publish_artifact`:
+    nothing is written when the verification fails, :class:`compiler.errors.VerificationError`). The
     manifest says ``zero_trial``, the peers used (``peers``) or why none (``peers_skipped``)
     and, for a job's preview, its ``job_id``. Returns the manifest. ``not_run_because``: built,
     not verified or timed (as :func:`publish_tuned`)."""

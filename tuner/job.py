@@ -19,8 +19,8 @@
   it off); the manifest's and the summary's ``final_choice`` say which and why.
 
 A model with symbolic dimensions is one job over the union of its shape buckets' tasks
-(:mod:`compiler.buckets`: a task several buckets share is one task, its weight the sum), built
-into one library with a function per bucket, verified at every bucket; the summary's
+(:mod:`compiler.shapes.buckets`: a task several buckets share is one task, its weight the sum),
+built into one library with a function per bucket, verified at every bucket; the summary's
 ``buckets`` says which (and which symbols got the default buckets).
 """
 
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from compiler.artifact import check_output_dir
-from compiler.artifact_layout import LIBRARY_NAME, job_artifact_dir
-from compiler.model_spec import buckets_json
+from compiler.build.artifact import check_output_dir
+from compiler.build.artifact_layout import LIBRARY_NAME, job_artifact_dir
+from compiler.build.runner import Timing
+from compiler.frontends.model_spec import buckets_json
 from compiler.prepare import PreparedModel
-from compiler.runner import Timing
 from compiler.task_family import workload_family
 from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.config import default_storage_dir
@@ -227,7 +227,7 @@ def _ensure_job_tasks(storage, job, plan: TuningPlan, workload_ids, target_id) -
 
 def default_artifact_dir(job_id: int) -> Path:
     """Where a job's artifact goes without ``-o``: the service's folder for it, so ``tunehub
-    serve`` on the same home serves it (:func:`compiler.artifact_layout.job_artifact_dir`)."""
+    serve`` on the same home serves it (:func:`compiler.build.artifact_layout.job_artifact_dir`)."""
     return job_artifact_dir(default_storage_dir(), job_id)
 
 

@@ -39,7 +39,7 @@ class RebuildFailed(Exception):
 class RebuildSpec:
     """Everything the child needs: the job's model file (``model_format``, ``buckets_json`` as
     uploaded), its target (:class:`compiler.target.TargetSpec` fields), the model limits
-    (:class:`compiler.model_spec.ModelLimits` fields), ``kind`` (``finalize``: build with
+    (:class:`compiler.frontends.model_spec.ModelLimits` fields), ``kind`` (``finalize``: build with
     ``plan``; ``preview``: the zero-trial library), the job's tasks
     (:class:`tuner.work.JobTaskInfo` JSON) and ``not_run_because`` (set: build only)."""
 
@@ -134,9 +134,9 @@ def _outcomes(prepared: Any, spec: RebuildSpec, peers: Mapping[str, Any]) -> lis
 
 
 def _main() -> None:  # pragma: no cover - runs in the child
-    from compiler.buckets import bucket_values  # noqa: PLC0415
-    from compiler.model_spec import ModelLimits  # noqa: PLC0415
+    from compiler.frontends.model_spec import ModelLimits  # noqa: PLC0415
     from compiler.prepare import prepare_model  # noqa: PLC0415
+    from compiler.shapes.buckets import bucket_values  # noqa: PLC0415
     from compiler.target import TargetSpec  # noqa: PLC0415
     from tuner.final_choice import FinalChoice  # noqa: PLC0415
     from tuner.finalize import (  # noqa: PLC0415

@@ -27,8 +27,8 @@ rounds as the task's records; where one wins, the build applies that variant
 RPC device would need the library too) and never without the target's peer library
 (:func:`compiler.peers.library_for`).
 
-TVM's default schedule (:mod:`compiler.default_schedules`: the CPU defaults, or DLight's GPU
-rules) is a candidate too: a record found by a short search can be slower than the default, a
+TVM's default schedule (:mod:`compiler.lowering.default_schedules`: the CPU defaults, or DLight's
+GPU rules) is a candidate too: a record found by a short search can be slower than the default, a
 peer's library call plus its epilogue kernel can be too, and a task whose default wins builds
 without its records (:attr:`TaskRemeasure.default_won`; :func:`records_for_build` leaves its
 records out), so a tuned build is never slower on a task than the zero-trial build.
@@ -52,7 +52,7 @@ from typing import Any
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.default_schedules import default_task_module
+from compiler.lowering.default_schedules import default_task_module
 from compiler.peers import device_of, library_for, peer_task_module, peer_variants, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, mean_run_secs, measurement, spread, trace_hash
@@ -280,7 +280,7 @@ def _default_candidate(extracted: Any, target: Any) -> tuple[Any, Any] | None:
 DEFAULT_DESCRIPTION: Mapping[str, Any] = {
     "library": "tvm",
     "kind": "default",
-    "function": "compiler.default_schedules",
+    "function": "compiler.lowering.default_schedules",
     "config": {},
     "shim": "",
     "package": "apache-tvm",

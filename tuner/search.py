@@ -20,7 +20,7 @@ from typing import Any
 
 from tvm.s_tir import meta_schedule as ms
 
-from compiler.intrinsics import load_tensor_intrinsics
+from compiler.lowering.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
 from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.reports import SearchReport

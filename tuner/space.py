@@ -38,7 +38,7 @@ TENSORCORE_DTYPES: tuple[tuple[str, str], ...] = (("float16", "float32"), ("floa
 def wmma_intrin_groups() -> list[dict[str, str]]:
     """WMMA intrinsic groups of :data:`TENSORCORE_DTYPES` (B row- or column-major): operands
     from ``shared.dyn``, accumulator stored to static ``shared``. Needs the CUDA tensor
-    intrinsics registered (:func:`compiler.intrinsics.load_tensor_intrinsics`)."""
+    intrinsics registered (:func:`compiler.lowering.intrinsics.load_tensor_intrinsics`)."""
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group  # noqa: PLC0415 - CUDA only (slow import)
 
     return [

@@ -25,7 +25,7 @@ read all of it, so a 128-token prefill chunk at the start of a 1,088-position ca
 8.5 times the scores it needed. The kernel finds, for each block of query rows, the last key
 the mask lets any of them see and reads the cache up to there only: the same numbers up to the
 order of the sums (a hidden key adds exactly 0). The import always emits the kernel;
-:func:`compiler.lowering.for_target` keeps it, with its sizes made literal
+:func:`compiler.lowering.pipeline.for_target` keeps it, with its sizes made literal
 (:func:`specialize_attention`), or expands it into :func:`grouped_attention`
 (:func:`expand_attention`: CUDA, a machine without the peer library, a build without peers).
 """
@@ -40,7 +40,7 @@ import tvm
 from tvm import relax, tirx
 from tvm.relax.dpl import is_op, wildcard
 
-from compiler.relax_rewrite import rewrite_call
+from compiler.lowering.relax_rewrite import rewrite_call
 
 SDPA = "scaled_dot_product_attention.default"
 _CALL_TIR = tvm.ir.Op.get("relax.call_tir")

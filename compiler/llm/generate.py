@@ -4,7 +4,7 @@ A decoder exported the way ``transformers`` documents it for deployment
 (``convert_and_export_with_cache``: inputs ``input_ids`` ``[batch, n]`` and ``cache_position``
 ``[n]``, logits ``[batch, n, vocabulary]`` out, the KV cache as state written in place,
 :mod:`compiler.llm.state`) compiles to a library that keeps its cache between calls
-(:class:`compiler.runner.LoadedLibrary`). :class:`Generator` drives it:
+(:class:`compiler.build.runner.LoadedLibrary`). :class:`Generator` drives it:
 
 - ``prefill(ids)`` feeds a prompt in chunks of the lengths the library takes (its shape buckets
   over ``n``, largest first; one function of length 1 covers any remainder), each chunk at its
@@ -207,7 +207,7 @@ class _Driver:
 
 
 class Generator(_Driver):
-    """Generation from a compiled decoder (:class:`compiler.runner.LoadedLibrary` of a
+    """Generation from a compiled decoder (:class:`compiler.build.runner.LoadedLibrary` of a
     stateful model; see the module docstring)."""
 
     def __init__(self, library: Any, signature: DecoderSignature) -> None:
@@ -223,7 +223,7 @@ class Generator(_Driver):
         ``no_generation`` (a past/present artifact that cannot generate)."""
         import json  # noqa: PLC0415
 
-        from compiler.runner import LoadedLibrary  # noqa: PLC0415
+        from compiler.build.runner import LoadedLibrary  # noqa: PLC0415
 
         folder = Path(artifact_dir)
         try:
@@ -235,8 +235,8 @@ class Generator(_Driver):
         if not (folder / "model.so").is_file():
             raise ModelError("bad_artifact", f"{folder} has no model.so")
         if (manifest.get("model") or {}).get("past_present"):
+            from compiler.build.runner import LoadedLibrary  # noqa: PLC0415
             from compiler.llm.past_present import PastPresentGenerator  # noqa: PLC0415
-            from compiler.runner import LoadedLibrary  # noqa: PLC0415
 
             cuda = (manifest.get("target") or {}).get("kind") == "cuda"
             library = LoadedLibrary(folder / "model.so", "cuda" if cuda else device)
@@ -264,7 +264,7 @@ class TorchDecoder(_Driver):
         self.modules: dict[int, Any] = {}
 
     def _reset(self) -> None:
-        from compiler.verify import stateful_module  # noqa: PLC0415
+        from compiler.build.verify import stateful_module  # noqa: PLC0415
 
         by_program: dict[int, Any] = {}  # one module a program (a symbolic one takes every count)
         for program in self.programs.values():
@@ -281,7 +281,7 @@ class TorchDecoder(_Driver):
     def _call(self, ids: np.ndarray, positions: np.ndarray) -> np.ndarray:
         import torch  # noqa: PLC0415
 
-        from compiler.verify import call_program  # noqa: PLC0415
+        from compiler.build.verify import call_program  # noqa: PLC0415
 
         if not self.modules:
             self._reset()
@@ -294,7 +294,7 @@ class TorchDecoder(_Driver):
 
 
 def reference_programs(model: Any) -> dict[int, Any]:
-    """By token count, the exported program of a decoder :class:`compiler.model_spec.
+    """By token count, the exported program of a decoder :class:`compiler.frontends.model_spec.
     LoadedModel` that takes that many tokens (one per program of a multi-program archive)."""
     parts = [b.model for b in model.buckets] or [model]
     return {next(s.shape[1] for s in part.inputs if s.name == IDS): part.source for part in parts}

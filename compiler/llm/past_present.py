@@ -13,9 +13,9 @@ attention, which grows with the context either way.
 **Symbolic dimensions.** TVM 0.27 cannot import this graph with a symbolic past (its ONNX
 ``Reshape`` converter gets the folded ``past + 1`` as a scalar: "Reshape expects the input data
 to be a Tensor"), and MetaSchedule tunes static shapes only. So the file compiles as shape
-buckets (:mod:`compiler.buckets`) over ``sequence_length`` and ``past_sequence_length``, every
-combination one static function, the mask's length derived (``past + seq``, never a bucket of its
-own) and ``batch_size`` 1 unless buckets are given: by default ``sequence_length`` 1 (a decode
+buckets (:mod:`compiler.shapes.buckets`) over ``sequence_length`` and ``past_sequence_length``,
+every combination one static function, the mask's length derived (``past + seq``, never a bucket of
+its own) and ``batch_size`` 1 unless buckets are given: by default ``sequence_length`` 1 (a decode
 step) and 16 (a prefill chunk), ``past_sequence_length`` 16, 32, 64 and 128 (eight functions;
 the linear layers' tasks at one ``seq`` are the same in every ``past`` bucket, so a past bucket
 adds only its attention tasks). A call runs on the smallest bucket that fits it, **padded**:
@@ -52,10 +52,10 @@ from typing import Any
 
 import numpy as np
 
-from compiler.buckets import SymbolicDim
 from compiler.errors import ModelError
 from compiler.llm.generate import DecoderSignature, _Driver
 from compiler.llm.verify import GenerationCheck
+from compiler.shapes.buckets import SymbolicDim
 
 IDS = "input_ids"
 MASK = "attention_mask"
@@ -121,7 +121,7 @@ class PastPresentLayout:
 
 def _dims(value: Any) -> list[str | int]:
     """An ONNX value's dimensions: ints where static, else its symbol (``NAME.AXIS`` when
-    unnamed, as :func:`compiler.onnx_loader.onnx_symbolic_dims` names it)."""
+    unnamed, as :func:`compiler.frontends.onnx_loader.onnx_symbolic_dims` names it)."""
     dims = value.type.tensor_type.shape.dim
     return [
         int(d.dim_value) if d.HasField("dim_value") else (d.dim_param or f"{value.name}.{axis}")
@@ -282,7 +282,8 @@ def signature_of(
 
 
 def model_signature(model: Any) -> PastPresentSignature:
-    """The signature of a :class:`compiler.model_spec.LoadedModel` with ``past_present``."""
+    """The signature of a :class:`compiler.frontends.model_spec.LoadedModel` with
+    ``past_present``."""
     parts = [(b.function, b.model.inputs) for b in model.buckets] or [("main", model.inputs)]
     return signature_of(
         model.past_present, [(name, [s.to_json() for s in specs]) for name, specs in parts]
@@ -378,7 +379,7 @@ class _PastPresentDriver(_Driver):
 
 class PastPresentGenerator(_PastPresentDriver):
     """Generation from a compiled past/present decoder (a
-    :class:`compiler.runner.LoadedLibrary`): each call on the smallest bucket that fits it,
+    :class:`compiler.build.runner.LoadedLibrary`): each call on the smallest bucket that fits it,
     padded as the module docstring says when ``padding`` (measured) allows it, exact shapes
     otherwise."""
 
@@ -502,7 +503,7 @@ class OnnxRuntimeDecoder(_PastPresentDriver):
 
 def onnxruntime_session(proto: Any) -> Any:
     """An ONNX Runtime CPU session on ``proto`` with one intra-op thread (as
-    :func:`compiler.verify.reference_outputs` runs it)."""
+    :func:`compiler.build.verify.reference_outputs` runs it)."""
     import onnxruntime  # noqa: PLC0415 - the reference runtime, for ONNX models only
 
     options = onnxruntime.SessionOptions()
@@ -544,7 +545,7 @@ def measure_padding(model: Any, library: Any, seed: int = 0) -> PaddingCheck:
     """Run each of ``library``'s buckets on probe inputs padded to it and compare the cut
     outputs with ONNX Runtime on ``model``'s file at the probe's exact size (see the module
     docstring); never raises for a model that does not allow padding."""
-    from compiler.verify import compare  # noqa: PLC0415 - onnxruntime / torch behind it
+    from compiler.build.verify import compare  # noqa: PLC0415 - onnxruntime / torch behind it
 
     signature = model_signature(model)
     proto = model.dynamic_source if model.dynamic_source is not None else model.source
@@ -612,7 +613,7 @@ def verify_past_present(
     logit is within float32's tolerance and every token is ONNX Runtime's (or its top two
     logits are a tie within that tolerance). Padding is measured first
     (:func:`measure_padding`); refused, the check is not ``available``."""
-    from compiler.verify import tolerance_for  # noqa: PLC0415
+    from compiler.build.verify import tolerance_for  # noqa: PLC0415
 
     padding = measure_padding(model, library, seed)
     signature = model_signature(model)

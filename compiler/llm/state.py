@@ -13,7 +13,7 @@ programs (and its own decoder wrappers copied the whole cache in and out every t
   ``index_put`` with one 1-D index tensor along one axis (``cache[:, :, pos] = new``), and that
   write is the buffer's new value. The buffer becomes an input of the compiled function (after
   the user inputs, :class:`StateSpec`), the library owns it between calls
-  (:class:`compiler.runner.LoadedLibrary`) and the write is a kernel that stores only the new
+  (:class:`compiler.build.runner.LoadedLibrary`) and the write is a kernel that stores only the new
   rows into it (:mod:`compiler.llm.cache_write`): a call's cost never includes a copy of the
   cache;
 - **overwritten** -- its old value is never read (its only uses are as the destination of

@@ -1,13 +1,13 @@
 """Verification of a decoder's artifact by generation: greedy tokens equal to torch's.
 
 A stateful decoder (:mod:`compiler.llm.state`) is verified like any model, one call against the
-reference from an empty cache (:func:`compiler.verify.verify`), and then by what its users do
+reference from an empty cache (:func:`compiler.build.verify.verify`), and then by what its users do
 with it: :func:`verify_generation` feeds a seeded prompt and decodes greedily with the library
 (:class:`compiler.llm.generate.Generator`) and with the exported program itself
 (:class:`compiler.llm.generate.TorchDecoder`), both driven the same way (the same chunks of the
 prompt, the same positions). The library is fed the reference's tokens at every step (teacher
 forcing), so one near-tie cannot make the rest of the comparison meaningless. It passes when
-every logit is within the dtype's tolerance (:func:`compiler.verify.tolerance_for`) of the
+every logit is within the dtype's tolerance (:func:`compiler.build.verify.tolerance_for`) of the
 reference's, and every greedy token is the reference's, or the reference's own top two logits at
 that step are closer than that tolerance (a tie: either token is torch's answer within
 rounding). The manifest records the tokens, the largest logit error and the tolerance.
@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from compiler.build.verify import tolerance_for
 from compiler.errors import ModelError
 from compiler.llm.generate import (
     Generator,
@@ -27,7 +28,6 @@ from compiler.llm.generate import (
     decoder_signature,
     reference_programs,
 )
-from compiler.verify import tolerance_for
 
 PROMPT_TOKENS = 5
 NEW_TOKENS = 16

@@ -55,8 +55,8 @@ __all__ = [
 #: tensor-core schedule there: a 2048³ float16 GEMM took 0.632 ms under it and 0.027 ms on the
 #: cuBLAS peer (``bench/results/gpu_peers_2026-12-02.md``, H200), and a Qwen2.5-0.5B decode step
 #: at batch 8 (8-row GEMMs) took 19.7 ms with it (``gpu_llm_2026-12-06_b8.md``). One row is a
-#: decode step's GEMV: DLight's GEMV rule (:mod:`compiler.gpu_gemv`) reads the weight once, as
-#: cuBLAS does, without the call's overhead. float32 GEMMs stay DLight's: on BERT at sequence
+#: decode step's GEMV: DLight's GEMV rule (:mod:`compiler.lowering.gpu_gemv`) reads the weight once,
+#: as cuBLAS does, without the call's overhead. float32 GEMMs stay DLight's: on BERT at sequence
 #: 128 its default beat the peer on four of five tasks.
 CUDA_HALF_GEMM_MIN_ROWS = 2
 _HALF_CODES = frozenset(
@@ -129,8 +129,8 @@ def zero_trial_peer(task: tvm.IRModule, target: TargetSpec) -> bool:
 def zero_trial_call(task: tvm.IRModule, target: TargetSpec) -> PeerCall | None:
     """The peer call a zero-trial build of ``target`` makes for ``task`` (``None``: none, see
     :func:`zero_trial_peer`): :func:`find_peer`'s, except that on a target whose weights are
-    ``q8_0`` or ``q4_0`` (:mod:`compiler.weight_formats`) a GEMM over a weight, of any number of
-    rows, reads it in that format (``q8``, ``q4``:
+    ``q8_0`` or ``q4_0`` (:mod:`compiler.weights.weight_formats`) a GEMM over a weight, of any
+    number of rows, reads it in that format (``q8``, ``q4``:
     :data:`~compiler.peers.algorithms.FORMAT_ALGORITHMS`), which the library then holds
     instead of its float32 values (:mod:`compiler.peers.held_weights`)."""
     if not zero_trial_peer(task, target):
@@ -173,8 +173,8 @@ def peer_task_module(
 def apply_peers(
     fused: tvm.IRModule, keys: Collection[str] | Mapping[str, PeerCall | None], device: str = "cpu"
 ) -> tuple[tvm.IRModule, dict[str, Any]]:
-    """``fused`` (:func:`compiler.lowering.fused_for_target`) with the PrimFunc of every task
-    whose workload key is in ``keys`` replaced by its peer on ``device``; returns the module
+    """``fused`` (:func:`compiler.lowering.pipeline.fused_for_target`) with the PrimFunc of every
+    task whose workload key is in ``keys`` replaced by its peer on ``device``; returns the module
     and, by key, the :class:`PeerCall` each replaced task makes. Keys of tasks without a peer
     are ignored.
     ``keys`` may also map each key to the variant to use (one of the task's

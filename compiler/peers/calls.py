@@ -36,7 +36,7 @@ BF16_FUNCTIONS = {
 }
 #: The shim's GEMM over 8-bit weights (``algorithm`` ``q8``; ``shim_q8.inc``): the same
 #: arguments as :data:`FUNCTIONS`'. It holds a weight ``B`` in Q8_0's blocks where ``B``'s values
-#: are exactly on that grid (weights quantized at load, :mod:`compiler.weight_formats`) and
+#: are exactly on that grid (weights quantized at load, :mod:`compiler.weights.weight_formats`) and
 #: computes any other ``B`` as the rows' default algorithm does.
 Q8_FUNCTION = "tunehub_peer_gemm_q8"
 #: The same over 4-bit weights (``algorithm`` ``q4``; ``shim_q4.inc``): llama.cpp's Q4_0 blocks.

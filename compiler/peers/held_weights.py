@@ -1,10 +1,10 @@
 """Weights the library holds in their 8- or 4-bit format (no float32 copy at run time).
 
 A decoder compiled with ``--weights q8_0`` (``q4_0``) has float32 weights whose values lie on
-the format's grid (:mod:`compiler.weight_formats`), and its GEMMs call the shim's ``q8`` (``q4``)
-peer, which makes the weight's copy in the format on its first call and keeps it in the shim's
-weight cache. Without this pass the library then holds each weight twice: its float32 constant
-(4 bytes a weight, the whole model's size again) and the copy (1.06 or 0.56 bytes).
+the format's grid (:mod:`compiler.weights.weight_formats`), and its GEMMs call the shim's ``q8``
+(``q4``) peer, which makes the weight's copy in the format on its first call and keeps it in the
+shim's weight cache. Without this pass the library then holds each weight twice: its float32
+constant (4 bytes a weight, the whole model's size again) and the copy (1.06 or 0.56 bytes).
 
 :func:`hold_weights` runs on the scheduled module, after the peers are applied. For every
 ``call_tir`` of a PrimFunc whose peer call is ``q8`` or ``q4`` over an unbatched weight, where

@@ -195,7 +195,7 @@ def _match_conv(
     ``depthwise`` (``NHWC`` only): the ``group_conv2d_nhwc`` block of a depthwise convolution
     instead (input channel ``f + rc``, weight ``[KH, KW, 1, C]``, as many outputs as inputs).
     With ``half_inputs``: a float16 input and weight accumulated into float32 instead (what a
-    float16 program's convolution imports to, :func:`compiler.pt2_ops.in_torch_dtype`)."""
+    float16 program's convolution imports to, :func:`compiler.frontends.pt2_ops.in_torch_dtype`)."""
     prefix = "group_conv2d_nhwc" if depthwise else f"conv2d_{layout.lower()}"
     for index in (0, 1):
         if index < len(stages) and str(stages[index].block.name_hint).startswith(prefix):

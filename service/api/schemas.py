@@ -38,7 +38,7 @@ class ModelBase(BaseModel):
 
 class ModelBuckets(BaseModel):
     """The shape buckets of a model with symbolic dimensions: one static specialization per
-    value of each symbol (``compiler.buckets``)."""
+    value of each symbol (``compiler.shapes.buckets``)."""
 
     symbols: dict[str, list[int]]
     defaulted: list[str] = Field(

@@ -43,11 +43,11 @@ def run_demo(args: argparse.Namespace) -> int:
     from rich.table import Table
 
     import db
-    from compiler.build import build
+    from compiler.build.builder import build
+    from compiler.build.runner import LoadedLibrary
+    from compiler.build.verify import random_inputs, time_reference
     from compiler.prepare import prepare_model
-    from compiler.runner import LoadedLibrary
     from compiler.target import cpu_target
-    from compiler.verify import random_inputs, time_reference
     from examples.export import export_onnx
     from examples.networks import EXAMPLES
     from service.cli.model_commands import print_task_table

@@ -142,8 +142,8 @@ def _follow(client, job: dict, trials: int, progress) -> dict:
 def _print_latencies(console, model_path: Path, job: dict, manifest: dict) -> None:
     from rich.table import Table
 
-    from compiler.loader import load_model
-    from compiler.verify import time_reference
+    from compiler.build.verify import time_reference
+    from compiler.frontends.loader import load_model
 
     threads = len(os.sched_getaffinity(0))
     reference = time_reference(load_model(model_path), threads=threads)

@@ -37,9 +37,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def prepare_from_args(args: argparse.Namespace):
     """Load, validate and partition the model named on the command line (CliError on bad input)."""
-    from compiler.buckets import merge_bucket_options
     from compiler.errors import ModelError
     from compiler.prepare import prepare_model
+    from compiler.shapes.buckets import merge_bucket_options
     from compiler.target import resolve_target
     from service.settings import Settings
 
@@ -114,8 +114,8 @@ def run_compile(args: argparse.Namespace) -> int:
     default schedules elsewhere); with one, each task's best record, or its stored library
     record (a peer's or TVM's default schedule's) where that measured faster
     (:func:`_implementations_from_records`)."""
-    from compiler.artifact import check_output_dir, peers_extra, publish_artifact
-    from compiler.build import build
+    from compiler.build.artifact import check_output_dir, peers_extra, publish_artifact
+    from compiler.build.builder import build
     from compiler.errors import CompileError, ModelError, VerificationError
 
     try:

@@ -22,8 +22,8 @@ def input_shape(text: str) -> tuple[str, tuple[int, ...]]:
     return name, shape
 
 
-#: ``--weights`` choices (:data:`compiler.weight_formats.WEIGHT_FORMATS`, spelled here so that
-#: the CLI's help does not import the compiler).
+#: ``--weights`` choices (:data:`compiler.weights.weight_formats.WEIGHT_FORMATS`, spelled here so
+#: that the CLI's help does not import the compiler).
 WEIGHT_FORMATS = ("as_exported", "q8_0", "q4_0")
 
 
@@ -78,9 +78,9 @@ def add_model_options(parser: argparse.ArgumentParser) -> None:
 def bucket_option(text: str) -> str:
     """Check the syntax of one ``--buckets NAME=V1,V2,...`` (an ``argparse`` type: a bad one
     is a usage error, exit 2); the options are merged by
-    :func:`compiler.buckets.merge_bucket_options`."""
-    from compiler.buckets import parse_bucket_option
+    :func:`compiler.shapes.buckets.merge_bucket_options`."""
     from compiler.errors import ModelError
+    from compiler.shapes.buckets import parse_bucket_option
 
     try:
         parse_bucket_option(text)

@@ -1,5 +1,5 @@
 """A 1-D convolution (a speech encoder's stem) compiles as a 2-D one over a unit row
-(:func:`compiler.canonicalize.canonicalize`), with its bias in the same task: it takes the
+(:func:`compiler.frontends.canonicalize.canonicalize`), with its bias in the same task: it takes the
 convolution layout, default schedules and library peers of ``conv2d``, where it had none."""
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ import torch
 from torch import nn
 from torch.nn import functional
 
-from compiler.build import build_zero_trial
+from compiler.build.builder import build_zero_trial
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import verify
 from compiler.peers import peer_library
 from compiler.prepare import prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import resolve_target
-from compiler.verify import verify
 
 
 class Stem(nn.Module):

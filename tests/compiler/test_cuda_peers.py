@@ -14,7 +14,7 @@ import pytest
 from tvm.s_tir import meta_schedule as ms
 
 from bench.bench_gpu import gemm_module
-from compiler.build import build
+from compiler.build.builder import build
 from compiler.peers import (
     CUDA_HALF_GEMM_MIN_ROWS,
     find_peer,
@@ -154,9 +154,9 @@ def test_a_float16_convolution_calls_cudnn_in_half_precision(tmp_path) -> None:
 @pytest.mark.gpu
 @pytest.mark.skipif(GPU is None, reason="no CUDA GPU (tvm.cuda(0).exist is false)")
 def test_cuda_peers_run_and_match_onnx_runtime(tmp_path) -> None:
-    from compiler.artifact import publish_artifact  # noqa: PLC0415
-    from compiler.runner import LoadedLibrary  # noqa: PLC0415
-    from compiler.verify import verify  # noqa: PLC0415
+    from compiler.build.artifact import publish_artifact  # noqa: PLC0415
+    from compiler.build.runner import LoadedLibrary  # noqa: PLC0415
+    from compiler.build.verify import verify  # noqa: PLC0415
 
     target = cuda_target(GPU)
     if library_for(target) is None:

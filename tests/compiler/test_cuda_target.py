@@ -91,7 +91,7 @@ def _matmul(n: int, dtype: str) -> tvm.IRModule:
 
 
 def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> None:
-    from compiler.intrinsics import load_tensor_intrinsics
+    from compiler.lowering.intrinsics import load_tensor_intrinsics
     from tuner.space import design_space
 
     # In a thread of its own: TVMScript's parser calls inspect.stack() for each of the ~500
@@ -150,7 +150,7 @@ def test_default_schedule_record_round_trips_through_the_database(tmp_path) -> N
 def test_untuned_model_builds_for_cuda(example_model) -> None:
     """The MLP imports, partitions and builds with DLight's default GPU schedules (no GPU needed:
     the CUDA source is compiled when the library is loaded)."""
-    from compiler.build import build
+    from compiler.build.builder import build
     from compiler.prepare import prepare_model
 
     prepared = prepare_model(example_model("mlp", "pt2"), cuda_target(H200))
@@ -164,11 +164,11 @@ def test_cuda_builds_capture_cuda_graphs_unless_turned_off(example_model, monkey
     """A CUDA build's VM code runs its static regions through ``vm.builtin.cuda_graph`` (captured
     once, replayed after); ``TUNEHUB_CUDA_GRAPHS=0`` builds the plain launches; the manifest of a
     CUDA artifact says which."""
-    from compiler.artifact import build_manifest
-    from compiler.build import build
-    from compiler.lowering import CUDA_GRAPHS_ENV
+    from compiler.build.artifact import build_manifest
+    from compiler.build.builder import build
+    from compiler.build.verify import VerificationResult
+    from compiler.lowering.pipeline import CUDA_GRAPHS_ENV
     from compiler.prepare import prepare_model
-    from compiler.verify import VerificationResult
 
     prepared = prepare_model(example_model("mlp", "pt2"), cuda_target(H200))
     graphs = build(prepared.mod, prepared.target).as_text()

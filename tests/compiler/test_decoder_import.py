@@ -4,9 +4,9 @@ Every decoder of :data:`examples.decoders.DECODERS` (tiny configs, seeded random
 ``use_cache=False``) is exported in both formats, taken through the upload path
 (:func:`compiler.prepare.prepare_model`: load with external data refused, validate, import,
 partition), built untuned (TVM's default schedules) and verified against torch / ONNX Runtime.
-The operators the import needed for them (:mod:`compiler.pt2_ops`, :mod:`compiler.fold_constants`)
-are checked one by one on small programs, and what is still unsupported is refused with one
-message.
+The operators the import needed for them (:mod:`compiler.frontends.pt2_ops`,
+:mod:`compiler.frontends.fold_constants`) are checked one by one on small programs, and what is
+still unsupported is refused with one message.
 """
 
 from __future__ import annotations
@@ -22,16 +22,20 @@ import pytest
 import torch
 from onnx import helper
 
-from compiler.build import build
+from compiler.build.builder import build
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import compare, reference_outputs, verify
 from compiler.errors import ModelError, UnsupportedOperatorsError
-from compiler.importer import constant_values_as_tensors, import_model, unsupported_torch_ops
-from compiler.loader import load_model
-from compiler.model_spec import TensorSpec
+from compiler.frontends.importer import (
+    constant_values_as_tensors,
+    import_model,
+    unsupported_torch_ops,
+)
+from compiler.frontends.loader import load_model
+from compiler.frontends.model_spec import TensorSpec
+from compiler.frontends.pt2_ops import CONVERTERS, DECOMPOSED_OPS
 from compiler.prepare import PreparedModel, prepare_model
-from compiler.pt2_ops import CONVERTERS, DECOMPOSED_OPS
-from compiler.runner import LoadedLibrary
 from compiler.target import cpu_target
-from compiler.verify import compare, reference_outputs, verify
 from examples.decoders import DECODERS, DEFAULT_SEQ, export, get_decoder
 from tests.onnx_factory import float_input, make_model
 
@@ -40,7 +44,7 @@ FORMATS = ("pt2", "onnx")
 REPO = Path(__file__).resolve().parents[2]
 
 #: Fused-operator names of mask work that must not reach the runtime: the mask of a static
-#: shape is a constant (compiler.fold_constants).
+#: shape is a constant (compiler.frontends.fold_constants).
 MASK_OPS = ("arange", "cumsum", "index_tensor", "less_equal", "logical_and", "bitwise")
 
 #: What each decoder's task list must show, as (description, predicate on a task name).
@@ -227,7 +231,7 @@ def _bitwise(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
     ids=["cumsum", "bitwise"],
 )
 def test_converters_match_torch_on_inputs(fn, ops: set[str], tmp_path: Path) -> None:
-    """The converters of compiler.pt2_ops on values computed from the input (not folded):
+    """The converters of compiler.frontends.pt2_ops on values computed from the input (not folded):
     torch's dtypes (a boolean or int32 cumsum is int64), boolean and integer operands."""
     assert ops <= set(CONVERTERS)
     program = _pt2(_Fn(fn), torch.randn(3, 6), tmp_path / "m.pt2")
@@ -267,7 +271,8 @@ def _cumsum_of_initializer() -> onnx.ModelProto:
 
 @pytest.mark.parametrize("fmt", FORMATS)
 def test_cumsum_and_index_of_constants_are_folded(fmt: str, tmp_path: Path) -> None:
-    """compiler.fold_constants: what FoldConstant cannot fold (cumsum, index_tensor) is no task."""
+    """compiler.frontends.fold_constants: what FoldConstant cannot fold (cumsum, index_tensor) is no
+    task."""
     path = tmp_path / f"m.{fmt}"
     if fmt == "pt2":
         _pt2(_BufferMask(), torch.randn(3, 1), path)
@@ -349,7 +354,7 @@ def test_mixtral_default_experts_are_refused(decoder_file) -> None:
     script = (
         "import sys; from pathlib import Path\n"
         "from compiler.errors import ModelError\n"
-        "from compiler.loader import load_model\n"
+        "from compiler.frontends.loader import load_model\n"
         "try:\n    load_model(Path(sys.argv[1]))\n"
         "except ModelError as err:\n"
         "    print(err.code, 'transformers' in sys.modules)\n    print(err.message)\n"

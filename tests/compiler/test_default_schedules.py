@@ -1,5 +1,5 @@
-"""Default CPU schedules (:mod:`compiler.default_schedules`): a softmax over long rows takes
-:class:`RowSoftmax` where their length has a vector-sized divisor (short rows keep DLight's
+"""Default CPU schedules (:mod:`compiler.lowering.default_schedules`): a softmax over long rows
+takes :class:`RowSoftmax` where their length has a vector-sized divisor (short rows keep DLight's
 rule, faster there), and computes what numpy does, NaN guard included."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from compiler.default_schedules import default_task_module, softmax_lanes
-from compiler.lowering import fuse
+from compiler.lowering.default_schedules import default_task_module, softmax_lanes
+from compiler.lowering.pipeline import fuse
 from compiler.target import resolve_target
 
 

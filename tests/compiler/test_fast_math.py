@@ -1,4 +1,4 @@
-"""compiler.fast_math: float32 transcendental ops become TVM's vectorizable approximations,
+"""compiler.lowering.fast_math: float32 transcendental ops become TVM's vectorizable approximations,
 accurate to the verification tolerance; other dtypes are left exact."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import tvm
 import tvm_ffi
 from tvm import relax
 
-from compiler.fast_math import fast_math
-from compiler.verify import compare
+from compiler.build.verify import compare
+from compiler.lowering.fast_math import fast_math
 
 _ERF = np.vectorize(math.erf)
 

@@ -1,11 +1,11 @@
 """CUDA default schedules for decode steps (no GPU needed: lowering and scheduling only).
 
-- :mod:`compiler.gpu_gemv`: a matmul of a few rows by a constant weight is legalized over the
-  weight transposed to ``[N, K]``, so DLight's GEMV rule (inner reduction only on CUDA)
+- :mod:`compiler.lowering.gpu_gemv`: a matmul of a few rows by a constant weight is legalized over
+  the weight transposed to ``[N, K]``, so DLight's GEMV rule (inner reduction only on CUDA)
   schedules it; a matmul of many rows keeps TVM's legalization (and the ``matmul`` name library
   peers anchor on).
-- :mod:`compiler.gpu_split_reduction`: a decode attention's probabilities × values (few rows,
-  a long reduction) is split across threads; a prefill-sized one is left to the matmul rule.
+- :mod:`compiler.lowering.gpu_split_reduction`: a decode attention's probabilities × values (few
+  rows, a long reduction) is split across threads; a prefill-sized one is left to the matmul rule.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ import tvm
 from tvm import relax, te
 from tvm.s_tir import dlight as dl
 
-from compiler.gpu_split_reduction import SplitReduction
-from compiler.lowering import fuse
+from compiler.lowering.gpu_split_reduction import SplitReduction
+from compiler.lowering.pipeline import fuse
 from compiler.target import GpuInfo, cuda_target
 
 H200 = GpuInfo("NVIDIA H200", "9.0", 132, 49152, 1024, 32, 150_754_820_096)

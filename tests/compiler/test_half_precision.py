@@ -2,8 +2,8 @@
 
 TVM's torch frontend computes convolutions and ``addmm`` in float32 whatever their inputs, and
 then adds a half-precision bias to that float32 result, which Relax refuses. TuneHub's import
-(:func:`compiler.pt2_ops.translate`) adds the bias in float32 and casts each result back to the
-dtype torch gives it, so a float16 program stays float16 from input to output.
+(:func:`compiler.frontends.pt2_ops.translate`) adds the bias in float32 and casts each result back
+to the dtype torch gives it, so a float16 program stays float16 from input to output.
 """
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import pytest
 import torch
 from torch import nn
 
-from compiler.build import build
+from compiler.build.builder import build
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import verify
 from compiler.prepare import prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import resolve_target
-from compiler.verify import verify
 
 
 class ConvLinear(nn.Module):
@@ -77,8 +77,8 @@ def test_bfloat16_weights_are_read_and_pooled_exactly() -> None:
     ml_dtypes' bfloat16)."""
     import numpy as np
 
-    from compiler.pt2_ops import torch_tensor_to_tvm
-    from compiler.weights import _digest
+    from compiler.frontends.pt2_ops import torch_tensor_to_tvm
+    from compiler.weights.external import _digest
 
     weight = torch.randn(6, 4).to(torch.bfloat16)
     converted = torch_tensor_to_tvm(weight.t())

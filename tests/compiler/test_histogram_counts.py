@@ -9,14 +9,14 @@ import math
 
 import pytest
 
-from compiler.buckets import (
+from compiler.errors import ModelError
+from compiler.shapes.buckets import (
     MAX_HISTOGRAM_TOTAL,
     SizeHistogram,
     histogram_buckets,
     parse_bucket_field,
     parse_bucket_option,
 )
-from compiler.errors import ModelError
 
 
 @pytest.mark.parametrize(

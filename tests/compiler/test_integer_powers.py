@@ -8,11 +8,11 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from compiler.build import build
+from compiler.build.builder import build
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import verify
 from compiler.prepare import prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import resolve_target
-from compiler.verify import verify
 
 
 class Powers(nn.Module):

@@ -22,12 +22,12 @@ import numpy as np
 import pytest
 import torch
 
-from compiler.build import build_zero_trial, export_library
-from compiler.model_spec import TensorSpec
+from compiler.build.builder import build_zero_trial, export_library
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import compare, reference_outputs, verify
+from compiler.frontends.model_spec import TensorSpec
 from compiler.prepare import PreparedModel, prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import cpu_target
-from compiler.verify import compare, reference_outputs, verify
 from examples.kv_decoder import (
     DECODE_INPUTS,
     Decode,
@@ -231,11 +231,11 @@ class _CatOntoEmpty(torch.nn.Module):
 
 
 def test_cat_skips_a_legacy_empty_operand(tmp_path: Path) -> None:
-    """compiler.pt2_ops's ``cat`` converter: a 1-D empty operand is skipped, as in torch (TVM's
-    converter refused the mixed ranks), and the result matches torch."""
-    from compiler.build import build
-    from compiler.importer import import_model
-    from compiler.loader import load_model
+    """compiler.frontends.pt2_ops's ``cat`` converter: a 1-D empty operand is skipped, as in torch
+    (TVM's converter refused the mixed ranks), and the result matches torch."""
+    from compiler.build.builder import build
+    from compiler.frontends.importer import import_model
+    from compiler.frontends.loader import load_model
 
     program = torch.export.export(_CatOntoEmpty().eval(), (torch.randn(1, 2, 3, 4),))
     torch.export.save(program, tmp_path / "m.pt2")

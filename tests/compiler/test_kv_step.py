@@ -1,8 +1,8 @@
 """One decode program for every step of a generation (issue 20, ``examples.kv_decoder.Step``):
 a ``transformers`` ``StaticCache`` of fixed capacity C built inside ``forward``, the token
 written at an input position. Checked: it imports from both formats (``.pt2``: the cache write
-is ``index_put`` at one position, ``compiler.pt2_ops``' converter), its zero-trial build matches
-torch / ONNX Runtime, and a library holding prefill and step (one archive) generates several
+is ``index_put`` at one position, ``compiler.frontends.pt2_ops``' converter), its zero-trial build
+matches torch / ONNX Runtime, and a library holding prefill and step (one archive) generates several
 tokens exactly as the full model does, from one step program; a program that updates its
 inputs or buffers in place is refused with one message. No tuning."""
 
@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 import torch
 
-from compiler.build import build_zero_trial
+from compiler.build.builder import build_zero_trial
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import compare, verify
 from compiler.errors import ModelError
-from compiler.importer import import_model
-from compiler.loader import load_model
+from compiler.frontends.importer import import_model
+from compiler.frontends.loader import load_model
 from compiler.prepare import PreparedModel, prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import cpu_target
-from compiler.verify import compare, verify
 from examples.kv_decoder import (
     STEP_INPUTS,
     build_causal_lm,

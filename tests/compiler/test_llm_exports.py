@@ -20,8 +20,10 @@ import pytest
 import torch
 from tvm import relax
 
+from compiler.build.verify import module_on
 from compiler.errors import ModelError
-from compiler.importer import import_model
+from compiler.frontends.importer import import_model
+from compiler.frontends.loader import load_model
 from compiler.llm.cache_write import KERNEL
 from compiler.llm.generate import (
     Generator,
@@ -29,10 +31,8 @@ from compiler.llm.generate import (
     decoder_signature,
     reference_programs,
 )
-from compiler.loader import load_model
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from compiler.verify import module_on
 from examples import hf_exports
 from tuner.finalize import publish_zero_trial
 
@@ -210,7 +210,7 @@ def test_a_batch_of_four_decodes_each_sequence_as_torch_does(tmp_path) -> None:
 
 
 def test_the_dynamic_cache_export_compiles_as_its_graph(exports, tmp_path) -> None:
-    from compiler.pt2_safety import inspect_pt2_archive
+    from compiler.frontends.pt2_safety import inspect_pt2_archive
 
     report = inspect_pt2_archive(
         exports["dynamic"], max_uncompressed_bytes=1 << 30, max_members=999

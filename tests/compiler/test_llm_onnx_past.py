@@ -15,16 +15,16 @@ from pathlib import Path
 import onnx
 import pytest
 
-from compiler.buckets import parse_bucket_field
 from compiler.errors import ModelError, UnsupportedOperatorsError
+from compiler.frontends.loader import load_model
 from compiler.llm.generate import Generator
 from compiler.llm.past_present import (
     OnnxRuntimeDecoder,
     PastPresentGenerator,
     manifest_signature,
 )
-from compiler.loader import load_model
 from compiler.prepare import prepare_model
+from compiler.shapes.buckets import parse_bucket_field
 from compiler.target import cpu_target
 from examples import onnx_kv_export
 from service.cli import main

@@ -16,13 +16,13 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 from tvm.relax.frontend.onnx import from_onnx
 
-from compiler.build import build
+from compiler.build.builder import build
+from compiler.build.runner import LoadedLibrary
 from compiler.compile_options import CPU_DEFAULT, LEGACY, CompileOptions
-from compiler.conv_layout import to_nhwc
-from compiler.importer import normalize
-from compiler.lowering import fused_for_target, lower_with_database
+from compiler.frontends.importer import normalize
+from compiler.lowering.conv_layout import to_nhwc
+from compiler.lowering.pipeline import fused_for_target, lower_with_database
 from compiler.partition import partition
-from compiler.runner import LoadedLibrary
 from compiler.target import TargetSpec, cpu_target
 
 NHWC = CompileOptions("NHWC", False)
@@ -155,13 +155,13 @@ def test_prepack_marks_constant_weights_layout_free(block) -> None:
 def _tune_all(parts, target, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
-    from compiler.intrinsics import load_tensor_intrinsics
+    from compiler.lowering.intrinsics import load_tensor_intrinsics
     from tuner.measure import MeasureConfig, make_builder, make_runner
     from tuner.search import SearchConfig
 
     # As the tuner does (tuner.search.run_search): only the CPU's tensor intrinsics. Without it,
     # TuneContext imports every backend's (minutes under pytest's deep stack;
-    # compiler/intrinsics.py).
+    # compiler/lowering/intrinsics.py).
     load_tensor_intrinsics("cpu")
     measure = MeasureConfig(repeat=1, min_repeat_ms=1)
     # The evolutionary search, small: 3 trials a task need no population of 512 (MetaSchedule's

@@ -10,9 +10,9 @@ import pytest
 from onnx import helper, numpy_helper
 
 from compiler.errors import ModelError, UnsupportedOperatorsError
-from compiler.importer import import_model
-from compiler.loader import load_model
-from compiler.model_spec import ModelLimits
+from compiler.frontends.importer import import_model
+from compiler.frontends.loader import load_model
+from compiler.frontends.model_spec import ModelLimits
 from tests.onnx_factory import (
     add_chain_model,
     constant_of_shape_bomb,
@@ -232,7 +232,8 @@ def test_folded_constants_are_bounded_at_run_time_too() -> None:
     tight = ModelLimits(max_constant_elements=10_000)
     err = _error(_bytes(constant_of_shape_bomb([64, 1024])), limits=tight)
     assert err.code == "constant_too_large"
-    from compiler import constant_limits, importer
+    from compiler.frontends import importer
+    from compiler.limits import constant_limits
 
     mod = importer.import_model(model)
     with pytest.raises(ModelError) as info:
@@ -242,7 +243,7 @@ def test_folded_constants_are_bounded_at_run_time_too() -> None:
 
 
 def test_allocation_failure_in_tvm_is_a_model_error() -> None:
-    from compiler.constant_limits import bounded_folding
+    from compiler.limits.constant_limits import bounded_folding
 
     with pytest.raises(ModelError) as info, bounded_folding("importing the model"):
         raise RuntimeError("std::bad_alloc")

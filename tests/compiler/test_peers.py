@@ -19,9 +19,9 @@ import pytest
 import tvm
 from onnx import TensorProto, helper, numpy_helper
 
-from compiler.build import build_zero_trial, export_library
+from compiler.build.builder import build_zero_trial, export_library
 from compiler.compile_options import LEGACY
-from compiler.importer import normalize
+from compiler.frontends.importer import normalize
 from compiler.partition import partition
 from compiler.peers import (
     find_peer,

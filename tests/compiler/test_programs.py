@@ -1,5 +1,5 @@
-"""``.pt2`` archives of several programs (``compiler.loader``): a decoder's prefill and decode
-packaged together load as one model with a function per program, whose tasks are the union of
+"""``.pt2`` archives of several programs (``compiler.frontends.loader``): a decoder's prefill and
+decode packaged together load as one model with a function per program, whose tasks are the union of
 the two programs' tasks (a task both have is one task, its weight the sum); what cannot be one
 library is refused with one message each. Tuning and the published artifact over HTTP:
 ``tests/service/test_api_programs.py``."""
@@ -13,10 +13,10 @@ import torch
 from torch.export.pt2_archive._package import package_pt2
 
 from compiler.errors import ModelError
-from compiler.loader import load_model
-from compiler.model_spec import buckets_json
+from compiler.frontends.loader import load_model
+from compiler.frontends.model_spec import buckets_json
+from compiler.frontends.pt2_safety import load_exported_program
 from compiler.prepare import prepare_model
-from compiler.pt2_safety import load_exported_program
 from compiler.target import cpu_target
 from examples.kv_decoder import export_generation, export_program
 

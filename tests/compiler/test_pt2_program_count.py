@@ -12,9 +12,9 @@ import torch
 from torch.export.pt2_archive._package import package_pt2
 
 from compiler.errors import ModelError
-from compiler.loader import load_model
-from compiler.model_spec import ModelLimits
-from compiler.pt2_safety import DEFAULT_MAX_PROGRAMS, load_exported_programs
+from compiler.frontends.loader import load_model
+from compiler.frontends.model_spec import ModelLimits
+from compiler.frontends.pt2_safety import DEFAULT_MAX_PROGRAMS, load_exported_programs
 
 
 class _Shift(torch.nn.Module):

@@ -25,18 +25,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from compiler import pt2_safety
 from compiler.errors import ModelError
-from compiler.pt2_safety import (
+from compiler.frontends import pt2_safety
+from compiler.frontends.pt2_safety import (
     ALLOWED_GLOBALS,
     inspect_pt2_archive,
     load_exported_program,
     scan_pickle,
 )
-from compiler.pt2_safety import constants as pt2_constants
-from compiler.pt2_safety import expressions as pt2_expressions
-from compiler.pt2_safety import loading as pt2_loading
-from compiler.pt2_safety import zipcheck as pt2_zipcheck
+from compiler.frontends.pt2_safety import constants as pt2_constants
+from compiler.frontends.pt2_safety import expressions as pt2_expressions
+from compiler.frontends.pt2_safety import loading as pt2_loading
+from compiler.frontends.pt2_safety import zipcheck as pt2_zipcheck
 from tests.pt2_factory import Genuine, TinyNet, understated_member
 
 LIMITS = dict(max_uncompressed_bytes=64 * 1024**2, max_members=200)
@@ -828,7 +828,7 @@ def test_member_whose_header_understates_its_size_is_refused(
 
 
 def test_zip_bomb_message_never_shows_a_temp_file_name(genuine: Genuine, tmp_path: Path) -> None:
-    from compiler.loader import load_model
+    from compiler.frontends.loader import load_model
 
     staged = tmp_path / "upload-k2j4h5"  # how the service stages an upload
     with zipfile.ZipFile(genuine.path) as zin, zipfile.ZipFile(staged, "w") as zout:

@@ -1,5 +1,6 @@
-"""An embedding table on an 8- or 4-bit grid is gathered from its codes (compiler/quantized_gather):
-the same rows, bit for bit, from a quarter of the bytes; a table off the grid is left alone."""
+"""An embedding table on an 8- or 4-bit grid is gathered from its codes
+(compiler/weights/quantized_gather): the same rows, bit for bit, from a quarter of the bytes; a
+table off the grid is left alone."""
 
 from __future__ import annotations
 
@@ -8,8 +9,8 @@ import pytest
 import tvm
 from tvm import relax
 
-from compiler.quantized_gather import gather_from_codes, table_codes
-from compiler.weight_formats import FORMAT_VALUES
+from compiler.weights.quantized_gather import gather_from_codes, table_codes
+from compiler.weights.weight_formats import FORMAT_VALUES
 
 
 def _embedding(table: np.ndarray) -> tvm.IRModule:

@@ -1,4 +1,5 @@
-"""``compiler.relax_rewrite.rewrite_call``: TVM's rewrite, with large constants stood in for."""
+"""``compiler.lowering.relax_rewrite.rewrite_call``: TVM's rewrite, with large constants stood in
+for."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from tvm import relax
 from tvm.ir.expr import GenericConst
 from tvm.relax import dpl
 
-from compiler.relax_rewrite import HIDDEN_BYTES, is_constant, rewrite_call
+from compiler.lowering.relax_rewrite import HIDDEN_BYTES, is_constant, rewrite_call
 
 
 def _layers(count: int, size: int) -> relax.Function:

@@ -20,8 +20,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from compiler.artifact import publish_artifact
-from compiler.buckets import (
+from compiler.build.artifact import publish_artifact
+from compiler.build.builder import build_zero_trial
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import compare, reference_outputs
+from compiler.errors import ModelError
+from compiler.prepare import prepare_model
+from compiler.shapes.buckets import (
     DEFAULT_MAX,
     SymbolicDim,
     default_values,
@@ -29,12 +34,7 @@ from compiler.buckets import (
     parse_bucket_field,
     resolve_buckets,
 )
-from compiler.build import build_zero_trial
-from compiler.errors import ModelError
-from compiler.prepare import prepare_model
-from compiler.runner import LoadedLibrary
 from compiler.target import cpu_target
-from compiler.verify import compare, reference_outputs
 from examples.decoders import SEQ_SYMBOL, export_dynamic, get_decoder
 
 TARGET = cpu_target(2)
@@ -195,7 +195,7 @@ def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
     # worker's library (issue 31) verifies it at every bucket and withdraws the claim.
     from dataclasses import asdict
 
-    from compiler.model_spec import ModelLimits
+    from compiler.frontends.model_spec import ModelLimits
     from tuner.artifact_review import ReviewContext, review_artifact
 
     source = tmp_path / "softmax.onnx"
@@ -240,7 +240,7 @@ def test_bucket_tasks_are_the_union_of_the_static_specializations(dynamic_decode
 
 def test_default_buckets_and_pinned_shape(dynamic_decoder) -> None:
     path = dynamic_decoder("onnx")
-    from compiler.loader import load_model  # loading only: no import, no partition
+    from compiler.frontends.loader import load_model  # loading only: no import, no partition
 
     model = load_model(path)
     assert model.bucket_spec.defaulted == (SEQ_SYMBOL,)
@@ -318,7 +318,7 @@ def test_two_symbols_shared_by_two_inputs(tmp_path) -> None:
 
 
 def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
-    from compiler.buckets import SizeHistogram, histogram_buckets, parse_bucket_option
+    from compiler.shapes.buckets import SizeHistogram, histogram_buckets, parse_bucket_option
 
     name, histogram = parse_bucket_option("seq~12:40,37:5,100:3,500:1/3")
     assert name == "seq" and histogram == SizeHistogram(
@@ -349,7 +349,7 @@ def test_histogram_buckets_minimize_the_expected_padded_size() -> None:
     assert spec.values == (("s0", (8, 30)),) and spec.shares == (("s0", (0.9, 0.1)),)
     assert spec.specialization_shares() == [0.9, 0.1]
     assert spec.to_json()["histograms"] == {"s0": "8:90,30:10/2"}
-    from compiler.buckets import bucket_values
+    from compiler.shapes.buckets import bucket_values
 
     stored = bucket_values(json.dumps(spec.to_json()))
     assert resolve_buckets(dims, stored) == spec  # a stored histogram gives the same buckets
@@ -359,7 +359,7 @@ def test_histogram_shares_weigh_the_tasks(dynamic_decoder) -> None:
     """A histogram's shares weigh each bucket's tasks: 90 % of inputs at length 8 makes that
     bucket's tasks 1.8x their calls and the rare length-30 bucket's 0.2x (at least 1)."""
     path = dynamic_decoder("onnx")
-    from compiler.buckets import SizeHistogram
+    from compiler.shapes.buckets import SizeHistogram
 
     weighted = prepare_model(
         path, TARGET, buckets={SEQ_SYMBOL: SizeHistogram(((8, 90.0), (30, 10.0)), 2)}
@@ -385,7 +385,7 @@ def test_histogram_shares_weigh_the_tasks(dynamic_decoder) -> None:
 def test_a_wide_histogram_is_coarsened_to_bound_the_work() -> None:
     import time
 
-    from compiler.buckets import MAX_BUCKET_CANDIDATES, SizeHistogram, histogram_buckets
+    from compiler.shapes.buckets import MAX_BUCKET_CANDIDATES, SizeHistogram, histogram_buckets
 
     wide = SizeHistogram(tuple((v, 1.0) for v in range(1, 4097)), 16)
     start = time.perf_counter()

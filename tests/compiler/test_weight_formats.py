@@ -1,6 +1,6 @@
 """``--weights q8_0``: a decoder's weights in llama.cpp's 8-bit blocks (issue 32).
 
-- :func:`compiler.weight_formats.q8_0_values` puts a weight on Q8_0's grid, idempotently;
+- :func:`compiler.weights.weight_formats.q8_0_values` puts a weight on Q8_0's grid, idempotently;
 - the shim's GEMM over 8-bit weights (``tunehub_peer_gemm_q8``) computes an on-grid weight as
   numpy does, and any other weight (a float32 model's) exactly as the float32 path does;
 - a static-cache decoder compiled with ``q8_0`` is verified against torch running the same
@@ -25,7 +25,7 @@ import pytest
 from compiler.compile_options import CPU_DEFAULT
 from compiler.errors import ModelError
 from compiler.peers.held_weights import HELD_FUNCTIONS, HeldCall, hold_weight
-from compiler.weight_formats import FORMAT_VALUES, WEIGHT_FORMATS, q4_0_values, q8_0_values
+from compiler.weights.weight_formats import FORMAT_VALUES, WEIGHT_FORMATS, q4_0_values, q8_0_values
 
 #: Each quantized format and the shim's GEMM that streams it.
 FORMAT_GEMMS = {"q8_0": "tunehub_peer_gemm_q8", "q4_0": "tunehub_peer_gemm_q4"}
@@ -169,7 +169,7 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
 ) -> None:
     import tvm
 
-    import compiler.weights
+    import compiler.weights.external
     from compiler.llm.generate import Generator, TorchDecoder, reference_programs
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
     from compiler.prepare import prepare_model
@@ -205,15 +205,16 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
     assert {zero_trial_call(t, cpu_target(2)).algorithm for t in one_row} == {""}
 
     # Its weights beside the library, as a real decoder's (past 1 GiB): params.bin holds the
-    # quantized ones in 8 bits (compiler/weight_packing.py), and the artifact runs from them.
-    monkeypatch.setattr(compiler.weights, "EXTERNAL_BYTES", 0)
-    monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
+    # quantized ones in 8 bits (compiler/weights/weight_packing.py), and the artifact runs from
+    # them.
+    monkeypatch.setattr(compiler.weights.external, "EXTERNAL_BYTES", 0)
+    monkeypatch.setattr(compiler.weights.external, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
     # The projections and the head are held as their GEMM reads them (compiler/peers/
     # held_weights.py), every prefill chunk's too (the held bytes of the smallest, under 4 KiB,
     # stay in the library), and the embedding table is gathered from its int8 codes
-    # (compiler/quantized_gather.py): no float32 copy of any weight is left.
+    # (compiler/weights/quantized_gather.py): no float32 copy of any weight is left.
     held = [a for a in stored.values() if str(a.dtype) == "int8" and len(a.shape) == 1]
     assert len(held) >= 2 * 5 + 1
     state = prepared.model.source.state_dict
@@ -240,7 +241,7 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
 def test_what_cannot_take_8_bit_weights_is_refused(tmp_path, example_model) -> None:
     import torch
 
-    from compiler.loader import load_model
+    from compiler.frontends.loader import load_model
     from compiler.target import resolve_target
     from examples import hf_exports
 
@@ -304,7 +305,7 @@ def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
     import tvm
     from onnx import numpy_helper
 
-    import compiler.weights
+    import compiler.weights.external
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
@@ -338,8 +339,8 @@ def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
     # Beside the library (as a real decoder's weights, past 1 GiB), params.bin holds the two
     # quantized weights as the library holds them, in the format's bytes the GEMM reads
     # (compiler/peers/held_weights.py), not in float32; the first layer's as it was.
-    monkeypatch.setattr(compiler.weights, "EXTERNAL_BYTES", 0)
-    monkeypatch.setattr(compiler.weights, "MIN_LIFTED_BYTES", 4096)
+    monkeypatch.setattr(compiler.weights.external, "EXTERNAL_BYTES", 0)
+    monkeypatch.setattr(compiler.weights.external, "MIN_LIFTED_BYTES", 4096)
     manifest = publish_zero_trial(prepared, tmp_path / "out")
     stored = tvm.runtime.load_param_dict_from_file(str(tmp_path / "out" / "params.bin"))
     held = [a for a in stored.values() if str(a.dtype) == "int8"]

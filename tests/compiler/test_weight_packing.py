@@ -1,4 +1,5 @@
-"""``params.bin`` holds weights on an 8- or 4-bit grid in that format (compiler/weight_packing.py):
+"""``params.bin`` holds weights on an 8- or 4-bit grid in that format
+(compiler/weights/weight_packing.py):
 
 - a weight on Q8_0's (Q4_0's) grid along its last axis, or its first (an ONNX ``MatMul``'s
   ``B``), is packed in the format and read back as the same values;
@@ -17,14 +18,14 @@ import numpy as np
 import pytest
 import tvm
 
-from compiler.weight_formats import (
+from compiler.weights.external import load_params, save_params
+from compiler.weights.weight_formats import (
     Q4_BYTES_PER_WEIGHT,
     Q8_BYTES_PER_WEIGHT,
     q4_0_values,
     q8_0_values,
 )
-from compiler.weight_packing import pack
-from compiler.weights import load_params, save_params
+from compiler.weights.weight_packing import pack
 
 RNG = np.random.default_rng(7)
 

@@ -124,7 +124,7 @@ def test_upload_job_tune_download_run(server, example_model, tmp_path) -> None:
     so_path = tmp_path / "model.so"
     so_path.write_bytes(library.content)
     code = (
-        "import sys, numpy as np; from compiler.runner import LoadedLibrary;"
+        "import sys, numpy as np; from compiler.build.runner import LoadedLibrary;"
         "lib = LoadedLibrary(sys.argv[1]);"
         "out = lib.run([np.ones((1, 784), 'float32')]); print(out[0].shape)"
     )

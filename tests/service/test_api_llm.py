@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 
+from compiler.frontends.loader import load_model
 from compiler.llm.generate import Generator, TorchDecoder, reference_programs
-from compiler.loader import load_model
 from examples import hf_exports
 from tests.service.conftest import upload, wait_for_job
 

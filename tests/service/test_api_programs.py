@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from compiler.runner import LoadedLibrary
-from compiler.verify import compare
+from compiler.build.runner import LoadedLibrary
+from compiler.build.verify import compare
 from examples.kv_decoder import build_causal_lm, export_generation, get_kv_decoder
 from tests.service.conftest import upload, wait_for_job
 

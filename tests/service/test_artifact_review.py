@@ -132,8 +132,8 @@ def test_the_server_follows_the_workers_whole_model_choice(serve, tmp_path) -> N
     """Issue 35: a worker whose final build timed the zero-trial library faster than the tuned
     one published it; the server's own build follows that choice (it times nothing), so users
     download the zero-trial library, built by the server, and its manifest says whose choice."""
+    from compiler.build.runner import Timing
     from compiler.prepare import prepare_model
-    from compiler.runner import Timing
     from compiler.target import cpu_target
     from tuner.final_choice import decide
     from tuner.finalize import publish_zero_trial

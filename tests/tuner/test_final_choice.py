@@ -14,10 +14,10 @@ import pytest
 import tvm
 from tvm.s_tir import meta_schedule as ms
 
+from compiler.build.runner import LoadedLibrary, Timing
+from compiler.build.verify import verify
 from compiler.prepare import PreparedModel, prepare_model
-from compiler.runner import LoadedLibrary, Timing
 from compiler.target import cpu_target
-from compiler.verify import verify
 from tuner.final_choice import (
     CHOICES,
     MARGIN,

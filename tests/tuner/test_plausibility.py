@@ -118,7 +118,7 @@ def test_a_reshape_task_as_the_server_stores_it():
     from onnx import helper
     from tvm.relax.frontend.onnx import from_onnx
 
-    from compiler.importer import normalize
+    from compiler.frontends.importer import normalize
     from compiler.partition import partition
     from compiler.target import cpu_target
     from tests.onnx_factory import float_input, make_model

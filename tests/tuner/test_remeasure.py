@@ -11,7 +11,7 @@ import statistics
 import pytest
 
 import db
-from compiler.default_schedules import default_task_module
+from compiler.lowering.default_schedules import default_task_module
 from compiler.peers import find_peer, peer_library
 from compiler.peers.algorithms import gemm_algorithms
 from compiler.prepare import prepare_model
@@ -231,11 +231,11 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     OpenBLAS, Winograd F(2x2), F(4x4), oneDNN's where the peer library has it):
     each is timed side by side with the default schedule, and the build's ``peers`` names the
     variant that won; the artifact built with it matches ONNX Runtime."""
-    from compiler.build import build  # noqa: PLC0415
+    from compiler.build.builder import build  # noqa: PLC0415
+    from compiler.build.runner import LoadedLibrary  # noqa: PLC0415
+    from compiler.build.verify import verify  # noqa: PLC0415
     from compiler.peers import peer_variants  # noqa: PLC0415
     from compiler.peers.library import onednn_available  # noqa: PLC0415
-    from compiler.runner import LoadedLibrary  # noqa: PLC0415
-    from compiler.verify import verify  # noqa: PLC0415
     from tests.compiler.test_peers import conv_model  # noqa: PLC0415
     from tuner.remeasure import peer_keys, remeasure_tasks  # noqa: PLC0415
 

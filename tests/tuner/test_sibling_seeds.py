@@ -12,7 +12,7 @@ import tvm
 from tvm.s_tir import meta_schedule as ms
 
 import db
-from compiler.intrinsics import load_tensor_intrinsics
+from compiler.lowering.intrinsics import load_tensor_intrinsics
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from compiler.task_family import workload_family

@@ -89,7 +89,7 @@ def test_tune_then_reuse_across_models(tuned_mlp, mlp_storage, example_model, tm
 
     # The artifact loads and runs in a fresh process.
     code = (
-        "import sys, numpy as np; from compiler.runner import LoadedLibrary;"
+        "import sys, numpy as np; from compiler.build.runner import LoadedLibrary;"
         "lib = LoadedLibrary(sys.argv[1]);"
         "out = lib.run([np.ones((1, 784), 'float32')]); print(out[0].shape)"
     )

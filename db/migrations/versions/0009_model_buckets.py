@@ -1,6 +1,6 @@
 """Shape buckets of a model with symbolic dimensions (issue 20): ``models.buckets_json``.
 
-The buckets an upload was validated with (``compiler.buckets.ShapeBuckets.to_json()``: each
+The buckets an upload was validated with (``compiler.shapes.buckets.ShapeBuckets.to_json()``: each
 symbol's values, which were defaulted), so that every later step that prepares the model again
 (a finalize lease, the server's check of its artifact) compiles the same specializations and
 the same task list. ``NULL`` for a model with static inputs. A plain ``ADD COLUMN`` (no table

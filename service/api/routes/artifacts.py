@@ -21,7 +21,8 @@ router = APIRouter(prefix="/jobs/{job_id}/artifacts", tags=["artifacts"])
 _MEDIA = {
     "model.so": "application/octet-stream",
     "manifest.json": "application/json",
-    # a large model's weights, beside its library (compiler.weights): present only for those
+    # a large model's weights, beside its library (compiler.weights.external): present only for
+    # those
     "params.bin": "application/octet-stream",
 }
 

@@ -8,8 +8,8 @@ from typing import Annotated
 import anyio
 from fastapi import APIRouter, Path, Request, Response, status
 
-from compiler.buckets import BucketSpec, SizeHistogram, parse_bucket_field
 from compiler.errors import ModelError
+from compiler.shapes.buckets import BucketSpec, SizeHistogram, parse_bucket_field
 from service import intake
 from service.api.deps import CurrentUser, FilesDep, StateDep, StorageDep
 from service.api.errors import ApiError, model_error, not_found

@@ -18,7 +18,7 @@ from fastapi import APIRouter, File, Path, Query, UploadFile
 from fastapi.responses import FileResponse, Response
 
 import db
-from compiler.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
+from compiler.build.artifact_layout import LIBRARY_NAME, MANIFEST_NAME
 from cost_model.version import latest_model_blob
 from service import json_limits
 from service.api import visibility
