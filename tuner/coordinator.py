@@ -93,6 +93,8 @@ class LeasePolicy:
     max_attempts: int = 3
     #: Tasks of one job a tune lease covers at most (its search spreads the trials over them).
     tasks_per_lease: int = 1
+    #: Whether this worker builds jobs' previews (zero-trial artifacts while they tune).
+    previews: bool = True
 
 
 def target_info(row: TargetRecord) -> TargetInfo:
@@ -231,7 +233,12 @@ def heartbeat(
 
 # -- leasing -----------------------------------------------------------------------------------
 def lease_work(
-    storage: TuningStorage, name: str, policy: LeasePolicy, *, instance: str | None = None
+    storage: TuningStorage,
+    name: str,
+    policy: LeasePolicy,
+    *,
+    instance: str | None = None,
+    job_id: int | None = None,
 ) -> tuple[WorkOffer | None, int]:
     """The next piece of work for worker ``name`` (on its registered target), and how many jobs
     of that target are still open (queued or running; 0 means a ``--once`` worker may stop).
@@ -239,6 +246,9 @@ def lease_work(
     Order: expire silent workers' leases; finalize a job whose tasks are all done; build the
     preview of a running job that has none; lease a queued task of a running job (priority,
     age, heaviest task); else start the next queued job and lease its preview or first task.
+
+    ``job_id``: work of that running job only (a ``tunehub tune`` run's worker); a job pinned
+    to a worker (``Job.worker``) is never offered to another.
 
     A worker holds one lease at a time: while it holds an active one, that lease is offered
     again (idempotent, so a worker whose answer was lost goes on with its lease rather than
@@ -259,10 +269,12 @@ def lease_work(
     lease = _held_lease(storage, name)
     try:
         for target_id in served if lease is None else ():
-            lease = _claim(storage, name, target_id, policy, tasks_for(storage, served, policy))
+            tasks = tasks_for(storage, served, policy)
+            lease = _claim(storage, name, target_id, policy, tasks, job_id=job_id)
             if lease is not None:
                 break
-        for job in _queued_jobs(storage, served) if lease is None else ():
+        queued = _queued_jobs(storage, served, name) if lease is None and job_id is None else []
+        for job in queued:
             if plan_job(storage, job) is not None:
                 tasks = tasks_for(storage, served, policy)
                 lease = _claim(storage, name, job.target_id, policy, tasks)
@@ -305,29 +317,39 @@ def _held_lease(storage: TuningStorage, name: str) -> TaskLease | None:
 def tasks_for(storage: TuningStorage, served: list[int], policy: LeasePolicy) -> int:
     """How many tasks the next tune lease for a worker serving ``served`` covers: at most
     ``policy.tasks_per_lease``, and no more than an even share of the queued tasks among the
-    live workers of those targets (registered, not offline, heard from within two lease
-    lifetimes), so that a lease spreads its trials over several tasks without leaving the
-    other workers idle."""
+    idle live workers of those targets (registered, not offline, heard from within two lease
+    lifetimes, holding no lease; the asking worker is one of them), so that a lease spreads its
+    trials over several tasks without leaving the other workers idle."""
     if policy.tasks_per_lease <= 1:
         return 1
     recent = datetime.now(UTC) - timedelta(seconds=2 * policy.lease_secs)
-    live = sum(
+    busy = {lease.worker for lease in storage.list_leases(status=LeaseStatus.ACTIVE, limit=10_000)}
+    idle = sum(
         1
         for w in storage.list_workers()
         if w.target_id in served
         and w.status != "offline"
+        and w.name not in busy
         and w.last_heartbeat is not None
         and w.last_heartbeat >= recent
     )
     queued = storage.count_queued_tasks(target_ids=served)
-    return max(1, min(policy.tasks_per_lease, math.ceil(queued / max(1, live))))
+    return max(1, min(policy.tasks_per_lease, math.ceil(queued / max(1, idle))))
 
 
 def _claim(
-    storage: TuningStorage, name: str, target_id: int, policy: LeasePolicy, max_tasks: int = 1
+    storage: TuningStorage,
+    name: str,
+    target_id: int,
+    policy: LeasePolicy,
+    max_tasks: int = 1,
+    *,
+    job_id: int | None = None,
 ):
-    lease = storage.claim_finalize_lease(name, target_id=target_id, lease_secs=policy.lease_secs)
-    if lease is None:
+    lease = storage.claim_finalize_lease(
+        name, target_id=target_id, lease_secs=policy.lease_secs, job_id=job_id
+    )
+    if lease is None and policy.previews and job_id is None:
         lease = storage.claim_preview_lease(
             name, target_id=target_id, lease_secs=policy.lease_secs, max_attempts=PREVIEW_ATTEMPTS
         )
@@ -338,13 +360,17 @@ def _claim(
             lease_secs=policy.lease_secs,
             max_trials=lambda budget: lease_trials(budget, policy)[1],
             max_tasks=max_tasks,
+            job_id=job_id,
         )
     return lease
 
 
-def _queued_jobs(storage: TuningStorage, target_ids: list[int]) -> list[Job]:
+def _queued_jobs(storage: TuningStorage, target_ids: list[int], worker: str) -> list[Job]:
+    """Queued jobs of ``target_ids`` that ``worker`` may start (unpinned, or pinned to it)."""
     queued = [
-        j for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50) if j.target_id in target_ids
+        j
+        for j in storage.list_jobs(status=JobStatus.QUEUED, limit=50)
+        if j.target_id in target_ids and j.worker in (None, worker)
     ]
     return sorted(queued, key=lambda j: (-j.priority, j.id))
 

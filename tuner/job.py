@@ -153,8 +153,9 @@ def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: s
 
 def _find_or_create_job(storage, *, model_id, target_id, trials, owner, continue_tuning):
     """The job this run resumes (same model, target, owner and budget, still open) or a new
-    one, started through the service's planner (:func:`tuner.coordinator.plan_job`), so its
-    tasks and their allotments are what a REST job of the same model gets. An open job of
+    one, pinned to this run (:func:`run_worker_name`) and started through the service's planner
+    (:func:`tuner.planning.plan_job`), so its tasks and their allotments are what a REST job of
+    the same model gets. An open job of
     another budget is cancelled (superseded). Raises ``RuntimeError`` when a worker on the same
     database started the new job first."""
     for job in storage.list_jobs(limit=1000):
@@ -172,9 +173,19 @@ def _find_or_create_job(storage, *, model_id, target_id, trials, owner, continue
                 job.id, JobStatus.CANCELLED, error=f"superseded by a run with {trials} trials"
             )
     job = storage.create_job(
-        target_id=target_id, trial_budget=trials, model_id=model_id, owner=owner
+        target_id=target_id,
+        trial_budget=trials,
+        model_id=model_id,
+        owner=owner,
+        pinned_to=run_worker_name,
     )
     return _start(storage, job, continue_tuning), False
+
+
+def run_worker_name(job_id: int) -> str:
+    """The worker a ``tunehub tune`` run's job is pinned to (``Job.worker``): no worker of a
+    service sharing the database plans it, leases its tasks or finalizes it meanwhile."""
+    return f"tunehub-tune-{job_id}"
 
 
 def _start(storage: TuningStorage, job: Job, continue_tuning: bool) -> Job:

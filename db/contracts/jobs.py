@@ -64,8 +64,11 @@ class JobStorage(abc.ABC):
         model_id: int | None = None,
         priority: int = 0,
         owner: str | None = None,
+        pinned_to: Callable[[int], str] | None = None,
     ) -> Job:
-        """Create a job in ``queued``."""
+        """Create a job in ``queued``. ``pinned_to(job id)`` names the only worker that may
+        start it and lease its work (``Job.worker``; a ``tunehub tune`` run's own): claims by
+        any other worker pass it by. Unpinned jobs (``None``) go to any worker of the target."""
 
     @abc.abstractmethod
     def get_job(self, job_id: int) -> Job | None:
@@ -174,6 +177,7 @@ class JobStorage(abc.ABC):
         lease_secs: float,
         max_trials: int | Callable[[int], int],
         max_tasks: int = 1,
+        job_id: int | None = None,
     ) -> TaskLease | None:
         """Lease the next queued task of a running job for ``target_id`` to ``worker``, with up
         to ``max_tasks - 1`` more queued tasks of the same job (one search spreads the lease's
@@ -183,17 +187,19 @@ class JobStorage(abc.ABC):
         covers ``min(remaining, max_trials)`` trials (``max_trials`` may be a function of the
         task's trial budget), and in all no more than its job has left (``trial_budget -
         trials_done``); a task with nothing left is finished, not leased. The lease expires
-        ``lease_secs`` from now unless renewed. ``None`` when no task is waiting. Raises
+        ``lease_secs`` from now unless renewed. ``job_id``: only that job's tasks. Jobs pinned to
+        another worker (``Job.worker``) are passed by. ``None`` when no task is waiting. Raises
         :class:`db.errors.LeaseHeldError` (nothing claimed) when ``worker`` already holds an
         active lease of any kind.
         """
 
     @abc.abstractmethod
     def claim_finalize_lease(
-        self, worker: str, *, target_id: int, lease_secs: float
+        self, worker: str, *, target_id: int, lease_secs: float, job_id: int | None = None
     ) -> TaskLease | None:
-        """Lease the finalize step of a running job whose tasks are all finished, or ``None``.
-        Raises :class:`db.errors.LeaseHeldError` when ``worker`` already holds an active lease."""
+        """Lease the finalize step of a running job whose tasks are all finished (``job_id``:
+        that job only; never a job pinned to another worker), or ``None``. Raises
+        :class:`db.errors.LeaseHeldError` when ``worker`` already holds an active lease."""
 
     @abc.abstractmethod
     def claim_preview_lease(
@@ -260,7 +266,7 @@ class JobStorage(abc.ABC):
     ) -> TaskLease:
         """End an active lease with ``outcome`` (``done``, ``returned``, ``failed``,
         ``cancelled``) and move its work on, each task of a tune lease alike: a task is
-        ``succeeded`` once its budget is counted
+        ``succeeded`` once its budget or its job's is counted
         (or a ``done`` lease measured fewer trials than leased: the search ran out of
         candidates), ``failed`` after ``max_attempts`` expired/failed leases, else ``queued``
         again; a failed finalize lease fails its job; a preview lease moves nothing.

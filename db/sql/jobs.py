@@ -66,6 +66,7 @@ class JobSQL(SQLBase, JobStorage):
         model_id: int | None = None,
         priority: int = 0,
         owner: str | None = None,
+        pinned_to: Callable[[int], str] | None = None,
     ) -> Job:
         if trial_budget < 0:
             raise StorageError(f"trial_budget must be >= 0, got {trial_budget}")
@@ -80,6 +81,9 @@ class JobSQL(SQLBase, JobStorage):
             )
             session.add(row)
             session.flush()
+            if pinned_to is not None:
+                row.worker = pinned_to(row.id)
+                session.flush()
             session.refresh(row)
             return frozen(Job, row)
 

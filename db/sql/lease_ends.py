@@ -95,8 +95,8 @@ class LeaseEndSQL(SQLBase, JobStorage):
                 continue
             if job.status != JobStatus.RUNNING or outcome == LeaseStatus.CANCELLED:
                 new = JobStatus.CANCELLED
-            elif task.trials_done >= task.trial_budget:
-                new = JobStatus.SUCCEEDED
+            elif task.trials_done >= task.trial_budget or job.trials_done >= job.trial_budget:
+                new = JobStatus.SUCCEEDED  # its budget, or its job's, is counted
             elif outcome == LeaseStatus.DONE and lease.trials_done < lease.trials:
                 new = JobStatus.SUCCEEDED  # the search ran out of new candidates
             elif outcome in (LeaseStatus.EXPIRED, LeaseStatus.FAILED) and (
@@ -104,7 +104,7 @@ class LeaseEndSQL(SQLBase, JobStorage):
             ):
                 new = JobStatus.FAILED
             else:
-                new = JobStatus.QUEUED  # a claim finishes it if its job has no trials left
+                new = JobStatus.QUEUED
             session.execute(
                 update(JobTaskRow)
                 .where(JobTaskRow.id == task.id, JobTaskRow.status == JobStatus.RUNNING)

@@ -32,6 +32,11 @@ def _unfinished_tasks() -> Any:
     )
 
 
+def _open_to(worker: str) -> Any:
+    """The job (``JobRow`` of the enclosing query) is unpinned or pinned to ``worker``."""
+    return or_(JobRow.worker.is_(None), JobRow.worker == worker)
+
+
 def _held_lease(session, worker: str) -> int | None:
     """The id of ``worker``'s active lease, or ``None`` (what this transaction sees)."""
     return session.scalar(
@@ -58,7 +63,6 @@ class LeaseSQL(SQLBase, JobStorage):
                 .where(JobRow.id == job_id, JobRow.status == JobStatus.QUEUED)
                 .values(
                     status=JobStatus.RUNNING,
-                    worker=None,
                     started_at=func.coalesce(JobRow.started_at, func.now()),
                     updated_at=func.now(),
                 )
@@ -97,16 +101,21 @@ class LeaseSQL(SQLBase, JobStorage):
         lease_secs: float,
         max_trials: int | Callable[[int], int],
         max_tasks: int = 1,
+        job_id: int | None = None,
     ) -> TaskLease | None:
         cap = max_trials if callable(max_trials) else (lambda _budget: max_trials)
         with self._session(write=True) as session:
             _refuse_if_held(session, worker)
-            first = self._claim_queued_task(session, worker, lease_secs, target_id=target_id)
+            first = self._claim_queued_task(
+                session, worker, lease_secs, target_id=target_id, job_id=job_id
+            )
             if first is None:
                 return None
             claimed = [first]
             while len(claimed) < max_tasks:
-                more = self._claim_queued_task(session, worker, lease_secs, job_id=first[3])
+                more = self._claim_queued_task(
+                    session, worker, lease_secs, target_id=None, job_id=first[3]
+                )
                 if more is None:
                     break
                 claimed.append(more)
@@ -151,11 +160,16 @@ class LeaseSQL(SQLBase, JobStorage):
         target_id: int | None = None,
         job_id: int | None = None,
     ) -> tuple[int, int, int, int] | None:
-        """Move the next queued task (of a running job of ``target_id``, or of job ``job_id``)
-        with trials left to ``running``, leased by ``worker``: ``(task id, trial budget, trials
-        done, job id)``, or ``None``. Tasks found with nothing left, of their own or of their
-        job's budget, are finished on the way (``succeeded``)."""
-        scope = JobRow.target_id == target_id if job_id is None else JobRow.id == job_id
+        """Move the next queued task (of a running job of ``target_id`` not pinned to another
+        worker, and of job ``job_id`` when given) with trials left to ``running``, leased by
+        ``worker``: ``(task id, trial budget, trials done, job id)``, or ``None``. Tasks found
+        with nothing left, of their own or of their job's budget, are finished on the way
+        (``succeeded``)."""
+        scope = [_open_to(worker)]
+        if target_id is not None:
+            scope.append(JobRow.target_id == target_id)
+        if job_id is not None:
+            scope.append(JobRow.id == job_id)
         candidate = (
             select(
                 JobTaskRow.id,
@@ -165,7 +179,9 @@ class LeaseSQL(SQLBase, JobStorage):
                 JobRow.trial_budget - JobRow.trials_done,
             )
             .join(JobRow, JobRow.id == JobTaskRow.job_id)
-            .where(JobTaskRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING, scope)
+            .where(
+                JobTaskRow.status == JobStatus.QUEUED, JobRow.status == JobStatus.RUNNING, *scope
+            )
             .order_by(
                 JobRow.priority.desc(),
                 JobRow.id,
@@ -200,7 +216,7 @@ class LeaseSQL(SQLBase, JobStorage):
                 return task_id, budget, done, found_job
 
     def claim_finalize_lease(
-        self, worker: str, *, target_id: int, lease_secs: float
+        self, worker: str, *, target_id: int, lease_secs: float, job_id: int | None = None
     ) -> TaskLease | None:
         finalizing = (
             select(TaskLeaseRow.id)
@@ -211,8 +227,15 @@ class LeaseSQL(SQLBase, JobStorage):
             )
             .exists()
         )
+        only = () if job_id is None else (JobRow.id == job_id,)
         return self._claim_job_lease(
-            "finalize", worker, target_id, lease_secs, not_(_unfinished_tasks()), not_(finalizing)
+            "finalize",
+            worker,
+            target_id,
+            lease_secs,
+            not_(_unfinished_tasks()),
+            not_(finalizing),
+            *only,
         )
 
     def claim_preview_lease(
@@ -248,7 +271,12 @@ class LeaseSQL(SQLBase, JobStorage):
         :class:`LeaseHeldError` when ``worker`` holds an active lease."""
         candidates = (
             select(JobRow.id)
-            .where(JobRow.status == JobStatus.RUNNING, JobRow.target_id == target_id, *conditions)
+            .where(
+                JobRow.status == JobStatus.RUNNING,
+                JobRow.target_id == target_id,
+                _open_to(worker),
+                *conditions,
+            )
             .order_by(JobRow.priority.desc(), JobRow.id)
             .limit(5)
         )

@@ -126,17 +126,77 @@ def test_one_lease_covers_several_tasks_of_a_job(storage, target_id, workloads):
     assert storage.get_job(job.id).trials_done == 12
     storage.finish_lease(lease.id, "done")
     tasks = {t.id: t for t in storage.list_job_tasks(job.id)}
-    assert tasks[heavy].status == "succeeded"  # its budget is counted
-    assert tasks[light].status == "queued"  # short of its own budget ...
-    # ... but its job has no trials left: the next claim finishes it and leases the next job.
+    # Every task is finished: the light one is short of its own budget, but its job's is spent.
+    assert {t.status for t in tasks.values()} == {"succeeded"}
     nxt = storage.claim_task_lease(
         "w1", target_id=target_id, lease_secs=60, max_trials=64, max_tasks=5
     )
     assert nxt.job_id == other.id and len(nxt.task_ids) == 1
-    assert {t.status for t in storage.list_job_tasks(job.id)} == {"succeeded"}
     # A returned lease requeues its tasks.
     storage.finish_lease(nxt.id, "returned")
     assert [t.status for t in storage.list_job_tasks(other.id)] == ["queued"]
+
+
+def test_a_pinned_job_goes_to_its_worker_only(storage, target_id, workloads):
+    """A ``tunehub tune`` run's job is pinned to its worker: another worker of the target never
+    leases its tasks, its preview or its finalize step; claims can be limited to one job."""
+    free = _started_job(storage, target_id, workloads[:1], [4])
+    job = storage.create_job(
+        target_id=target_id, trial_budget=8, pinned_to=lambda job_id: f"run-{job_id}"
+    )
+    assert job.worker == f"run-{job.id}"
+    tasks = [
+        NewJobTask(workload_id=w, name=f"t{w}", flops=float(w), trial_budget=4)
+        for w in workloads[1:3]
+    ]
+    started = storage.start_job(job.id, tasks)
+    assert started.worker == f"run-{job.id}"  # starting keeps the pin
+    claim = dict(target_id=target_id, lease_secs=60, max_trials=64, max_tasks=5)
+    # Another worker gets the free job's task, then nothing: not the pinned job's work.
+    other = storage.claim_task_lease("w", **claim)
+    assert other.job_id == free.id
+    storage.finish_lease(other.id, "returned")
+    assert storage.claim_task_lease("w", **claim, job_id=job.id) is None
+    assert storage.claim_preview_lease("w", target_id=target_id, lease_secs=60).job_id == free.id
+    # Its own worker, limited to its job, gets both tasks in one lease.
+    own = storage.claim_task_lease(f"run-{job.id}", **claim, job_id=job.id)
+    assert own.job_id == job.id and len(own.task_ids) == 2
+    storage.record_lease_batch(own.id, batch=0, trials=8, best_mean_secs=1e-3, lease_secs=60)
+    storage.finish_lease(own.id, "done")
+    assert storage.claim_finalize_lease("w2", target_id=target_id, lease_secs=60) is None
+    final = storage.claim_finalize_lease(
+        f"run-{job.id}", target_id=target_id, lease_secs=60, job_id=job.id
+    )
+    assert final.kind == "finalize" and final.job_id == job.id
+
+
+def test_the_coordinator_shares_queued_tasks_among_idle_workers(
+    storage, target, target_id, workloads
+):
+    """Issue 33: a lease covers several tasks, but no more than an even share of the queued
+    tasks among the target's idle live workers; a job pinned to a run is never planned or
+    leased by another worker, and its own worker gets its work only."""
+    from tuner.coordinator import LeasePolicy, lease_work, register
+    from tuner.work import TargetInfo
+
+    policy = LeasePolicy(tasks_per_lease=8, previews=False)
+    for name in ("a", "b", "c"):
+        register(storage, name, TargetInfo.of(target), "{}")
+    pinned = storage.create_job(
+        target_id=target_id, trial_budget=4, model_id=None, pinned_to=lambda i: f"run-{i}"
+    )
+    job = _started_job(storage, target_id, workloads[:6], [4] * 6)
+    offers = [lease_work(storage, name, policy)[0] for name in ("a", "b", "c")]
+    # Six queued tasks: two for each of three idle workers, all of the started job.
+    assert [len(o.leased_tasks) for o in offers] == [2, 2, 2]
+    assert {o.job_id for o in offers} == {job.id}
+    assert len({t.task_id for o in offers for t in o.leased_tasks}) == 6
+    assert offers[0].leased_tasks[0].task_id == offers[0].task_id
+    # The pinned job was not planned by any of them (it would have failed: it has no model).
+    assert storage.get_job(pinned.id).status == "queued"
+    register(storage, "d", TargetInfo.of(target), "{}")
+    assert lease_work(storage, "d", policy)[0] is None
+    assert lease_work(storage, "d", policy, job_id=job.id)[0] is None  # all leased
 
 
 def test_preview_lease_once_per_tuning_job(storage, target_id, workloads):
