@@ -213,9 +213,9 @@ def search_efficiency(
     from cost_model.store import load_model, save_model, train_for_target
     from cost_model.transfer import TransferCostModel
     from examples.export import export_onnx
-    from tuner.cost_models import CostModelChoice, guard_switches, transfer_choice
-    from tuner.job import tune_model
-    from tuner.search import SearchConfig
+    from tuner.engine.cost_models import CostModelChoice, guard_switches, transfer_choice
+    from tuner.engine.search import SearchConfig
+    from tuner.jobs.job import tune_model
 
     model, cold_records = model_runs(source, name)
     weights = {

@@ -24,7 +24,7 @@ Per case, in one process:
   compile`` without a database does (``compiler.build.builder.build_zero_trial``: OpenBLAS peers for
   the GEMM tasks, TVM's default schedules for the rest), exported, loaded from disk, verified
   against torch (``compiler.build.verify.verify``, plus once on ids over the whole vocabulary);
-- **TuneHub tuned** (``--tune N``): ``tuner.job.tune_model`` with N trials into a SQLite
+- **TuneHub tuned** (``--tune N``): ``tuner.jobs.job.tune_model`` with N trials into a SQLite
   database (``--db``, default a temporary one; the final build re-measures each task's top
   records against its peer and default schedule, as every job does); the job's verified
   ``model.so``, loaded from disk and verified here again;
@@ -193,12 +193,12 @@ def _library_timer(
 def _tune(
     prepared: Any, trials: int, output_dir: Path, filename: str, args: argparse.Namespace
 ) -> tuple[dict[str, Any], Path]:
-    """``tuner.job.tune_model`` of ``prepared`` with ``trials`` into ``args.db``: the job's
+    """``tuner.jobs.job.tune_model`` of ``prepared`` with ``trials`` into ``args.db``: the job's
     summary for the results (without its per-task rows) and its verified library's path.
     Raises what the job raises."""
     from compiler.build.artifact_layout import LIBRARY_NAME
     from db.storage import open_storage
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     storage = open_storage(args.db, upgrade=True)
     try:

@@ -164,7 +164,7 @@ class ValidCounter:
 
 
 def gpu_search_config(population: int):
-    from tuner.search import SearchConfig
+    from tuner.engine.search import SearchConfig
 
     return SearchConfig(
         population_size=population,
@@ -177,7 +177,7 @@ def tune_on_gpu(storage, prepared, *, trials: int, output_dir: Path, filename: s
     """``tune_model`` as the GPU benchmarks run it (``bench_gpu_peers``, ``bench_gpu_models``):
     :func:`gpu_search_config` with a population of 64, seed 0, the cold cost model (xgboost is
     not on the GPU machine), ``output_dir`` replaced. Returns the ``TuneSummary``."""
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     return tune_model(
         storage,
@@ -218,8 +218,8 @@ def bench_gemm(spec: str, trials: int, target, work: Path, population: int, spac
 
     import db
     from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
-    from tuner.measure import MeasureConfig
-    from tuner.search import default_cost_model, reset_metaschedule_logging, run_search
+    from tuner.engine.search import default_cost_model, reset_metaschedule_logging, run_search
+    from tuner.measuring.builder_runner import MeasureConfig
     from tuner.task_scheduler.default_schedules import default_schedule
 
     kind, size = spec.split(":")
@@ -341,8 +341,8 @@ def bench_network(name: str, trials: int, target, work: Path, storage, populatio
     from compiler.errors import ModelError
     from compiler.prepare import prepare_model
     from examples.export import export_onnx, export_pt2
-    from tuner.job import tune_model
-    from tuner.search import default_cost_model
+    from tuner.engine.search import default_cost_model
+    from tuner.jobs.job import tune_model
 
     path = export_pt2(name, work / f"{name}.pt2")
     try:
@@ -426,7 +426,7 @@ def _ratio(value: Any) -> str:
 
 
 def write_report(out: Path, info: dict, args, gemm_rows, net_rows, skipped) -> Path:
-    from tuner.measure import MeasureConfig
+    from tuner.measuring.builder_runner import MeasureConfig
 
     today = dt.date.today().isoformat()
     measure = MeasureConfig.for_target("cuda")

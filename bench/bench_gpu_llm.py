@@ -8,7 +8,7 @@ exported the way ``transformers`` documents it, beside torch on the same weights
   ``--dtype``; exported by ``convert_and_export_with_cache`` (a ``StaticCache`` of capacity
   ``max(contexts, prefill) + steps`` rounded up to 64, token count symbolic 1..128, ``--batch``
   sequences: a static cache has its batch size built in), prepared for the
-  GPU's CUDA target and built with no tuning (:func:`tuner.finalize.publish_zero_trial`:
+  GPU's CUDA target and built with no tuning (:func:`tuner.final_build.finalize.publish_zero_trial`:
   DLight's default GPU schedules, CUDA graphs on), verified (greedy tokens against the exported
   program on the CPU) and loaded from disk (:class:`compiler.llm.generate.Generator`: the cache is
   device state written in place).
@@ -79,7 +79,7 @@ def build_tunehub(program: Path, out: Path) -> dict[str, Any]:
     from compiler.frontends.model_spec import ModelLimits
     from compiler.prepare import prepare_model
     from compiler.target import cuda_target, detect_gpu
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.finalize import publish_zero_trial
 
     gpu = detect_gpu()
     if gpu is None:

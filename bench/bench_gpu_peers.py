@@ -8,8 +8,9 @@ GEMM (``C = A @ B``, square, row-major; fp16 accumulates in fp32 and stores fp16
 the task's DLight default schedule (what an untuned build uses), its cuBLAS peer
 (:mod:`compiler.peers`, ``device="cuda"``) and ``torch.matmul`` on the same inputs, each checked
 against a float64 product and timed with CUDA events (median of repeats), and the two TuneHub
-candidates also side by side in MetaSchedule's runner (:func:`tuner.remeasure.time_side_by_side`,
-what a final build measures); ``chosen`` is the faster there.
+candidates also side by side in MetaSchedule's runner
+(:func:`tuner.final_build.remeasure.time_side_by_side`, what a final build measures); ``chosen`` is
+the faster there.
 
 Networks (``examples/networks.py``, batch 1, float32, TF32 off): torch eager and
 ``torch.compile``; TVM untuned (DLight); every GEMM task on its cuBLAS peer (no choice); and the
@@ -50,7 +51,7 @@ def bench_gemm(spec: str, target, rounds: int) -> dict[str, Any]:
     from tvm.s_tir import dlight as dl
 
     from compiler.peers import load_peers, peer_task_module
-    from tuner.remeasure import time_side_by_side
+    from tuner.final_build.remeasure import time_side_by_side
 
     dtype_name, n_text = spec.split(":")
     n, dtype = int(n_text), {"fp16": "float16", "fp32": "float32"}[dtype_name]

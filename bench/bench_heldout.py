@@ -4,14 +4,14 @@
 
 For each model of :mod:`bench.heldout` (``transformers`` classes, random weights, batch 1, fp32):
 export it to ONNX (torch's dynamo exporter, as ``examples/export.py`` does), then TuneHub's product
-path for a model nobody tuned: ``prepare_model`` → :func:`tuner.finalize.publish_zero_trial`
-(every task with a library peer on it, the others on TuneHub's default schedules), which verifies
-the library against ONNX Runtime. Both are then timed on the same seeded inputs with every core
-this process may use, in alternating rounds (:func:`interleaved`): the table gives both medians,
-the median of the rounds' ratios (TuneHub / ONNX Runtime: below 1 is faster) and their spread,
-and the number of tasks and of peers. Rows are written as they finish:
-``<out>/heldout_<date>[_<tag>].md`` and ``.json``. Run it alone: on a 2-core machine anything
-beside it skews both columns.
+path for a model nobody tuned: ``prepare_model`` →
+:func:`tuner.final_build.finalize.publish_zero_trial` (every task with a library peer on it, the
+others on TuneHub's default schedules), which verifies the library against ONNX Runtime. Both are
+then timed on the same seeded inputs with every core this process may use, in alternating rounds
+(:func:`interleaved`): the table gives both medians, the median of the rounds' ratios (TuneHub /
+ONNX Runtime: below 1 is faster) and their spread, and the number of tasks and of peers. Rows are
+written as they finish: ``<out>/heldout_<date>[_<tag>].md`` and ``.json``. Run it alone: on a 2-core
+machine anything beside it skews both columns.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ def bench_model(name: str, work: Path) -> dict[str, Any]:
     from compiler.prepare import prepare_model
     from compiler.target import resolve_target
     from examples.export import onnx_from_program
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.finalize import publish_zero_trial
 
     row: dict[str, Any] = {"model": name, "describe": BY_NAME[name].describe}
     model, inputs = build(name)

@@ -13,8 +13,8 @@ the real compile path (``from_onnx`` → :func:`compiler.frontends.importer.norm
 ``NHWC+prepack``). Per variant the heaviest task (the operator; NHWC's edge transposes are left
 out) is tuned with MetaSchedule's evolutionary search, the same trials, batch, cost model
 (``random``: the GPU machine has no xgboost) and seed for every variant, with TuneHub's own
-builder and runner (:mod:`tuner.measure`). A variant whose task hashes like an earlier one's
-(BERT's dense: no convolution to re-layout) reuses that result and says so.
+builder and runner (:mod:`tuner.measuring.builder_runner`). A variant whose task hashes like an
+earlier one's (BERT's dense: no convolution to re-layout) reuses that result and says so.
 
 Then, in one process: every variant's full module is built with its database and checked against
 ONNX Runtime (max abs error), and every tuned kernel is timed alone (``time_evaluator`` on the
@@ -185,7 +185,7 @@ def _restore_affinity() -> None:
 def _tune(task: Any, target: Any, trials: int, per_iter: int, seed: int, work: Path) -> Any:
     from tvm.s_tir import meta_schedule as ms
 
-    from tuner.measure import MeasureConfig, make_builder, make_runner
+    from tuner.measuring.builder_runner import MeasureConfig, make_builder, make_runner
 
     measure = MeasureConfig()
     work.mkdir(parents=True, exist_ok=True)
@@ -218,7 +218,7 @@ def _kernel_timer(task: Any, target: Any, database: Any, min_ms: int) -> Callabl
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from tuner.measure import fast_build
+    from tuner.measuring.builder_runner import fast_build
 
     mod = task.dispatched[0]
     sch = database.query_schedule(mod, target, workload_name="main")

@@ -7,7 +7,8 @@ it once, and measures the same library ``--repeats`` times through MetaSchedule'
 (each measurement is what one trial records: the mean of its ``run_secs``). For each evaluator
 configuration it reports the spread ``(max - min) / median`` and the coefficient of variation of
 those repeated measurements; the goal is a spread within 3 % for TuneHub's default
-(:class:`tuner.measure.MeasureConfig`). Writes ``bench/results/measure_spread_<date>.md``.
+(:class:`tuner.measuring.builder_runner.MeasureConfig`). Writes
+``bench/results/measure_spread_<date>.md``.
 """
 
 from __future__ import annotations
@@ -46,9 +47,9 @@ def main() -> int:
     from compiler.target import cpu_target
     from db.metaschedule_database import MetaScheduleDatabase
     from examples.export import export_onnx
-    from tuner.job import tune_model
-    from tuner.measure import MeasureConfig, make_builder, make_runner
-    from tuner.search import FAST_SEARCH
+    from tuner.engine.search import FAST_SEARCH
+    from tuner.jobs.job import tune_model
+    from tuner.measuring.builder_runner import MeasureConfig, make_builder, make_runner
 
     rows = []
     with (

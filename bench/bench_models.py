@@ -115,7 +115,7 @@ def torch_latencies(name: str, inputs: list[np.ndarray], threads: int) -> dict[s
 def zero_trial_rung(row: dict, prepared, work: Path) -> None:
     """The zero-trial build (library peers + TVM's default schedules, no database: what
     ``tunehub compile`` gives) of ``row``'s model, verified and published as rung ``0``."""
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.finalize import publish_zero_trial
 
     publish_zero_trial(prepared, work / f"{row['model']}-0", force=True)
     row["TuneHub 0"] = None  # timed with the others (interleaved_latencies)
@@ -150,7 +150,7 @@ def _done_key(path: str) -> str:
 def tune_rung(row: dict, prepared, budget: int, work: Path, storage, path: str = "new") -> None:
     """Tune ``row``'s model (``prepared`` for compile path ``path``) up to ``budget`` cumulative
     trials of that path and record the tuned latency under the rung's label."""
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     label = rung(path, budget)
     done = row.get(_done_key(path), 0)
@@ -173,7 +173,7 @@ def tune_rung(row: dict, prepared, budget: int, work: Path, storage, path: str =
 
 def top_up(row: dict, prepared, trials: int, work: Path, storage) -> None:
     """Tune only ``row``'s tasks the database lacks, with ``trials`` more; record the artifact."""
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     start = time.perf_counter()
     summary = tune_model(
@@ -202,10 +202,10 @@ def bench_throughput(name: str, trials: int, threads: int, work: Path) -> dict:
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples.export import export_onnx
-    from tuner.job import tune_model
-    from tuner.measure import MeasureConfig, make_builder, make_runner
-    from tuner.plan import choose_batch_size
-    from tuner.search import SearchConfig
+    from tuner.engine.search import SearchConfig
+    from tuner.jobs.job import tune_model
+    from tuner.jobs.plan import choose_batch_size
+    from tuner.measuring.builder_runner import MeasureConfig, make_builder, make_runner
 
     work = Path(tempfile.mkdtemp(prefix="throughput-", dir=work))
     path = export_onnx(name, work / f"tp-{name}.onnx")

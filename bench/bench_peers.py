@@ -9,8 +9,9 @@ Per model (exported at run time, batch 1, seeded weights), in one process:
 - **Per task**, every task with a peer (:mod:`compiler.peers`): every peer variant, TVM's default
   schedule (:mod:`compiler.lowering.default_schedules`) and, with ``--db``, the database's best
   record, all built with the tuner's builder and timed by the tuner's runner side by side
-  (:func:`tuner.remeasure.time_side_by_side`, ``--rounds`` rounds, order rotated); medians and
-  GFLOP/s. What the peer's time includes: the whole task (library call + the TIR epilogue).
+  (:func:`tuner.final_build.remeasure.time_side_by_side`, ``--rounds`` rounds, order rotated);
+  medians and GFLOP/s. What the peer's time includes: the whole task (library call + the TIR
+  epilogue).
 - **Whole model**, each a verified library run in this process, timed in ``--rounds``
   interleaved rounds (each round runs every variant for at least 0.2 s; the table gives the
   median of rounds): ONNX Runtime, torch eager, zero-trial without peers (TVM's default
@@ -18,12 +19,12 @@ Per model (exported at run time, batch 1, seeded weights), in one process:
   with OpenBLAS instead of the packed GEMM and with the shim's kernels instead of oneDNN's (where
   oneDNN is a default) and, with
   ``--db``, tuned alone (each task's best record) and tuned + peers (each task's winner of the
-  side-by-side re-measurement of its top records and its peer, ``tuner.finalize.choose_winners``,
-  as a job's final build does). TVM untuned (naive loops) is timed once, apart (seconds per
-  call); ``--no-untuned`` skips it.
+  side-by-side re-measurement of its top records and its peer,
+  ``tuner.final_build.finalize.choose_winners``, as a job's final build does). TVM untuned (naive
+  loops) is timed once, apart (seconds per call); ``--no-untuned`` skips it.
 
 ``--tune N`` first tunes each model N trials into ``--db`` (a temporary SQLite database when none
-is given) with ``tuner.job.tune_model`` and ``--cost-model`` (``random`` on a machine without
+is given) with ``tuner.jobs.job.tune_model`` and ``--cost-model`` (``random`` on a machine without
 xgboost), then measures as above: one command for the whole side by side.
 
 Threads: TVM's target has ``num-cores = --threads`` and ``TVM_NUM_THREADS`` is set to it (the
@@ -163,7 +164,7 @@ def per_task(prepared: Any, records: dict[str, list], rounds: int) -> list[dict[
     Winograd) vs default schedule vs best record of every task with a peer, side by side."""
     from compiler.lowering.default_schedules import apply_default_schedules
     from compiler.peers import find_peer, peer_task_module, peer_variants
-    from tuner.remeasure import time_side_by_side
+    from tuner.final_build.remeasure import time_side_by_side
 
     target = prepared.target
     jobs: list[tuple[int, str, Any, Any]] = []
@@ -266,7 +267,7 @@ def bench_model(name: str, args: argparse.Namespace, work: Path) -> dict[str, An
     records: dict[str, list] = {}
     if args.tune:
         from db.storage import open_storage
-        from tuner.job import tune_model
+        from tuner.jobs.job import tune_model
 
         storage = open_storage(args.db, upgrade=True)
         started = time.perf_counter()
@@ -308,8 +309,8 @@ def _tuned(
     from compiler.build.builder import build
     from db.metaschedule_database import MetaScheduleDatabase
     from db.storage import open_storage
-    from tuner.finalize import choose_winners, database_from_records, top_records
-    from tuner.remeasure import RemeasureConfig
+    from tuner.final_build.finalize import choose_winners, database_from_records, top_records
+    from tuner.final_build.remeasure import RemeasureConfig
 
     storage = open_storage(args.db)
     database = MetaScheduleDatabase(storage, prepared.target)

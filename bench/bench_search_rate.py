@@ -7,7 +7,7 @@ the time went, and how fast the best schedule found runs (issue 35's tuning time
 
 Each case is one operator of :mod:`bench.bench_levers` (a one-operator ONNX model with seeded
 weights), imported and partitioned by the real compile path for this machine's CPU target; its
-task is tuned by :func:`tuner.search.run_search` (the product's one search: TuneHub's SQL
+task is tuned by :func:`tuner.engine.search.run_search` (the product's one search: TuneHub's SQL
 database in a fresh SQLite file, its builder and runner, a fresh MetaSchedule ``XGBModel``) once
 per configuration (:data:`CONFIGS`) and seed, with the same trials and batch. The order of the
 configurations alternates between seeds.
@@ -19,7 +19,7 @@ measurements. Writes ``search_rate_<date>.json`` (after every run) and ``search_
 into ``--out`` (default ``bench/results``), with the machine and date.
 
 With ``--example NAME`` (an :mod:`examples.export` network, as ONNX) each configuration instead
-tunes the whole model with :func:`tuner.job.tune_model` (``tunehub tune``'s job: the planner's
+tunes the whole model with :func:`tuner.jobs.job.tune_model` (``tunehub tune``'s job: the planner's
 batch size, the final build and its whole-model comparison with the zero-trial build) in a fresh
 database; the table gives the run's time, its search split, and the published library's time
 and the zero-trial build's, as the final build timed them side by side; then every run's published
@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from bench.bench_levers import CASES, _relax_module, _restore_affinity, machine
-from tuner.search import SearchConfig
+from tuner.engine.search import SearchConfig
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -61,8 +61,8 @@ def tune_once(task: Any, spec: Any, config: SearchConfig, args: Any, seed: int, 
 
     from db import MetaScheduleDatabase
     from db.storage import open_storage
-    from tuner.measure import MeasureConfig
-    from tuner.search import reset_metaschedule_logging, run_search
+    from tuner.engine.search import reset_metaschedule_logging, run_search
+    from tuner.measuring.builder_runner import MeasureConfig
 
     work.mkdir(parents=True, exist_ok=True)
     storage = open_storage(f"sqlite:///{work / 'tunehub.db'}", upgrade=True)
@@ -109,7 +109,7 @@ def _timer(sch: Any, spec: Any, min_ms: int) -> Any:
     import tvm
     from tvm.s_tir.transform import RemoveWeightLayoutRewriteBlock
 
-    from tuner.measure import fast_build
+    from tuner.measuring.builder_runner import fast_build
 
     lowered = RemoveWeightLayoutRewriteBlock(skip_tensor_rewrite=True)(sch.mod)
     rng = np.random.default_rng(0)
@@ -165,7 +165,7 @@ def run_example(name: str, args: argparse.Namespace, work: Path, result: dict[st
     from compiler.target import cpu_target
     from db.storage import open_storage
     from examples.export import export_onnx
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     prepared = prepare_model(export_onnx(name, work / f"{name}.onnx"), cpu_target())
     for index, seed in enumerate(args.seeds):
@@ -219,8 +219,8 @@ def _retime_models(
     from compiler.build.runner import LoadedLibrary
     from compiler.build.verify import model_inputs
     from db.storage import open_storage
-    from tuner.final_choice import CompareConfig, time_side_by_side
-    from tuner.job import tune_model
+    from tuner.final_build.final_choice import CompareConfig, time_side_by_side
+    from tuner.jobs.job import tune_model
 
     zero_dir = work / f"{name}-zero-trial"
     storage = open_storage(f"sqlite:///{zero_dir}.db", upgrade=True)
@@ -263,7 +263,7 @@ def render(result: dict[str, Any]) -> str:
         f"Machine: {m['cpu_model']} (`{m['llvm_cpu']}`, {m['logical_cpus']} logical CPUs), "
         f"TVM {m['tvm']}. Command: `python -m bench.bench_search_rate "
         f"{' '.join(c['argv'])}`. {how} Search split from MetaSchedule's profiler "
-        "(`tuner/search_time.py`).",
+        "(`tuner/engine/search_time.py`).",
         "",
         "Configurations: "
         + "; ".join(

@@ -43,7 +43,7 @@ def remeasure_bests(
     """``pairs``: ``(task name, weight, workload module, best row of run a, best row of run
     b)``; ``target`` a :class:`compiler.target.TargetSpec`. Returns one :class:`Remeasured` per
     pair, in order. A schedule that does not build or run gets ``None``; never raises for one."""
-    from tuner.remeasure import time_side_by_side
+    from tuner.final_build.remeasure import time_side_by_side
 
     schedules = [
         (mod, json.loads(row.trace_json))

@@ -4,13 +4,14 @@
 
 A TuneHub artifact's estimated latency is ``sum(weight x best_ms)`` over its tasks, where
 ``best_ms`` is what MetaSchedule's runner measured while tuning: the kernel alone, built by
-itself, repeated on the same buffers without flushing the CPU cache (``tuner.measure``). Inside the
-model each kernel runs once per call, after other layers have evicted its weights and inputs.
-This tool calls every tuned kernel of the published ``model.so`` directly, on random inputs of
-the manifest's shapes, twice: with warm caches (as the tuner measured) and with the CPU cache
-flushed before each repeat (TVM's ``cache_flush_cpu_non_first_arg``, which flushes every argument
-but the first), and prints both next to the tuner's ``best_ms``, weighted sums included, with
-the artifact's measured model latency for comparison. Timing only: nothing is written.
+itself, repeated on the same buffers without flushing the CPU cache
+(``tuner.measuring.builder_runner``). Inside the model each kernel runs once per call, after other
+layers have evicted its weights and inputs. This tool calls every tuned kernel of the published
+``model.so`` directly, on random inputs of the manifest's shapes, twice: with warm caches (as the
+tuner measured) and with the CPU cache flushed before each repeat (TVM's
+``cache_flush_cpu_non_first_arg``, which flushes every argument but the first), and prints both next
+to the tuner's ``best_ms``, weighted sums included, with the artifact's measured model latency for
+comparison. Timing only: nothing is written.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 Relax's FuseOps names a fused function after its operators and numbers repeated names, so the
 tasks of one family compute the same operators on different shapes. The search seeds a task
-from its faster siblings (:mod:`tuner.siblings`) and the cost model transfers between them
+from its faster siblings (:mod:`tuner.engine.siblings`) and the cost model transfers between them
 (:mod:`cost_model.transfer`); both group tasks with :func:`workload_family`.
 """
 

@@ -120,8 +120,8 @@ class TuningRecordModel(Base):
 
 class RemeasurementRow(Base):
     """A record's schedule measured again side by side with its task's other top records before a
-    final build (:mod:`tuner.remeasure`): the mean run time of each round, their median and
-    spread. Never changes the record's own measurement."""
+    final build (:mod:`tuner.final_build.remeasure`): the mean run time of each round, their median
+    and spread. Never changes the record's own measurement."""
 
     __tablename__ = "remeasurements"
     __table_args__ = (
@@ -245,7 +245,8 @@ class JobRow(Base):
     worker: Mapped[str | None] = mapped_column(String(128))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
-    #: What the job's runs' search features did, summed (:class:`tuner.work.SearchReport` JSON).
+    #: What the job's runs' search features did, summed (:class:`tuner.jobs.protocol.SearchReport`
+    #: JSON).
     search_json: Mapped[str | None] = mapped_column(Text)
 
 

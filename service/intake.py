@@ -22,7 +22,7 @@ from compiler.target import TargetSpec, resolve_target
 from service.files import FileStore
 from service.uploads import ReceivedUpload
 from service.validation import ValidationLimits, validate_in_child
-from tuner.workloads import register_workloads
+from tuner.jobs.workloads import register_workloads
 
 #: Serializes file adoption/removal with the rows that reference the files.
 FILE_LOCK = threading.Lock()

@@ -161,7 +161,7 @@ class Settings(BaseSettings):
         "N` registers N)",
     )
 
-    # -- a remote worker's artifact (tuner.artifact_review) ------------------------------------
+    # -- a remote worker's artifact (tuner.final_build.artifact_review) ----------------------------
     server_build: bool = Field(
         True,
         description="build a remote worker's artifact on the server from the stored records "
@@ -176,7 +176,7 @@ class Settings(BaseSettings):
     )
 
     def lease_policy(self):
-        from tuner.coordinator import LeasePolicy  # noqa: PLC0415 - settings stay free of TVM
+        from tuner.jobs.coordinator import LeasePolicy  # noqa: PLC0415 - settings stay free of TVM
 
         return LeasePolicy(
             lease_secs=self.lease_secs,

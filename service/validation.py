@@ -55,7 +55,7 @@ from compiler.frontends.model_spec import ModelFormat, ModelLimits
 from compiler.shapes.buckets import BucketSpec
 from compiler.target import TargetSpec
 from compiler.validation import ValidatedModel
-from tuner.process_limits import die_with_parent
+from tuner.final_build.process_limits import die_with_parent
 
 _PRELOAD = [
     "compiler.validation",

@@ -3,21 +3,22 @@
 ``tunehub worker --server URL --token T`` talks to a TuneHub server over HTTP
 (:class:`service.worker_client.HttpClient`); ``tunehub worker [--db URL]`` (and the embedded
 workers of ``tunehub serve``) reach the database directly (:class:`DirectClient`). The loop is the
-same (the coordinator's rules are in :mod:`tuner.coordinator`):
+same (the coordinator's rules are in :mod:`tuner.jobs.coordinator`):
 
 1. Register the worker's name, hardware fingerprint and target (an earlier process of the same
    name is gone: what it held goes back to the queue).
 2. Ask for a lease. A **tune** lease is trial batches of one or several tasks of a job: the
    worker fetches each task's context (the server's best records for the task, the schedules it
    already holds, the task's faster siblings' schedules), runs the one search over them
-   (:func:`tuner.task_tuning.tune_workloads`, the same :func:`tuner.search.run_search` as
-   ``tunehub tune``, whose gradient task scheduler spreads the trials over the tasks; measured
+   (:func:`tuner.engine.task_tuning.tune_workloads`, the same :func:`tuner.engine.search.run_search`
+   as ``tunehub tune``, whose gradient task scheduler spreads the trials over the tasks; measured
    locally or through an RPC tracker) and uploads every measured batch; ending the lease, it
    reports what the search's features did. A **finalize** lease: fetch the model, compile it
    with the best records, verify it against the reference framework and upload the artifact
-   (:func:`tuner.finalize.publish_tuned`). A **preview** lease: the same with no records (library
-   peers and TVM's default schedules, :func:`tuner.finalize.publish_zero_trial`), uploaded as the
-   job's preview while it tunes.
+   (:func:`tuner.final_build.finalize.publish_tuned`). A **preview** lease: the same with no records
+   (library peers and TVM's default schedules,
+   :func:`tuner.final_build.finalize.publish_zero_trial`), uploaded as the job's preview while it
+   tunes.
 3. A heartbeat thread stamps the worker every ``heartbeat_secs``, which keeps its lease alive;
    when the coordinator no longer lists the lease (expired, the job cancelled), or an upload
    answers that it should stop, tuning stops at the next batch.
@@ -55,8 +56,8 @@ from service.worker_client import (
     WorkClient,
     WorkerApiError,
 )
-from tuner.cost_models import transfer_choice
-from tuner.work import LeasedTask, TargetInfo, WorkOffer
+from tuner.engine.cost_models import transfer_choice
+from tuner.jobs.protocol import LeasedTask, TargetInfo, WorkOffer
 
 logger = logging.getLogger("tunehub.worker")
 
@@ -70,7 +71,7 @@ def default_worker_name(index: int = 0) -> str:
 
 
 def search_config(settings: Settings):
-    from tuner.search import SearchConfig  # noqa: PLC0415 - TVM only where a search runs
+    from tuner.engine.search import SearchConfig  # noqa: PLC0415 - TVM only where a search runs
 
     return SearchConfig.of_population(settings.search_population)
 
@@ -248,8 +249,8 @@ class Worker:
         return outcome
 
     def _tune(self, current: _Current) -> str:
-        from tuner.finalize import tvm_module  # noqa: PLC0415 - TVM only where a lease is worked
-        from tuner.task_tuning import LeasedWorkload, tune_workloads  # noqa: PLC0415 - TVM
+        from tuner.engine.task_tuning import LeasedWorkload, tune_workloads  # noqa: PLC0415 - TVM
+        from tuner.final_build.finalize import tvm_module  # noqa: PLC0415 - TVM only where a lease is worked
 
         offer = current.offer
         tasks = leased_tasks(offer)
@@ -376,7 +377,7 @@ class Worker:
 
     def job_target(self, offer: WorkOffer) -> Any:
         """The target of ``offer``'s job as this worker measures it: its own, or its own with
-        the job's weight format (:func:`tuner.coordinator.served_targets` offers those too)."""
+        the job's weight format (:func:`tuner.jobs.coordinator.served_targets` offers those too)."""
         if offer.target.key == self.target.key:
             return self.target
         variant = self.target.with_weights(offer.target.spec().compile_options.weights)
@@ -455,12 +456,12 @@ class Worker:
         return "done"
 
     def _finalize(self, current: _Current) -> str:
-        from tuner.finalize import (  # noqa: PLC0415 - TVM
+        from tuner.final_build.finalize import (  # noqa: PLC0415 - TVM
             choose_winners,
             finalize_outcomes,
             publish_tuned,
         )
-        from tuner.remeasure import RemeasureConfig  # noqa: PLC0415 - TVM
+        from tuner.final_build.remeasure import RemeasureConfig  # noqa: PLC0415 - TVM
 
         offer = current.offer
         prepared = self._prepared(offer)
@@ -494,9 +495,9 @@ class Worker:
         return self._build_and_publish(current, build)
 
     def _preview(self, current: _Current) -> str:
-        """The job's zero-trial library (:func:`tuner.finalize.publish_zero_trial`), verified and
-        uploaded as its preview while other leases tune it."""
-        from tuner.finalize import publish_zero_trial  # noqa: PLC0415 - TVM
+        """The job's zero-trial library (:func:`tuner.final_build.finalize.publish_zero_trial`),
+        verified and uploaded as its preview while other leases tune it."""
+        from tuner.final_build.finalize import publish_zero_trial  # noqa: PLC0415 - TVM
 
         offer = current.offer
         prepared = self._prepared(offer)

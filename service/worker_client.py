@@ -3,7 +3,7 @@ database (:class:`DirectClient`, the embedded worker of ``tunehub serve``).
 
 Both implement :class:`WorkClient`, so the worker loop (:mod:`service.worker`) is the same code in
 both modes; :class:`DirectClient` calls the functions the REST routes call
-(:mod:`tuner.coordinator`). Errors: :class:`ServerUnavailable` after retrying for
+(:mod:`tuner.jobs.coordinator`). Errors: :class:`ServerUnavailable` after retrying for
 ``retry_secs`` (connection errors, 502/503/504, a database that cannot be reached), and
 :class:`WorkerApiError` for an answer that retrying cannot change (4xx: an unknown or lost lease,
 a refused artifact).
@@ -24,9 +24,8 @@ import httpx
 
 import db
 from cost_model.version import latest_model_blob
-from tuner import coordinator
-from tuner.record_checks import RecordRefused
-from tuner.work import (
+from tuner.jobs import coordinator
+from tuner.jobs.protocol import (
     BatchAck,
     BatchUpload,
     LeaseContext,
@@ -38,6 +37,7 @@ from tuner.work import (
     TargetInfo,
     WorkOffer,
 )
+from tuner.jobs.record_checks import RecordRefused
 
 logger = logging.getLogger("tunehub.worker")
 T = TypeVar("T")
@@ -59,7 +59,7 @@ class WorkerApiError(Exception):
 
 
 class WorkClient(Protocol):
-    """The coordinator as seen by a worker (see :mod:`tuner.coordinator` for the semantics)."""
+    """The coordinator as seen by a worker (see :mod:`tuner.jobs.coordinator` for the semantics)."""
 
     def register(self, name: str, target: TargetInfo, fingerprint_json: str) -> None: ...
 
@@ -72,7 +72,7 @@ class WorkClient(Protocol):
 
     def context(self, lease_id: int, k: int, task_id: int | None = None) -> LeaseContext:
         """What the search of task ``task_id`` (default: the first) of tune lease ``lease_id``
-        starts from (:class:`tuner.work.LeaseContext`)."""
+        starts from (:class:`tuner.jobs.protocol.LeaseContext`)."""
 
     def cost_model(self, target_key: str, tvm_version: str) -> tuple[int, bytes] | None:
         """The target's newest transferred cost model for this TVM version, or ``None``."""
@@ -275,7 +275,7 @@ class HttpClient:
         }
         try:
             # The server builds the artifact again (or checks it in a sandbox) before it
-            # answers: minutes for a large model (tuner.artifact_review).
+            # answers: minutes for a large model (tuner.final_build.artifact_review).
             reply = self._call(
                 "POST", f"/workers/leases/{lease_id}/artifact", files=files, timeout=ARTIFACT_SECS
             )

@@ -22,14 +22,15 @@ from typing import Any
 
 import pytest
 
-# Every job's final build re-measures its tasks' top records (tuner/remeasure.py; defaults top 3,
-# 5 rounds, ~0.2 s a candidate a round). Tests tune a few trials: two candidates, one round is
-# enough to exercise it everywhere (servers and CLI children started by tests inherit these;
-# tests/tuner/test_remeasure.py sets its own rounds).
+# Every job's final build re-measures its tasks' top records (tuner/final_build/remeasure.py;
+# defaults top 3, 5 rounds, ~0.2 s a candidate a round). Tests tune a few trials: two candidates,
+# one round is enough to exercise it everywhere (servers and CLI children started by tests inherit
+# these; tests/tuner/test_remeasure.py sets its own rounds).
 os.environ.setdefault("TUNEHUB_REMEASURE_TOP", "2")
 os.environ.setdefault("TUNEHUB_REMEASURE_ROUNDS", "1")
-# The final build's whole-model comparison with the zero-trial build (tuner/final_choice.py):
-# two rounds exercise it (the rule's own test sets its timings).
+# The final build's whole-model comparison with the zero-trial build
+# (tuner/final_build/final_choice.py): two rounds exercise it (the rule's own test sets its
+# timings).
 os.environ.setdefault("TUNEHUB_FINAL_COMPARE_ROUNDS", "2")
 
 #: Test modules that tune whole models end to end through a server (marked ``slow`` as a whole).
@@ -109,7 +110,7 @@ class TunedDatabase:
     path: Path
     model: Path  # the model file that was tuned
     artifact_dir: Path
-    summary: Any  # tuner.job.TuneSummary of the run
+    summary: Any  # tuner.jobs.job.TuneSummary of the run
     observed: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def copy(self, dest: Path) -> str:
@@ -134,7 +135,7 @@ def _tune_once(
     import db
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
-    from tuner.job import tune_model
+    from tuner.jobs.job import tune_model
 
     path = folder / "tuned.db"
     if start_from is not None:
@@ -158,8 +159,8 @@ def _tune_once(
 
 
 def _counting_runner(sent: list[int]) -> Callable[[Any], Any]:
-    """A runner wrapper for ``tuner.search.make_runner``: delegates to the real runner and notes
-    the size of every batch sent to it in ``sent``."""
+    """A runner wrapper for ``tuner.engine.search.make_runner``: delegates to the real runner and
+    notes the size of every batch sent to it in ``sent``."""
     from tvm.ir.utils import derived_object
     from tvm.s_tir import meta_schedule as ms
 
@@ -181,7 +182,7 @@ def tuned_small_cnn(tmp_path_factory, example_model) -> TunedDatabase:
     """The small CNN (ONNX) tuned once, cold, 24 trials (one batch for each of its 6 tasks),
     sibling seeds off: the database of tests/tuner/test_one_engine.py,
     tests/tuner/test_sibling_seeds.py and tests/cost_model/test_transfer.py."""
-    from tuner.search import FAST_SEARCH
+    from tuner.engine.search import FAST_SEARCH
 
     return _tune_once(
         tmp_path_factory.mktemp("tuned-small-cnn"),
@@ -204,8 +205,8 @@ def tuned_mlp(tmp_path_factory, example_model) -> TunedDatabase:
     ``observed["seen"]``: at each progress update, ``(batches sent so far, the run's total trials,
     records in the database)``: what tests/tuner/test_scheduler.py checks.
     """
-    import tuner.search
-    from tuner.search import FAST_SEARCH
+    import tuner.engine.search
+    from tuner.engine.search import FAST_SEARCH
 
     sent: list[int] = []
     seen: list[tuple[int, int, int]] = []
@@ -217,11 +218,11 @@ def tuned_mlp(tmp_path_factory, example_model) -> TunedDatabase:
         def on_batch(self, update) -> None:
             seen.append((len(sent), update.total_trials, self.storage.count_records()))
 
-    make_runner = tuner.search.make_runner
+    make_runner = tuner.engine.search.make_runner
     counting = _counting_runner(sent)
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(
-            tuner.search,
+            tuner.engine.search,
             "make_runner",
             lambda measure, rpc=None: counting(make_runner(measure, rpc)),
         )
@@ -244,7 +245,7 @@ def continued_mlp(tmp_path_factory, tuned_mlp) -> TunedDatabase:
     seeds (checked against the database separately). Checked by
     tests/tuner/test_skip_stored.py and tests/tuner/test_tune_job.py's continue test;
     ``observed["records_before"]``: the records of the copy before the run."""
-    from tuner.search import FAST_SEARCH
+    from tuner.engine.search import FAST_SEARCH
 
     return _tune_once(
         tmp_path_factory.mktemp("continued-mlp"),
@@ -280,7 +281,7 @@ def mlp_on_small_cnn(tmp_path_factory, tuned_small_cnn, example_model) -> TunedD
     from cost_model.booster import BoosterConfig
     from cost_model.dataset import extend_training_set
     from cost_model.store import save_model, train
-    from tuner.search import FAST_SEARCH
+    from tuner.engine.search import FAST_SEARCH
 
     folder = tmp_path_factory.mktemp("mlp-on-small-cnn")
     mlp = example_model("mlp", "onnx")

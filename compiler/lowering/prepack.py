@@ -15,7 +15,7 @@ the library's ``main`` keeps its signature (inputs only).
   tuned kernel's layout-rewrite block into its own PrimFunc, lifts those calls on constants out
   of ``main`` and folds them into new constants (the prepack PrimFuncs are then dropped).
 
-Measurement builds (``tuner.measure.fast_build``) drop the rewrite block
+Measurement builds (``tuner.measuring.builder_runner.fast_build``) drop the rewrite block
 (``RemoveWeightLayoutRewriteBlock``), as MetaSchedule's default builder does: a candidate's time
 excludes the one-off transform.
 """

@@ -15,7 +15,7 @@ Library records are additive
 
 Held library records (issue 31)
     A library record measured faster than its task physically allows
-    (:mod:`tuner.plausibility`) is stored *held* (``quarantined``, with a ``held_reason``): it
+    (:mod:`tuner.jobs.plausibility`) is stored *held* (``quarantined``, with a ``held_reason``): it
     is listed and counted like any other, never a best.
 
 Listing is paged

@@ -1,10 +1,11 @@
 """The contract of re-measurements: a task's top records measured again side by side.
 
 Re-measurements are additive
-    A re-measurement (:mod:`tuner.remeasure`) is stored beside the record it measured again and
-    never changes the record's own measurement: ``tuning_records`` keeps its keep-the-better rule,
-    so no re-measurement (e.g. one a worker uploads) can make another record look worse to the
-    search. Deleting a record deletes its re-measurements; deleting a job keeps them (job unset).
+    A re-measurement (:mod:`tuner.final_build.remeasure`) is stored beside the record it measured
+    again and never changes the record's own measurement: ``tuning_records`` keeps its
+    keep-the-better rule, so no re-measurement (e.g. one a worker uploads) can make another record
+    look worse to the search. Deleting a record deletes its re-measurements; deleting a job keeps
+    them (job unset).
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 import db
-from tuner.planning import job_search
-from tuner.work import SearchReport
+from tuner.jobs.protocol import SearchReport
+from tuner.jobs.start import job_search
 
 MAX_ID = 2**63 - 1
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._@-]{0,127}$"
@@ -418,7 +418,7 @@ class WorkloadsPublic(BaseModel):
 
 class RemeasurementPublic(BaseModel):
     """A record's schedule measured again side by side with its task's other top records before
-    a final build (``tuner/remeasure.py``)."""
+    a final build (``tuner/final_build/remeasure.py``)."""
 
     rounds_ms: list[float] = Field(description="the mean run time of each round")
     median_ms: float
@@ -696,7 +696,7 @@ class WorkerHeartbeatReply(WorkerPublic):
 
 
 # The worker protocol's messages (offers, lease contexts, batches, acks, lease ends) are defined
-# once, in :mod:`tuner.work`, and used by the routes as they are.
+# once, in :mod:`tuner.jobs.protocol`, and used by the routes as they are.
 
 
 # -- health ----------------------------------------------------------------------------------

@@ -52,7 +52,7 @@ def run_demo(args: argparse.Namespace) -> int:
     from examples.networks import EXAMPLES
     from service.cli.model_commands import print_task_table
     from service.cli.progress_display import RichTuneProgress
-    from tuner.job import default_artifact_dir, tune_model
+    from tuner.jobs.job import default_artifact_dir, tune_model
 
     if args.example not in EXAMPLES:
         raise CliError(f"unknown example {args.example!r}; choose from {sorted(EXAMPLES)}")

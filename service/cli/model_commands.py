@@ -127,7 +127,7 @@ def run_compile(args: argparse.Namespace) -> int:
     storage = open_storage_from_args(args) if use_database else None
     try:
         if storage is None:
-            from tuner.finalize import publish_zero_trial
+            from tuner.final_build.finalize import publish_zero_trial
 
             manifest = publish_zero_trial(prepared, args.output, force=args.force)
         else:
@@ -137,7 +137,7 @@ def run_compile(args: argparse.Namespace) -> int:
             schedules = _schedules_used(storage, database, prepared)
             peers, defaults = _implementations_from_records(storage, prepared, schedules)
             if defaults:  # those tasks build with their default schedule: without records
-                from tuner.finalize import database_from_records, top_records
+                from tuner.final_build.finalize import database_from_records, top_records
 
                 best = top_records(prepared, database, 1)
                 database = database_from_records(

@@ -7,7 +7,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 class RichTuneProgress:
-    """Progress listener (see :mod:`tuner.progress`) drawing one bar on stderr."""
+    """Progress listener (see :mod:`tuner.measure_callback.progress`) drawing one bar on stderr."""
 
     def __init__(self, total_trials: int) -> None:
         self.progress = Progress(

@@ -185,7 +185,7 @@ def run_worker_command(args: argparse.Namespace) -> int:
     if (args.rpc_tracker is None) != (args.rpc_key is None):
         raise CliError("--rpc-tracker and --rpc-key go together")
     if args.rpc_tracker is not None:
-        from tuner.measure import RpcConfig
+        from tuner.measuring.builder_runner import RpcConfig
 
         try:
             rpc = RpcConfig.parse(args.rpc_tracker, args.rpc_key)

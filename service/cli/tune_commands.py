@@ -9,8 +9,8 @@ from pathlib import Path
 from service.cli.errors import CliError
 from service.cli.options import add_db_option, add_model_options, open_storage_from_args, print_json
 
-#: ``tuner.search.SearchConfig.population_size``, spelled here so that ``--help`` does not import
-#: TVM (tests/tuner/test_search_config.py checks that they agree).
+#: ``tuner.engine.search.SearchConfig.population_size``, spelled here so that ``--help`` does not
+#: import TVM (tests/tuner/test_search_config.py checks that they agree).
 DEFAULT_POPULATION = 128
 
 
@@ -66,10 +66,10 @@ def run_tune(args: argparse.Namespace) -> int:
     from compiler.errors import CompileError, ModelError, VerificationError
     from service.cli.model_commands import prepare_from_args
     from service.cli.progress_display import RichTuneProgress
-    from tuner.cost_models import CostModelUnavailable, choose_cost_model
-    from tuner.job import tune_model
-    from tuner.remeasure import RemeasureConfig
-    from tuner.search import SearchConfig
+    from tuner.engine.cost_models import CostModelUnavailable, choose_cost_model
+    from tuner.engine.search import SearchConfig
+    from tuner.final_build.remeasure import RemeasureConfig
+    from tuner.jobs.job import tune_model
 
     if args.trials < 0:
         raise CliError(f"--trials must be >= 0, got {args.trials}")
@@ -135,7 +135,7 @@ def _print_summary(summary) -> None:
     measured = "n/a" if summary.measured is None else f"{summary.measured.median_secs * 1e3:.3f} ms"
     console.print(f"estimated {est}, measured {measured}; {summary.verification['message']}")
     if summary.extra.get("search_time"):
-        from tuner.search_time import SearchTime
+        from tuner.engine.search_time import SearchTime
 
         console.print(SearchTime.from_json(summary.extra["search_time"]).describe())
     console.print(f"artifact: {summary.artifact_dir}")

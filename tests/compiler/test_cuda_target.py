@@ -92,7 +92,7 @@ def _matmul(n: int, dtype: str) -> tvm.IRModule:
 
 def test_tensorcore_space_tensorizes_fp16_and_keeps_fp32_on_plain_rules() -> None:
     from compiler.lowering.intrinsics import load_tensor_intrinsics
-    from tuner.space import design_space
+    from tuner.engine.space import design_space
 
     # In a thread of its own: TVMScript's parser calls inspect.stack() for each of the ~500
     # intrinsics it parses, at a cost that grows with the depth of the calling stack (pytest's
@@ -185,8 +185,8 @@ def test_cuda_builds_capture_cuda_graphs_unless_turned_off(example_model, monkey
 @needs_gpu
 def test_tuned_model_on_the_gpu_is_verified_against_torch(example_model, tmp_path) -> None:
     from compiler.prepare import prepare_model
-    from tuner.job import tune_model
-    from tuner.search import FAST_SEARCH
+    from tuner.engine.search import FAST_SEARCH
+    from tuner.jobs.job import tune_model
 
     prepared = prepare_model(example_model("mlp", "pt2"), resolve_target("cuda"))
     storage = db.open_storage(f"sqlite:///{tmp_path / 'gpu.db'}", upgrade=True)

@@ -34,7 +34,7 @@ from compiler.llm.generate import (
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from examples import hf_exports
-from tuner.finalize import publish_zero_trial
+from tuner.final_build.finalize import publish_zero_trial
 
 pytestmark = pytest.mark.slow
 

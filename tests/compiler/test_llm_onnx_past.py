@@ -28,7 +28,7 @@ from compiler.shapes.buckets import parse_bucket_field
 from compiler.target import cpu_target
 from examples import onnx_kv_export
 from service.cli import main
-from tuner.finalize import publish_zero_trial
+from tuner.final_build.finalize import publish_zero_trial
 
 pytestmark = pytest.mark.slow
 

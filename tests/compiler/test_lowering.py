@@ -156,11 +156,11 @@ def _tune_all(parts, target, tmp_path):
     from tvm.s_tir import meta_schedule as ms
 
     from compiler.lowering.intrinsics import load_tensor_intrinsics
-    from tuner.measure import MeasureConfig, make_builder, make_runner
-    from tuner.search import SearchConfig
+    from tuner.engine.search import SearchConfig
+    from tuner.measuring.builder_runner import MeasureConfig, make_builder, make_runner
 
-    # As the tuner does (tuner.search.run_search): only the CPU's tensor intrinsics. Without it,
-    # TuneContext imports every backend's (minutes under pytest's deep stack;
+    # As the tuner does (tuner.engine.search.run_search): only the CPU's tensor intrinsics. Without
+    # it, TuneContext imports every backend's (minutes under pytest's deep stack;
     # compiler/lowering/intrinsics.py).
     load_tensor_intrinsics("cpu")
     measure = MeasureConfig(repeat=1, min_repeat_ms=1)

@@ -196,7 +196,7 @@ def test_padding_is_refused_where_it_changes_the_outputs(tmp_path) -> None:
     from dataclasses import asdict
 
     from compiler.frontends.model_spec import ModelLimits
-    from tuner.artifact_review import ReviewContext, review_artifact
+    from tuner.final_build.artifact_review import ReviewContext, review_artifact
 
     source = tmp_path / "softmax.onnx"
     source.write_bytes(model.SerializeToString())

@@ -175,7 +175,7 @@ def test_a_decoder_with_8_bit_weights_is_verified_and_generates_torchs_tokens(
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
     from examples import hf_exports
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.finalize import publish_zero_trial
 
     program = hf_exports.save(hf_exports.static_cache_program("qwen2", 32), tmp_path / "s.pt2")
     target = cpu_target(2, replace(CPU_DEFAULT, weights="q8_0"))
@@ -309,7 +309,7 @@ def test_an_onnx_model_takes_quantized_weights_along_each_matmuls_reduction(
     from compiler.peers import find_peer, gemm_rows, zero_trial_call
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.finalize import publish_zero_trial
 
     target = cpu_target(2, replace(CPU_DEFAULT, weights=fmt))
     prepared = prepare_model(example_model("mlp", "onnx"), target)

@@ -4,7 +4,7 @@ The dashboard's tests and its benchmark need jobs with many records without hour
 :class:`RecordWriter` takes a queued job, claims it the way a worker does (``start_job`` with
 job tasks from the model's task list, then one ``claim_task_lease`` per task), then commits
 batches of records tagged with the job and updates task and job progress after each batch, like
-:class:`tuner.job.JobRowWriter`. Latencies follow a tuning curve (fast early improvements, a
+:class:`tuner.jobs.job.JobRowWriter`. Latencies follow a tuning curve (fast early improvements, a
 floor set by the task's FLOPs) with noise and ~5 % failed candidates; traces are distinct JSON
 lists, so every record is a new row. Nothing is measured: this stands in for the measuring, not
 for the storage, the API or the pages under test.

@@ -176,8 +176,8 @@ def test_the_coordinator_shares_queued_tasks_among_idle_workers(
     """Issue 33: a lease covers several tasks, but no more than an even share of the queued
     tasks among the target's idle live workers; a job pinned to a run is never planned or
     leased by another worker, and its own worker gets its work only."""
-    from tuner.coordinator import LeasePolicy, lease_work, register
-    from tuner.work import TargetInfo
+    from tuner.jobs.coordinator import LeasePolicy, lease_work, register
+    from tuner.jobs.protocol import TargetInfo
 
     policy = LeasePolicy(tasks_per_lease=8, previews=False)
     for name in ("a", "b", "c"):

@@ -1,8 +1,8 @@
 """Issue 31 (case 4) on both backends: a finalize manifest's library records and
-re-measurements are checked against their task's physical limits (:mod:`tuner.plausibility`)
-when stored (:func:`tuner.remeasure_store.store_remeasurements`, what the server runs when it
-accepts a worker's artifact); a held library record is never a best; library records are listed
-in pages with a count; migration 0012 holds what was stored before it."""
+re-measurements are checked against their task's physical limits (:mod:`tuner.jobs.plausibility`)
+when stored (:func:`tuner.final_build.remeasure_store.store_remeasurements`, what the server runs
+when it accepts a worker's artifact); a held library record is never a best; library records are
+listed in pages with a count; migration 0012 holds what was stored before it."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tvm import te
 import db
 from db import NewLibraryRecord, NewRemeasurement, NewTuningRecord
 from db.engine import create_storage_engine
-from tuner.remeasure_store import store_remeasurements
+from tuner.final_build.remeasure_store import store_remeasurements
 
 WA, WB = "00000000000000aa", "00000000000000bb"
 CALL = {"kind": "gemm", "function": "tunehub.peer.gemm"}

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from tests.service.conftest import REPO, upload, wait_for_job
-from tuner.remeasure import RemeasureConfig
+from tuner.final_build.remeasure import RemeasureConfig
 
 
 @pytest.fixture(scope="module")

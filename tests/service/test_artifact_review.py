@@ -5,8 +5,9 @@ finalize lease and uploads a library whose load-time constructor writes a marker
 the success word, then exits. With server builds on (the default), the server compiles the
 artifact itself from its stored records and publishes that; the worker's library is never
 loaded (no marker anywhere). With server builds off, the worker's library runs only in the
-sandbox (:mod:`tuner.sandbox`): printing "verified" decides nothing, the marker cannot reach the
-server's storage, a genuine library is published as the worker's and a wrong one is refused.
+sandbox (:mod:`tuner.final_build.sandbox`): printing "verified" decides nothing, the marker cannot
+reach the server's storage, a genuine library is published as the worker's and a wrong one is
+refused.
 """
 
 from __future__ import annotations
@@ -135,8 +136,8 @@ def test_the_server_follows_the_workers_whole_model_choice(serve, tmp_path) -> N
     from compiler.build.runner import Timing
     from compiler.prepare import prepare_model
     from compiler.target import cpu_target
-    from tuner.final_choice import decide
-    from tuner.finalize import publish_zero_trial
+    from tuner.final_build.final_choice import decide
+    from tuner.final_build.finalize import publish_zero_trial
 
     server = serve(workers=0)
     marker = tmp_path / "marker"

@@ -8,7 +8,7 @@ from __future__ import annotations
 from service.settings import Settings
 from service.worker import Worker
 from service.worker_client import WorkerApiError
-from tuner.work import LeaseEnd, TargetInfo, WorkOffer
+from tuner.jobs.protocol import LeaseEnd, TargetInfo, WorkOffer
 
 
 class _RefusingClient:

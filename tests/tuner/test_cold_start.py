@@ -13,8 +13,8 @@ from tvm.s_tir import meta_schedule as ms
 
 import db
 from compiler.target import cpu_target
-from tuner.measure import MeasureConfig
-from tuner.search import FAST_SEARCH, reset_metaschedule_logging, run_search
+from tuner.engine.search import FAST_SEARCH, reset_metaschedule_logging, run_search
+from tuner.measuring.builder_runner import MeasureConfig
 from tuner.search_strategy.cold_start import warming_up
 
 

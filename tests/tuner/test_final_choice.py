@@ -1,7 +1,8 @@
 """A tuned build is never slower end to end than the zero-trial build it replaces (issue 35):
 the final build times both whole models side by side and publishes the faster, saying so in the
-manifest's ``final_choice`` (tuner/final_choice.py, tuner/finalize.py). Real TVM builds and
-timings; the slow tuned build is a real, valid schedule (the task's unscheduled loops)."""
+manifest's ``final_choice`` (tuner/final_build/final_choice.py, tuner/final_build/finalize.py). Real
+TVM builds and timings; the slow tuned build is a real, valid schedule (the task's unscheduled
+loops)."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from compiler.build.runner import LoadedLibrary, Timing
 from compiler.build.verify import verify
 from compiler.prepare import PreparedModel, prepare_model
 from compiler.target import cpu_target
-from tuner.final_choice import (
+from tuner.final_build.final_choice import (
     CHOICES,
     MARGIN,
     ROUNDS_ENV,
@@ -28,7 +29,7 @@ from tuner.final_choice import (
     FinalChoice,
     decide,
 )
-from tuner.finalize import (
+from tuner.final_build.finalize import (
     TaskOutcome,
     build_zero_trial_of,
     publish_tuned,
@@ -206,8 +207,8 @@ def test_a_slower_tuned_build_publishes_the_zero_trial_library(mlp, tmp_path) ->
     assert verify(mlp.model, LoadedLibrary(tmp_path / "final" / "model.so").run_fresh).passed
     assert timing is not None and manifest["measured"]["min_ms"] < choice["tuned_ms"]
 
-    # The server's rebuild (tuner/rebuild.py) follows the worker's choice; here it cannot run
-    # the target's code, so nothing is timed or verified, and the bytes match.
+    # The server's rebuild (tuner/final_build/rebuild.py) follows the worker's choice; here it
+    # cannot run the target's code, so nothing is timed or verified, and the bytes match.
     followed = FinalChoice.from_json(choice)
     server, _ = publish_tuned(
         mlp,

@@ -10,9 +10,9 @@ import dataclasses
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
 from compiler.task_family import workload_family
-from tuner.search import FAST_SEARCH
-from tuner.task_tuning import LeasedWorkload, tune_workloads
-from tuner.work import LeaseContext
+from tuner.engine.search import FAST_SEARCH
+from tuner.engine.task_tuning import LeasedWorkload, tune_workloads
+from tuner.jobs.protocol import LeaseContext
 
 
 def test_a_lease_of_several_tasks_tunes_them_in_one_search(example_model) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 import db
 from tests.service.conftest import start_server, stop_server, upload, wait_for_job
-from tuner.remeasure import RemeasureConfig
+from tuner.final_build.remeasure import RemeasureConfig
 
 REPO = Path(__file__).resolve().parents[2]
 TRIALS = 12  # the MLP's 3 tasks: one batch of 4 each

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from compiler.partition import TaskInfo
-from tuner.plan import MAX_BATCH, MIN_BATCH, choose_batch_size, plan_tuning
+from tuner.jobs.plan import MAX_BATCH, MIN_BATCH, choose_batch_size, plan_tuning
 
 
 def task(key: str, flops: float, weight: int = 1, tunable: bool = True) -> TaskInfo:
@@ -42,7 +42,7 @@ def test_negative_budget_is_refused() -> None:
 
 
 def test_allotments_add_up_and_follow_the_work() -> None:
-    from tuner.plan import allot_trials, task_batch_size
+    from tuner.jobs.plan import allot_trials, task_batch_size
 
     tasks = [
         task("big", 1000),

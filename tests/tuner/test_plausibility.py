@@ -1,7 +1,7 @@
 # ruff: noqa: N805, N806, N812 - TVMScript spells buffers and its dialects this way
-"""Issue 31 (cases 3 and 4): the one plausibility rule (:mod:`tuner.plausibility`) and the bytes
-a task must write (:mod:`tuner.workload_bytes`), read off real TIR: a reshape, a matmul, a
-function with two outputs, and the cases that must count less (a slice written in place, a
+"""Issue 31 (cases 3 and 4): the one plausibility rule (:mod:`tuner.jobs.plausibility`) and the
+bytes a task must write (:mod:`tuner.jobs.workload_bytes`), read off real TIR: a reshape, a matmul,
+a function with two outputs, and the cases that must count less (a slice written in place, a
 conditional store, a symbolic shape, a diagonal)."""
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ from tvm import te
 from tvm.script import ir as I
 from tvm.script import tirx as T
 
-from tuner import plausibility
-from tuner.plausibility import Limits, TaskBounds, check
-from tuner.workload_bytes import function_output_bytes, output_bytes, workload_output_bytes
+from tuner.jobs import plausibility
+from tuner.jobs.plausibility import Limits, TaskBounds, check
+from tuner.jobs.workload_bytes import function_output_bytes, output_bytes, workload_output_bytes
 
 
 def _module(*tensors) -> tvm.IRModule:
@@ -212,7 +212,7 @@ def test_an_unknown_kind_gets_the_most_generous_limits():
 def test_the_rule_is_tvm_free():
     """The API process imports the rule (and the manifest's store) without TVM."""
     code = (
-        "import sys, tuner.plausibility, tuner.remeasure_store; "
+        "import sys, tuner.jobs.plausibility, tuner.final_build.remeasure_store; "
         "sys.exit(1 if 'tvm' in sys.modules else 0)"
     )
     repo = Path(__file__).resolve().parents[2]

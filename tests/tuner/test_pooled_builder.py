@@ -1,4 +1,5 @@
-"""The tuner's builder keeps its popen workers across batches (tuner/measure.PooledBuilder)."""
+"""The tuner's builder keeps its popen workers across batches
+(:class:`tuner.measuring.builder_runner.PooledBuilder`)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import tvm
 from tvm import te
 from tvm.s_tir import meta_schedule as ms
 
-from tuner.measure import MeasureConfig, make_builder
+from tuner.measuring.builder_runner import MeasureConfig, make_builder
 
 
 def _add_one() -> tvm.IRModule:
@@ -45,7 +46,7 @@ def test_one_builder_and_one_runner_worker_per_process() -> None:
     with other evaluator settings share the worker of their run timeout, and time as they say."""
     import numpy as np
 
-    from tuner.measure import make_runner
+    from tuner.measuring.builder_runner import make_runner
 
     config = MeasureConfig(builder_workers=1)
     builder = make_builder(config)

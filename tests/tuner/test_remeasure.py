@@ -16,8 +16,8 @@ from compiler.peers import find_peer, peer_library
 from compiler.peers.algorithms import gemm_algorithms
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from tuner.remeasure import RemeasureConfig
-from tuner.remeasure_store import parse_remeasurements
+from tuner.final_build.remeasure import RemeasureConfig
+from tuner.final_build.remeasure_store import parse_remeasurements
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,8 @@ def test_job_builds_with_remeasured_winners_and_stores_them(tuned):
     expected = {key for key, wid in ids.items() if len(storage.top_k(wid, target.id, 2)) == 2}
     assert expected and {t["key"] for t in remeasured} == expected | with_peer | with_default
     # The tuned build's table and peers: the manifest's own, or, where the whole-model comparison
-    # published the zero-trial library instead (tuner/final_choice.py), kept in final_choice.
+    # published the zero-trial library instead (tuner/final_build/final_choice.py), kept in
+    # final_choice.
     built = manifest["final_choice"].get("tuned_build") or manifest
     schedules = {s["key"]: s for s in built["schedules"]}
     for task in remeasured:
@@ -237,7 +238,7 @@ def test_every_peer_variant_is_a_candidate_and_the_fastest_is_built(tmp_path):
     from compiler.peers import peer_variants  # noqa: PLC0415
     from compiler.peers.library import onednn_available  # noqa: PLC0415
     from tests.compiler.test_peers import conv_model  # noqa: PLC0415
-    from tuner.remeasure import peer_keys, remeasure_tasks  # noqa: PLC0415
+    from tuner.final_build.remeasure import peer_keys, remeasure_tasks  # noqa: PLC0415
 
     path = tmp_path / "conv.onnx"
     path.write_bytes(conv_model(64, 64, 16, 3, 1, 1).SerializeToString())

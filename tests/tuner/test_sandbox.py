@@ -1,6 +1,6 @@
-"""Issue 31: the sandbox a worker's library is checked in (:mod:`tuner.sandbox`) inherits no
-environment, reaches no network, sees no other process and cannot read, write or uncover the
-folders it hides."""
+"""Issue 31: the sandbox a worker's library is checked in (:mod:`tuner.final_build.sandbox`)
+inherits no environment, reaches no network, sees no other process and cannot read, write or uncover
+the folders it hides."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from tuner.sandbox import SandboxLimits, run_sandboxed
+from tuner.final_build.sandbox import SandboxLimits, run_sandboxed
 
 
 def test_the_sandbox_hides_the_server(tmp_path, monkeypatch) -> None:

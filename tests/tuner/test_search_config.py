@@ -1,13 +1,13 @@
 """The search's default population is one number wherever a job is started: the CLI's
 ``--population`` default, the service's ``TUNEHUB_SEARCH_POPULATION`` and ``SearchConfig``'s
-(128: the evidence is in ``tuner/search.py``'s ``SearchConfig`` docstring); another population
-keeps the other defaults."""
+(128: the evidence is in ``tuner/engine/search.py``'s ``SearchConfig`` docstring); another
+population keeps the other defaults."""
 
 from __future__ import annotations
 
 from service.cli.tune_commands import DEFAULT_POPULATION
 from service.settings import Settings
-from tuner.search import SearchConfig
+from tuner.engine.search import SearchConfig
 
 
 def test_one_default_population_everywhere(monkeypatch) -> None:

@@ -1,11 +1,11 @@
-"""Where a search's time goes (tuner/search_time.py): MetaSchedule's profiler scopes grouped into
-the phases of a trial. A real run's split is checked in tests/tuner/test_tune_job.py."""
+"""Where a search's time goes (tuner/engine/search_time.py): MetaSchedule's profiler scopes grouped
+into the phases of a trial. A real run's split is checked in tests/tuner/test_tune_job.py."""
 
 from __future__ import annotations
 
 import pytest
 
-from tuner.search_time import PHASES, SearchTime
+from tuner.engine.search_time import PHASES, SearchTime
 
 
 def test_scopes_group_into_phases_and_the_rest_is_other() -> None:

@@ -22,8 +22,8 @@ import pytest
 import db
 from compiler.prepare import prepare_model
 from compiler.target import cpu_target
-from tuner.job import tune_model
-from tuner.search import FAST_SEARCH
+from tuner.engine.search import FAST_SEARCH
+from tuner.jobs.job import tune_model
 
 REPO = Path(__file__).resolve().parents[2]
 TUNEHUB = [sys.executable, "-m", "service.cli"]

@@ -2,9 +2,9 @@
 
 A worker does not hold the tuning database. :class:`LeaseDatabase` is what MetaSchedule reads
 and writes during one tune lease instead of the SQL adapter: it starts with each leased
-workload's best records on the server (:attr:`tuner.work.LeaseContext.seeds`: the search's
+workload's best records on the server (:attr:`tuner.jobs.protocol.LeaseContext.seeds`: the search's
 initial population and the cost model's warm start), knows which schedules the server holds
-(:attr:`~tuner.work.LeaseContext.stored_keys`), and keeps what the lease measures. Its
+(:attr:`~tuner.jobs.protocol.LeaseContext.stored_keys`), and keeps what the lease measures. Its
 :meth:`holds` is the SQL adapter's (:meth:`db.metaschedule_database.MetaScheduleDatabase.holds`):
 so :class:`tuner.search_strategy.skip_stored.SkipStoredSchedules` and
 :class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` treat both alike. The measurements
@@ -24,7 +24,7 @@ from tvm.s_tir import meta_schedule as ms
 
 from compiler.target import TargetSpec
 from db.metaschedule_database import schedule_key
-from tuner.work import LeaseContext
+from tuner.jobs.protocol import LeaseContext
 
 logger = logging.getLogger(__name__)
 

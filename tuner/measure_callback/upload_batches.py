@@ -2,10 +2,10 @@
 
 Where a run on the SQL database commits each candidate through MetaSchedule's default callbacks,
 a lease worker hands each task's batch (seeds included: :mod:`tuner.task_scheduler.seeds`
-reports them to every callback) to ``on_batch`` as :class:`tuner.work.RecordUpload` objects,
-failures with their error text (:func:`tuner.measurements.outcome`); the worker uploads it.
-When ``on_batch`` answers ``False`` (lease lost, job cancelled, worker stopping) tuning stops at
-once.
+reports them to every callback) to ``on_batch`` as :class:`tuner.jobs.protocol.RecordUpload`
+objects, failures with their error text (:func:`tuner.measuring.outcomes.outcome`); the worker
+uploads it. When ``on_batch`` answers ``False`` (lease lost, job cancelled, worker stopping) tuning
+stops at once.
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ from tvm.s_tir import meta_schedule as ms
 
 from db.metaschedule_database import record_as_json
 from db.types import measurement
-from tuner.measurements import outcome
-from tuner.work import RecordUpload
+from tuner.jobs.protocol import RecordUpload
+from tuner.measuring.outcomes import outcome
 
 
 @dataclass(frozen=True)

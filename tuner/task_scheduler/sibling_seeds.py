@@ -10,15 +10,15 @@ Siblings are tasks of one *workload family* (:func:`compiler.task_family.workloa
 fused operators without their numbers), found in every model the database knows and in the run
 itself. Where the sibling schedules come from is a :class:`SiblingSource`: the SQL database in a
 run that holds it (:class:`StorageSiblings`), or the server's answer to a lease
-(:class:`LeaseSiblings`, from :class:`tuner.work.LeaseContext`); both go through
-:func:`tuner.siblings.faster_siblings`. When the scheduler picks a task, :class:`SiblingSeeds`
-offers the best schedule of the sibling that runs at the highest throughput (FLOP/s) above the
-task's own, once per sibling record: its trace is replayed on the task's module with every tile-size
-decision (``SamplePerfectTile``) refitted to the task's loop extents (:func:`refit_tiles`), and the
-design space's postprocessors are applied. The scheduler measures it like any candidate (it counts
-against the trial budget, is stored as an ordinary record, and the cost model learns from it), so
-the task's next batch starts from it when it is fast. A trace that does not replay (other block
-names, a decision the new shape cannot take) is skipped.
+(:class:`LeaseSiblings`, from :class:`tuner.jobs.protocol.LeaseContext`); both go through
+:func:`tuner.engine.siblings.faster_siblings`. When the scheduler picks a task,
+:class:`SiblingSeeds` offers the best schedule of the sibling that runs at the highest throughput
+(FLOP/s) above the task's own, once per sibling record: its trace is replayed on the task's module
+with every tile-size decision (``SamplePerfectTile``) refitted to the task's loop extents
+(:func:`refit_tiles`), and the design space's postprocessors are applied. The scheduler measures it
+like any candidate (it counts against the trial budget, is stored as an ordinary record, and the
+cost model learns from it), so the task's next batch starts from it when it is fast. A trace that
+does not replay (other block names, a decision the new shape cannot take) is skipped.
 
 The same refitting also feeds the search without measuring: :meth:`SiblingSeeds.population` gives
 the top few records of every sibling, refitted, for the initial population of each batch
@@ -41,11 +41,11 @@ from tvm.s_tir.schedule import Trace
 
 from db.metaschedule_database import record_as_json
 from db.types import mean_run_secs, measurement
-from tuner.reports import SiblingSchedule
-from tuner.siblings import family_members, faster_siblings
+from tuner.engine.reports import SiblingSchedule
+from tuner.engine.siblings import family_members, faster_siblings
 
 if TYPE_CHECKING:  # pragma: no cover - the protocol's messages need pydantic
-    from tuner.work import LeaseContext
+    from tuner.jobs.protocol import LeaseContext
 
 logger = logging.getLogger(__name__)
 
@@ -158,10 +158,10 @@ class StorageSiblings:
 
 class LeaseSiblings:
     """Siblings of a tune lease's tasks: those the server handed the lease
-    (:attr:`tuner.work.LeaseContext.siblings`, one context per leased task: the best schedule of
-    each sibling faster than the task when the lease began) and, as the lease measures them, the
-    lease's other tasks of the same family (``leased``: each task with its workload's TIR module
-    as ``tvm.ir.save_json``; their best records are read from ``database``, the lease's
+    (:attr:`tuner.jobs.protocol.LeaseContext.siblings`, one context per leased task: the best
+    schedule of each sibling faster than the task when the lease began) and, as the lease measures
+    them, the lease's other tasks of the same family (``leased``: each task with its workload's TIR
+    module as ``tvm.ir.save_json``; their best records are read from ``database``, the lease's
     :class:`tuner.database.lease.LeaseDatabase`). So the tasks of one lease seed each other as a
     run on the SQL database does (:class:`StorageSiblings`)."""
 

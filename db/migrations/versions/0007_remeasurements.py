@@ -1,9 +1,9 @@
 """Noise-proof winners (issue 19): re-measurements of a task's top records before a final build.
 
 ``remeasurements``: one row per record measured again side by side with its task's other top
-records (:mod:`tuner.remeasure`): the mean run time of each round (``rounds_json``), their median
-and relative spread, whether the build chose it, the job and worker. A record's own measurement
-is never changed by one (keep-the-better stays the only rule for ``tuning_records``).
+records (:mod:`tuner.final_build.remeasure`): the mean run time of each round (``rounds_json``),
+their median and relative spread, whether the build chose it, the job and worker. A record's own
+measurement is never changed by one (keep-the-better stays the only rule for ``tuning_records``).
 
 Revision ID: 0007_remeasurements
 Revises: 0006_trust

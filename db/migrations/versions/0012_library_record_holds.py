@@ -1,7 +1,7 @@
 """Held library records (issue 31): a library record can be stored *held*, like a tuning record.
 
 - ``library_records.quarantined``: held as implausible (faster than a physical limit of its
-  task, :mod:`tuner.plausibility`); no best-library-record query uses it. ``held_reason``: why,
+  task, :mod:`tuner.jobs.plausibility`); no best-library-record query uses it. ``held_reason``: why,
   in a sentence (``NULL`` when not held).
 
 Rows stored before this revision are checked against the limits SQL can apply alone: a median

@@ -3,7 +3,7 @@ tokens).
 
 A worker registers, asks for a lease, fetches the records it starts from, uploads measured
 batches, heartbeats, ends its lease, and for a finalize lease downloads the model and uploads the
-verified artifact. The routes only translate HTTP; the rules live in :mod:`tuner.coordinator`
+verified artifact. The routes only translate HTTP; the rules live in :mod:`tuner.jobs.coordinator`
 (and the storage it calls), which workers on the database call the same way.
 """
 
@@ -37,8 +37,8 @@ from service.api.schemas import (
     WorkerRegister,
     WorkersPublic,
 )
-from tuner import coordinator
-from tuner.work import (
+from tuner.jobs import coordinator
+from tuner.jobs.protocol import (
     BatchAck,
     BatchUpload,
     LeaseContext,
@@ -445,9 +445,9 @@ def upload_artifact(
 
 def _server_review(storage, files, settings):
     """The server's review of a remote worker's artifact
-    (:func:`tuner.artifact_review.reviewer`): it builds the library itself where it can, or
-    checks the worker's in a sandbox."""
-    from tuner.artifact_review import reviewer  # noqa: PLC0415 - TVM where an artifact arrives
+    (:func:`tuner.final_build.artifact_review.reviewer`): it builds the library itself where it can,
+    or checks the worker's in a sandbox."""
+    from tuner.final_build.artifact_review import reviewer  # noqa: PLC0415 - TVM where an artifact arrives
 
     return reviewer(
         storage,

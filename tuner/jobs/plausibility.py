@@ -1,13 +1,13 @@
 """One plausibility rule for every measurement the server stores from outside (issue 31).
 
 A measurement is the time of one call of a task's kernel, in seconds: a tuning record's mean
-(:func:`tuner.record_checks.check_records`), a re-measurement's or a library record's median of
-rounds (:mod:`tuner.remeasure_store`). It is *implausible* when it is faster than any of three
-physical limits of the task on its kind of target (:class:`Limits`):
+(:func:`tuner.jobs.record_checks.check_records`), a re-measurement's or a library record's median of
+rounds (:mod:`tuner.final_build.remeasure_store`). It is *implausible* when it is faster than any of
+three physical limits of the task on its kind of target (:class:`Limits`):
 
 (a) **compute**: the task's FLOPs at :data:`PEAK_FLOPS`;
 (b) **memory**: the bytes the task must write at the least (its outputs,
-    :func:`tuner.workload_bytes.output_bytes`) at :data:`PEAK_BYTES_PER_SEC`;
+    :func:`tuner.jobs.workload_bytes.output_bytes`) at :data:`PEAK_BYTES_PER_SEC`;
 (c) **the call**: :data:`MIN_CALL_SECS`, what any kernel call through TVM's time evaluator
     takes at the least, however little it does.
 

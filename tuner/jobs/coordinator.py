@@ -7,9 +7,9 @@ reads and writes only through :class:`db.TuningStorage`; it never runs TVM.
 Life of a job (see the lease contract in :mod:`db.base`):
 
 1. **Plan.** A worker asking for work finds a queued job for its target: the job is planned from
-   the model's task list stored at upload (:func:`plan_job`: :func:`tuner.plan.plan_tuning` with
-   what this target already has tuned, then :func:`tuner.plan.allot_trials`) and started, tasks
-   and all, in one transaction. Only one planner wins the job.
+   the model's task list stored at upload (:func:`plan_job`: :func:`tuner.jobs.plan.plan_tuning`
+   with what this target already has tuned, then :func:`tuner.jobs.plan.allot_trials`) and started,
+   tasks and all, in one transaction. Only one planner wins the job.
 2. **Tune leases.** A tune lease covers up to ``tasks_per_lease`` queued tasks of one job, each
    task leased to one worker at a time, for at most ``batches_per_lease`` batches of each task's
    remaining trials; one search on the worker spreads the lease's trials over its tasks with
@@ -62,10 +62,8 @@ from db import (
     TuningStorage,
     Worker,
 )
-from tuner.planning import plan_job, record_search
-from tuner.record_checks import check_records
-from tuner.remeasure_store import store_remeasurements
-from tuner.work import (
+from tuner.final_build.remeasure_store import store_remeasurements
+from tuner.jobs.protocol import (
     BatchAck,
     JobTaskInfo,
     LeaseContext,
@@ -76,6 +74,8 @@ from tuner.work import (
     TargetInfo,
     WorkOffer,
 )
+from tuner.jobs.record_checks import check_records
+from tuner.jobs.start import plan_job, record_search
 
 logger = logging.getLogger("tunehub.coordinator")
 
@@ -377,7 +377,7 @@ def _queued_jobs(storage: TuningStorage, target_ids: list[int], worker: str) -> 
 
 def lease_trials(task_budget: int, policy: LeasePolicy) -> tuple[int, int]:
     """``(batch_size, max trials of one lease)`` for a task with ``task_budget`` trials."""
-    from tuner.plan import task_batch_size  # noqa: PLC0415
+    from tuner.jobs.plan import task_batch_size  # noqa: PLC0415
 
     batch = task_batch_size(task_budget)
     return batch, batch * policy.batches_per_lease
@@ -417,7 +417,7 @@ def offer_for(
         if len(leased) == 1:
             batch, _ = lease_trials(rows[first.task_id].trial_budget, policy)
         else:  # the gradient scheduler's first round: a batch of each task, half the trials
-            from tuner.plan import choose_batch_size  # noqa: PLC0415
+            from tuner.jobs.plan import choose_batch_size  # noqa: PLC0415
 
             batch = choose_batch_size(len(leased), lease.trials)
         return WorkOffer(
@@ -497,13 +497,13 @@ def lease_context(
     token_id: int | None = None,
 ) -> LeaseContext:
     """What the search of task ``task_id`` (default: the first) of tune lease ``lease_id``
-    starts from (see :class:`tuner.work.LeaseContext`): the workload's ``k`` best records on the
-    lease's target, the keys of the schedules stored for it, and its faster siblings' best
-    schedules (:func:`tuner.siblings.faster_siblings`, the query ``tunehub tune`` runs too).
+    starts from (see :class:`tuner.jobs.protocol.LeaseContext`): the workload's ``k`` best records
+    on the lease's target, the keys of the schedules stored for it, and its faster siblings' best
+    schedules (:func:`tuner.engine.siblings.faster_siblings`, the query ``tunehub tune`` runs too).
     Raises :class:`db.NotFoundError` (no lease) and :class:`db.ConflictError` (a finalize
     lease, or a task the lease does not cover)."""
     from compiler.task_family import workload_family  # noqa: PLC0415
-    from tuner.siblings import family_members, faster_siblings, own_rate  # noqa: PLC0415
+    from tuner.engine.siblings import family_members, faster_siblings, own_rate  # noqa: PLC0415
 
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind != "tune" or lease.task_id is None:
@@ -564,10 +564,10 @@ def accept_batch(
     """Check, store and count one uploaded batch of task ``task_id`` (default: the first) of a
     tune lease (once per batch number).
 
-    The whole batch is checked first (:func:`tuner.record_checks.check_records`); a refused record
-    refuses it all (:class:`tuner.record_checks.RecordRefused`, nothing stored). The records are
-    stored whatever the lease's state (a late upload from an expired lease is still evidence;
-    duplicates keep the better measurement), attributed to the lease's worker (the caller:
+    The whole batch is checked first (:func:`tuner.jobs.record_checks.check_records`); a refused
+    record refuses it all (:class:`tuner.jobs.record_checks.RecordRefused`, nothing stored). The
+    records are stored whatever the lease's state (a late upload from an expired lease is still
+    evidence; duplicates keep the better measurement), attributed to the lease's worker (the caller:
     ``token_id`` must own it) and job; they count only while the lease is active and its job
     running, and no more trials than the lease was allotted (``lease.trials``; a batch past it
     counts what is left). Raises :class:`db.NotFoundError` (no lease), :class:`Forbidden` (another
@@ -656,7 +656,7 @@ def end_lease(
 
 def _store_remeasurements(storage: TuningStorage, lease: TaskLease, entries: Any) -> None:
     """The re-measurements a finalize lease's manifest reports, stored beside their records
-    (checked entry by entry: :func:`tuner.remeasure_store.store_remeasurements`)."""
+    (checked entry by entry: :func:`tuner.final_build.remeasure_store.store_remeasurements`)."""
     if not entries:
         return
     job = storage.get_job(lease.job_id)
@@ -693,14 +693,14 @@ def accept_artifact(
     (a finalize lease). Refused (:class:`db.ConflictError`, nothing published) when the
     manifest does not say the verification passed, the library is missing or ``review``
     refuses it. ``review(lease, staged, manifest)`` is the server's review of a remote worker's
-    artifact (what the REST route passes: :func:`tuner.artifact_review.review_artifact`): it
-    may replace ``staged``'s library and manifest with the server's own build, raises
-    ConflictError to refuse, and returns a :class:`tuner.artifact_review.Review`, recorded as
-    the manifest's ``server_review`` (who built the library, whether the server verified it).
-    Without it (a worker of this installation, on the database) the worker's verified artifact
-    is published as it is. ``token_id``: the worker token, which must own
-    the lease (:class:`Forbidden`). Raises :class:`db.InvalidTransitionError` when the lease or
-    the job is no longer active.
+    artifact (what the REST route passes:
+    :func:`tuner.final_build.artifact_review.review_artifact`): it may replace ``staged``'s library
+    and manifest with the server's own build, raises ConflictError to refuse, and returns a
+    :class:`tuner.final_build.artifact_review.Review`, recorded as the manifest's ``server_review``
+    (who built the library, whether the server verified it). Without it (a worker of this
+    installation, on the database) the worker's verified artifact is published as it is.
+    ``token_id``: the worker token, which must own the lease (:class:`Forbidden`). Raises
+    :class:`db.InvalidTransitionError` when the lease or the job is no longer active.
     """
     lease = owned_lease(storage, lease_id, token_id)
     if lease.kind not in BUILD_KINDS or lease.status != LeaseStatus.ACTIVE:

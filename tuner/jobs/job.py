@@ -10,13 +10,14 @@
 - tasks already tuned for this target and hardware (by any job, for any model) are reused without
   measurements unless ``continue_tuning``; a model whose tasks are all known compiles with zero;
 - the artifact is built from each task's re-measured winner (its top records measured again side
-  by side, :mod:`tuner.remeasure`; the re-measurements are stored), verified against the
+  by side, :mod:`tuner.final_build.remeasure`; the re-measurements are stored), verified against the
   reference framework from disk, and published only if verification passes (otherwise the job
   fails, nothing is written); its manifest records the library's measured latency and, on CPU
   targets, the reference framework's on the same inputs (``reference``);
 - the published library is the faster of the tuned build and the model's zero-trial build,
-  timed whole side by side (:mod:`tuner.final_choice`; ``TUNEHUB_FINAL_COMPARE_ROUNDS=0`` turns
-  it off); the manifest's and the summary's ``final_choice`` say which and why.
+  timed whole side by side (:mod:`tuner.final_build.final_choice`;
+  ``TUNEHUB_FINAL_COMPARE_ROUNDS=0`` turns it off); the manifest's and the summary's
+  ``final_choice`` say which and why.
 
 A model with symbolic dimensions is one job over the union of its shape buckets' tasks
 (:mod:`compiler.shapes.buckets`: a task several buckets share is one task, its weight the sum),
@@ -44,26 +45,26 @@ from compiler.task_family import workload_family
 from db import Job, JobStatus, NewJobTask, TuningStorage
 from db.config import default_storage_dir
 from db.metaschedule_database import MetaScheduleDatabase, RecordErrorsCallback
-from tuner.cost_models import CostModelChoice, resolve_cost_model
-from tuner.final_choice import CompareConfig, final_choice_summary
-from tuner.finalize import (
+from tuner.engine.cost_models import CostModelChoice, resolve_cost_model
+from tuner.engine.reports import SearchReport
+from tuner.engine.search import SearchConfig, reset_metaschedule_logging, run_search
+from tuner.engine.search_time import SearchTime
+from tuner.final_build.final_choice import CompareConfig, final_choice_summary
+from tuner.final_build.finalize import (
     TaskOutcome,
     choose_winners,
     estimated_secs,
     publish_tuned,
     top_records,
 )
-from tuner.measure import MeasureConfig
-from tuner.plan import TuningPlan, plan_tuning
-from tuner.planning import plan_job, record_search
-from tuner.progress import ProgressCallback, ProgressListener, RunState
-from tuner.remeasure import RemeasureConfig
-from tuner.remeasure_store import store_remeasurements
-from tuner.reports import SearchReport
-from tuner.search import SearchConfig, reset_metaschedule_logging, run_search
-from tuner.search_time import SearchTime
+from tuner.final_build.remeasure import RemeasureConfig
+from tuner.final_build.remeasure_store import store_remeasurements
+from tuner.jobs.plan import TuningPlan, plan_tuning
+from tuner.jobs.start import plan_job, record_search
+from tuner.jobs.workloads import register_prepared
+from tuner.measure_callback.progress import ProgressCallback, ProgressListener, RunState
+from tuner.measuring.builder_runner import MeasureConfig
 from tuner.task_scheduler.sibling_seeds import SeedTask, SiblingSeeds
-from tuner.workloads import register_prepared
 
 RESUMABLE = (JobStatus.RUNNING, JobStatus.QUEUED)
 
@@ -73,9 +74,10 @@ class TuneSummary:
     """What a job run reports (``tunehub tune --json`` prints :meth:`to_json`). ``tasks``: the
     job's schedule table (what it did with each task, the tuned build's implementation);
     ``measured``: the published library's timing; ``extra["final_choice"]``: whether that
-    library is the tuned or the zero-trial build (:meth:`tuner.final_choice.FinalChoice.to_json`,
-    without the unpublished build's table); ``extra["search_time"]``: where this run's search
-    spent its time (:meth:`tuner.search_time.SearchTime.to_json`; ``None``: nothing searched)."""
+    library is the tuned or the zero-trial build
+    (:meth:`tuner.final_build.final_choice.FinalChoice.to_json`, without the unpublished build's
+    table); ``extra["search_time"]``: where this run's search spent its time
+    (:meth:`tuner.engine.search_time.SearchTime.to_json`; ``None``: nothing searched)."""
 
     job_id: int
     resumed: bool
@@ -154,7 +156,7 @@ def _register_model(storage: TuningStorage, prepared: PreparedModel, filename: s
 def _find_or_create_job(storage, *, model_id, target_id, trials, owner, continue_tuning):
     """The job this run resumes (same model, target, owner and budget, still open) or a new
     one, pinned to this run (:func:`run_worker_name`) and started through the service's planner
-    (:func:`tuner.planning.plan_job`), so its tasks and their allotments are what a REST job of
+    (:func:`tuner.jobs.start.plan_job`), so its tasks and their allotments are what a REST job of
     the same model gets. An open job of
     another budget is cancelled (superseded). Raises ``RuntimeError`` when a worker on the same
     database started the new job first."""
@@ -260,9 +262,9 @@ def tune_model(
 ) -> TuneSummary:
     """Tune, compile, verify and publish (see the module docstring).
 
-    ``cost_model`` is a mode of :func:`tuner.cost_models.choose_cost_model` or a model already
-    chosen with it. It is resolved before any row is written, so
-    :class:`tuner.cost_models.CostModelUnavailable` leaves no job behind.
+    ``cost_model`` is a mode of :func:`tuner.engine.cost_models.choose_cost_model` or a model
+    already chosen with it. It is resolved before any row is written, so
+    :class:`tuner.engine.cost_models.CostModelUnavailable` leaves no job behind.
 
     Raises :class:`compiler.errors.VerificationError` (job failed, nothing published) when the tuned
     library does not match the reference; other exceptions also fail the job. ``KeyboardInterrupt``
@@ -319,7 +321,7 @@ def run_job(
 ) -> TuneSummary:
     """Run a job the caller has moved to ``running`` (a CLI run or a worker's claim).
 
-    ``cost_model``: a mode of :func:`tuner.cost_models.choose_cost_model` or its result.
+    ``cost_model``: a mode of :func:`tuner.engine.cost_models.choose_cost_model` or its result.
 
     ``prepared`` must be the job's model prepared for the job's target. On success the job ends
     ``succeeded`` with a verified artifact; on failure ``failed`` with the error; on

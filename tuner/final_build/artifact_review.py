@@ -5,17 +5,17 @@ lease, an artifact. The artifact's ``model.so`` is native code: whatever it clai
 never loads it in its own trust. :func:`review_artifact` decides what is published:
 
 1. **The server builds it itself** wherever it can build for the job's target (every CPU target;
-   a CUDA target where ``nvcc`` is installed), in a child process (:mod:`tuner.rebuild`), from
-   the server's own stored records following the worker's reported choices
-   (:mod:`tuner.rebuild_plan`). The server's build is what users download (``built_by``
-   ``server``); the worker's library is never loaded, only its hash is compared with the
-   server's (TVM builds the same inputs to the same bytes). The server's build is verified
-   against the reference framework when this machine can run the target's code
+   a CUDA target where ``nvcc`` is installed), in a child process
+   (:mod:`tuner.final_build.rebuild`), from the server's own stored records following the worker's
+   reported choices (:mod:`tuner.final_build.rebuild_plan`). The server's build is what users
+   download (``built_by`` ``server``); the worker's library is never loaded, only its hash is
+   compared with the server's (TVM builds the same inputs to the same bytes). The server's build is
+   verified against the reference framework when this machine can run the target's code
    (``server_build``); otherwise it is published as verified only when its bytes equal the
    worker's, which the worker verified (``server_build_same_as_worker``), and unverified (not
    downloadable) when they differ (``server_build_only``).
-2. **Otherwise the worker's library is checked in a sandbox** (:mod:`tuner.sandbox`): a trusted
-   child computes the reference's outputs on seeded inputs (one case per shape bucket or
+2. **Otherwise the worker's library is checked in a sandbox** (:mod:`tuner.final_build.sandbox`): a
+   trusted child computes the reference's outputs on seeded inputs (one case per shape bucket or
    program), the sandboxed child runs the worker's library on the same inputs and writes its
    outputs, and this process compares them (:func:`compiler.build.verify.compare`). No line the
    library prints is a verdict (``sandbox_reference``). A CUDA library on a server without a
@@ -41,10 +41,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.process_limits import child_limits
-from tuner.rebuild import RebuildFailed, RebuildSpec, rebuild_in_child
-from tuner.rebuild_plan import RebuildPlan, plan_rebuild
-from tuner.sandbox import SandboxLimits, SandboxUnavailable, run_sandboxed
+from tuner.final_build.process_limits import child_limits
+from tuner.final_build.rebuild import RebuildFailed, RebuildSpec, rebuild_in_child
+from tuner.final_build.rebuild_plan import RebuildPlan, plan_rebuild
+from tuner.final_build.sandbox import SandboxLimits, SandboxUnavailable, run_sandboxed
 
 LIBRARY = "model.so"
 MANIFEST = "manifest.json"
@@ -77,8 +77,8 @@ class Review:
 class ReviewContext:
     """What the review reads: the job's model file and its row's format and buckets, the
     target (:class:`compiler.target.TargetSpec`), the model limits, the job's tasks (the
-    finalize offer's :class:`tuner.work.JobTaskInfo` JSON), its trials, the folders a sandbox
-    hides (home, storage, database), and the limits of the children."""
+    finalize offer's :class:`tuner.jobs.protocol.JobTaskInfo` JSON), its trials, the folders a
+    sandbox hides (home, storage, database), and the limits of the children."""
 
     model_path: Path
     model_format: str | None
@@ -104,12 +104,12 @@ def reviewer(
     timeout_secs: float = 600.0,
     memory_bytes: int = 8 << 30,
 ) -> Callable[[Any, Path, Mapping[str, Any]], Review]:
-    """The ``review`` of :func:`tuner.coordinator.accept_artifact` for the REST route:
+    """The ``review`` of :func:`tuner.jobs.coordinator.accept_artifact` for the REST route:
     ``review(lease, staged, manifest)`` runs :func:`review_artifact` on the lease's job (its
     model file from ``model_path(content hash)``, its target and tasks from ``storage``) and
     raises :class:`db.ConflictError` for a refusal. ``hide``: the folders a sandbox covers."""
     from db import ConflictError  # noqa: PLC0415
-    from tuner.coordinator import job_task_infos  # noqa: PLC0415
+    from tuner.jobs.coordinator import job_task_infos  # noqa: PLC0415
 
     def review(lease: Any, staged: Path, manifest: Mapping[str, Any]) -> Review:
         job = storage.get_job(lease.job_id)
@@ -238,7 +238,7 @@ def _sandbox_check(
         )
         try:
             done = run_sandboxed(
-                "tuner.sandbox_runner",
+                "tuner.final_build.sandbox_runner",
                 [LIBRARY, "cases", device if not_run is None else "cuda"],
                 workdir=work,
                 hide=context.hide,
@@ -332,7 +332,7 @@ def _reference_cases(context: ReviewContext, work: Path) -> list[dict[str, Any]]
             [
                 sys.executable,
                 "-m",
-                "tuner.artifact_review",
+                "tuner.final_build.artifact_review",
                 str(context.model_path),
                 context.model_format or "",
                 context.buckets_json or "",
@@ -340,7 +340,7 @@ def _reference_cases(context: ReviewContext, work: Path) -> list[dict[str, Any]]
                 str(work),
                 context.target.compile_options.weights,
             ],
-            cwd=str(Path(__file__).resolve().parents[1]),
+            cwd=str(Path(__file__).resolve().parents[2]),
             capture_output=True,
             text=True,
             timeout=context.timeout_secs,

@@ -1,12 +1,12 @@
-"""Inside the sandbox (:mod:`tuner.sandbox`): run a worker's library on given inputs.
+"""Inside the sandbox (:mod:`tuner.final_build.sandbox`): run a worker's library on given inputs.
 
-``python -m tuner.sandbox_runner LIBRARY CASES DEVICE`` reads ``CASES.json`` (a list of
+``python -m tuner.final_build.sandbox_runner LIBRARY CASES DEVICE`` reads ``CASES.json`` (a list of
 ``{"function": name, "inputs": n}``) and ``CASES.npz`` (``case<i>_in<j>`` arrays), loads the
 library with TVM's runtime, calls each case's Relax VM function on its inputs and writes every
 output as ``case<i>_out<j>`` to ``outputs.npz`` in the working folder, written under a temporary
 name and renamed when complete. It decides nothing: the server compares the outputs with the
-reference's (:mod:`tuner.artifact_review`). ``DEVICE`` ``cuda`` on a machine without a GPU only
-loads the library (``loaded.json``).
+reference's (:mod:`tuner.final_build.artifact_review`). ``DEVICE`` ``cuda`` on a machine without a
+GPU only loads the library (``loaded.json``).
 """
 
 from __future__ import annotations

@@ -1,17 +1,18 @@
 """The last step of a job: re-measure the top schedules, compile with the winners, verify, publish.
 
-:func:`choose_winners` re-measures each task's top records side by side (:mod:`tuner.remeasure`)
-and gives the database the build uses; both callers below run it first.
+:func:`choose_winners` re-measures each task's top records side by side
+(:mod:`tuner.final_build.remeasure`) and gives the database the build uses; both callers below run
+it first.
 
-:func:`publish_tuned` is shared by a job run in one process (:func:`tuner.job.run_job`, database:
-the SQL adapter) and by a distributed worker's finalize lease (database:
+:func:`publish_tuned` is shared by a job run in one process (:func:`tuner.jobs.job.run_job`,
+database: the SQL adapter) and by a distributed worker's finalize lease (database:
 :func:`database_from_records`, an in-memory MetaSchedule database holding the best record of each
 task fetched from the server). It promises what ``publish_artifact`` promises: the library is
 verified against the reference framework from disk before anything is published; otherwise
 :class:`compiler.errors.VerificationError` and nothing is written. It also promises that the
 published library is never slower end to end than the zero-trial build it replaces, as far as
 side-by-side timing can tell: it builds both, times both whole models in alternating rounds
-and publishes the faster (:mod:`tuner.final_choice`; the manifest's ``final_choice``).
+and publishes the faster (:mod:`tuner.final_build.final_choice`; the manifest's ``final_choice``).
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from compiler.peers import device_of, find_peer, library_for
 from compiler.prepare import PreparedModel
 from db.metaschedule_database import record_as_json, replay_error
 from db.types import measurement
-from tuner.final_choice import (
+from tuner.final_build.final_choice import (
     ROUNDS_ENV,
     TUNED,
     ZERO_TRIAL,
@@ -47,8 +48,7 @@ from tuner.final_choice import (
     decide,
     time_side_by_side,
 )
-from tuner.measure import MeasureConfig, RpcConfig
-from tuner.remeasure import (
+from tuner.final_build.remeasure import (
     RemeasureConfig,
     TaskRemeasure,
     peer_keys,
@@ -56,6 +56,7 @@ from tuner.remeasure import (
     remeasure_tasks,
     remeasurements_json,
 )
+from tuner.measuring.builder_runner import MeasureConfig, RpcConfig
 
 logger = logging.getLogger("tunehub.finalize")
 
@@ -227,8 +228,9 @@ def choose_winners(
     measure: MeasureConfig | None = None,
     rpc: RpcConfig | None = None,
 ) -> Winners:
-    """Re-measure each task's top ``records`` side by side (:mod:`tuner.remeasure`) and return
-    the database the final build uses. With ``config`` off, the database holds ``records``."""
+    """Re-measure each task's top ``records`` side by side (:mod:`tuner.final_build.remeasure`) and
+    return the database the final build uses. With ``config`` off, the database holds
+    ``records``."""
     remeasured = remeasure_tasks(prepared, records, config, measure, rpc)
     return Winners(
         database_from_records(prepared, records_for_build(records, remeasured)), remeasured
@@ -252,9 +254,9 @@ def publish_tuned(
 ) -> tuple[dict[str, Any], Timing | None]:
     """Build ``prepared`` with ``database``'s best schedules and the library peers of the tasks
     keyed in ``peers`` (:attr:`Winners.peers`), build its zero-trial library too, time both whole
-    models side by side and publish the faster (:mod:`tuner.final_choice`); verify and time the
-    published library, write ``out_dir`` (``model.so`` + ``manifest.json``); return the manifest
-    and the published library's timing.
+    models side by side and publish the faster (:mod:`tuner.final_build.final_choice`); verify and
+    time the published library, write ``out_dir`` (``model.so`` + ``manifest.json``); return the
+    manifest and the published library's timing.
 
     The manifest's ``final_choice`` says which library was published and why. With the tuned
     library, ``schedules`` are ``outcomes``, ``estimated_ms`` :func:`estimated_secs` of them and
@@ -410,11 +412,13 @@ def _compare(
     config: CompareConfig,
 ) -> FinalChoice:
     """Time the tuned and the zero-trial build (each an executable and the keys of its peer
-    tasks) side by side on seeded inputs (:func:`tuner.final_choice.time_side_by_side`) and
-    :func:`tuner.final_choice.decide`; a comparison that fails publishes the tuned library,
-    saying why. Each is exported (peers linked) and loaded from disk as it would be published:
-    running an executable in this process (``LoadedLibrary.from_executable``: TVM's JIT) changes
-    the bytes it exports afterwards, and a server's rebuild is checked against those bytes."""
+    tasks) side by side on seeded inputs (:func:`tuner.final_build.final_choice.time_side_by_side`)
+    and
+    :func:`tuner.final_build.final_choice.decide`; a comparison that fails publishes the tuned
+    library, saying why. Each is exported (peers linked) and loaded from disk as it would be
+    published: running an executable in this process (``LoadedLibrary.from_executable``: TVM's JIT)
+    changes the bytes it exports afterwards, and a server's rebuild is checked against those
+    bytes."""
     model = prepared.model
     try:
         with tempfile.TemporaryDirectory(prefix="tunehub-final-") as tmp:
@@ -518,7 +522,7 @@ def finalize_outcomes(
     prepared: PreparedModel, tasks: Sequence[Any], best: Mapping[str, Sequence[Sequence[Any]]]
 ) -> list[TaskOutcome]:
     """The schedule table of a finalize lease: each of the model's tasks with the job's task
-    row (``tasks``: :class:`tuner.work.JobTaskInfo`, by workload key) and its best record
+    row (``tasks``: :class:`tuner.jobs.protocol.JobTaskInfo`, by workload key) and its best record
     (``best[key]``: ``TuningRecord.as_json()`` lists). A task the job tuned is ``tune``, one it
     took from the database ``reuse``, one the job had no row for ``skip``."""
     by_key = {t.workload_key: t for t in tasks}

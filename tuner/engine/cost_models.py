@@ -1,6 +1,7 @@
 """Which cost model a tuning run uses, and what it reports about it afterwards.
 
-Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tuner.job.tune_model`):
+Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of
+:func:`tuner.jobs.job.tune_model`):
 
 ``auto`` (default)
     the target's persisted transferred model (:func:`cost_model.store.load_model`) when there is
@@ -9,7 +10,7 @@ Modes (``tunehub tune --cost-model``, the ``cost_model`` argument of :func:`tune
     the persisted model, or :class:`CostModelUnavailable` when there is none;
 ``cold``
     MetaSchedule's cold ``XGBModel`` (what plain ``tune_relax`` uses; a random model where
-    xgboost is not installed, see :func:`tuner.search.default_cost_model`).
+    xgboost is not installed, see :func:`tuner.engine.search.default_cost_model`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ class CostModelUnavailable(ValueError):
 class CostModelChoice:
     """The MetaSchedule cost model of a run plus what to say about it in the summary."""
 
-    model: Any  # a PyCostModel instance, or None: MetaSchedule's default (tuner.search)
+    model: Any  # a PyCostModel instance, or None: MetaSchedule's default (tuner.engine.search)
     kind: str  # "transfer" or "cold"
     model_id: int | None = None
     trained_on: int = 0

@@ -1,4 +1,5 @@
-"""The bytes a tuning task must write at the least: the memory bound of :mod:`tuner.plausibility`.
+"""The bytes a tuning task must write at the least: the memory bound of
+:mod:`tuner.jobs.plausibility`.
 
 Every kernel writes its outputs at least once, whatever its schedule, so the bytes of the
 buffers its function writes bound its time from below (at a memory-bandwidth ceiling). This

@@ -6,7 +6,8 @@ in.
 search-strategy wrapper (:mod:`tuner.search_strategy`), the task scheduler and its seeds
 (:mod:`tuner.task_scheduler`), the cost model, the measure callbacks (:mod:`tuner.measure_callback`
 and :mod:`db`). Every way a job runs calls it: ``tunehub tune`` and the service's in-process runs
-(:mod:`tuner.job`) on the SQL database, lease workers (:mod:`tuner.task_tuning`) on a lease's.
+(:mod:`tuner.jobs.job`) on the SQL database, lease workers (:mod:`tuner.engine.task_tuning`) on a
+lease's.
 """
 
 from __future__ import annotations
@@ -22,12 +23,12 @@ from tvm.s_tir import meta_schedule as ms
 
 from compiler.lowering.intrinsics import load_tensor_intrinsics
 from tuner.database.primed import SiblingPrimedDatabase
-from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
-from tuner.reports import SearchReport
+from tuner.engine.reports import SearchReport
+from tuner.engine.search_time import SearchTime, profiled
+from tuner.engine.space import design_space
+from tuner.measuring.builder_runner import MeasureConfig, RpcConfig, make_builder, make_runner
 from tuner.search_strategy.cold_start import ColdStartSearch, warming_up
 from tuner.search_strategy.skip_stored import SkipStoredSchedules
-from tuner.search_time import SearchTime, profiled
-from tuner.space import design_space
 from tuner.task_scheduler.default_schedules import DefaultScheduleSeeds
 from tuner.task_scheduler.gradient import BatchCommittingGradient
 from tuner.task_scheduler.seeds import SeedChain
@@ -212,11 +213,11 @@ def run_search(
     - measure callbacks: MetaSchedule's defaults (database commit, artifact removal but over
       ``rpc``, cost-model update) plus ``callbacks``; runner: local, or ``rpc``'s tracker.
 
-    ``space`` defaults to :func:`tuner.space.design_space` of the target. ``on_time`` is called
-    with where the search's time went (:class:`tuner.search_time.SearchTime`, MetaSchedule's
-    profiler; trials not counted) when it ends without raising. Returns what the search
-    features did (``cost_model`` left ``cold``: the caller knows which model it passed). Raises
-    whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks), and whatever a callback
+    ``space`` defaults to :func:`tuner.engine.space.design_space` of the target. ``on_time`` is
+    called with where the search's time went (:class:`tuner.engine.search_time.SearchTime`,
+    MetaSchedule's profiler; trials not counted) when it ends without raising. Returns what the
+    search features did (``cost_model`` left ``cold``: the caller knows which model it passed).
+    Raises whatever MetaSchedule raises (e.g. ``ValueError`` for no tasks), and whatever a callback
     raises to stop tuning.
     """
     threads = num_threads or len(os.sched_getaffinity(0))
@@ -287,7 +288,7 @@ def search_report(
     defaults: DefaultScheduleSeeds | None,
     batches: dict[str, int] | None = None,
 ) -> SearchReport:
-    """The :class:`tuner.reports.SearchReport` of a run's seeders and strategy wrappers
+    """The :class:`tuner.engine.reports.SearchReport` of a run's seeders and strategy wrappers
     (``batches``: :attr:`tuner.search_strategy.cold_start.ColdStartSearch.batches`)."""
     counts = seeds.summary() if seeds is not None else {}
     batches = batches or {}

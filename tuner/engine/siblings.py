@@ -5,8 +5,8 @@ the fused operators without their numbers, e.g. ResNet-18's eight ``conv2d + add
 found in every model the database knows and in the run itself. :func:`faster_siblings` is the one
 query behind both uses: the in-process search
 (:class:`tuner.task_scheduler.sibling_seeds.SiblingSeeds` on the SQL database) and the server's
-answer to a tune lease (:func:`tuner.coordinator.lease_context`), so a task gets the same sibling
-schedules whichever way its job runs. Nothing here imports TVM.
+answer to a tune lease (:func:`tuner.jobs.coordinator.lease_context`), so a task gets the same
+sibling schedules whichever way its job runs. Nothing here imports TVM.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
 from compiler.task_family import workload_family
-from tuner.reports import SiblingSchedule
+from tuner.engine.reports import SiblingSchedule
 
 if TYPE_CHECKING:  # pragma: no cover
     from db import TuningStorage

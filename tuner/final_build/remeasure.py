@@ -13,8 +13,8 @@ winner of a task is the candidate with the lowest median over rounds; the build 
 (:func:`records_for_build`), and the re-measurements are stored beside their records
 (:class:`db.NewRemeasurement`, never changing a record's own measurement).
 
-Both ways a job finishes use it: a job run in one process (:func:`tuner.job.run_job`, records from
-the SQL database) and a worker's finalize lease (records fetched from the server; the
+Both ways a job finishes use it: a job run in one process (:func:`tuner.jobs.job.run_job`, records
+from the SQL database) and a worker's finalize lease (records fetched from the server; the
 re-measurements travel in the artifact's manifest and the server stores them when it accepts the
 artifact). A candidate that no longer builds or runs is left out of its task's choice; a task
 whose candidates all fail keeps its best record.
@@ -56,7 +56,7 @@ from compiler.lowering.default_schedules import default_task_module
 from compiler.peers import device_of, library_for, peer_task_module, peer_variants, peers_supported
 from db.metaschedule_database import replay
 from db.types import canonical_trace_json, mean_run_secs, measurement, spread, trace_hash
-from tuner.measure import MeasureConfig, RpcConfig, make_builder, make_runner
+from tuner.measuring.builder_runner import MeasureConfig, RpcConfig, make_builder, make_runner
 
 logger = logging.getLogger("tunehub.remeasure")
 

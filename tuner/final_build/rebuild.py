@@ -1,15 +1,16 @@
 """The server's own build of a remote worker's artifact, in a child process.
 
 :func:`rebuild_in_child` compiles a job's artifact on the server from a
-:class:`tuner.rebuild_plan.RebuildPlan` (stored records, and the peers and default schedules
-the worker's re-measurement chose, and the library its whole-model comparison published: the
-tuned or the zero-trial one, :mod:`tuner.final_choice`; the server times nothing), or a
-preview's zero-trial library, exactly as a worker would
-(:func:`tuner.finalize.publish_tuned` / :func:`tuner.finalize.publish_zero_trial`), and
-verifies it against the reference framework when this machine can run the target's code. It
-runs TuneHub's own code on validated inputs only (the model was validated at upload, every
-trace was replayed when it was stored); the worker's library is never loaded. The child is a
-fresh interpreter under a time and memory limit that dies with the server.
+:class:`tuner.final_build.rebuild_plan.RebuildPlan` (stored records, and the peers and default
+schedules the worker's re-measurement chose, and the library its whole-model comparison published:
+the tuned or the zero-trial one, :mod:`tuner.final_build.final_choice`; the server times nothing),
+or a preview's zero-trial library, exactly as a worker would
+(:func:`tuner.final_build.finalize.publish_tuned` /
+:func:`tuner.final_build.finalize.publish_zero_trial`), and verifies it against the reference
+framework when this machine can run the target's code. It runs TuneHub's own code on validated
+inputs only (the model was validated at upload, every trace was replayed when it was stored); the
+worker's library is never loaded. The child is a fresh interpreter under a time and memory limit
+that dies with the server.
 """
 
 from __future__ import annotations
@@ -26,9 +27,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from tuner.process_limits import child_limits
+from tuner.final_build.process_limits import child_limits
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 class RebuildFailed(Exception):
@@ -41,7 +42,7 @@ class RebuildSpec:
     uploaded), its target (:class:`compiler.target.TargetSpec` fields), the model limits
     (:class:`compiler.frontends.model_spec.ModelLimits` fields), ``kind`` (``finalize``: build with
     ``plan``; ``preview``: the zero-trial library), the job's tasks
-    (:class:`tuner.work.JobTaskInfo` JSON) and ``not_run_because`` (set: build only)."""
+    (:class:`tuner.jobs.protocol.JobTaskInfo` JSON) and ``not_run_because`` (set: build only)."""
 
     kind: str
     model_path: str
@@ -68,7 +69,7 @@ def rebuild_in_child(
         spec_path.write_text(json.dumps(dataclasses.asdict(spec)))
         try:
             done = subprocess.run(
-                [sys.executable, "-m", "tuner.rebuild", str(spec_path), str(out_dir)],
+                [sys.executable, "-m", "tuner.final_build.rebuild", str(spec_path), str(out_dir)],
                 cwd=str(REPO),
                 capture_output=True,
                 text=True,
@@ -92,7 +93,7 @@ def _peer_calls(prepared: Any, wanted: Mapping[str, Mapping[str, Any]]) -> dict[
     ``wanted`` whose call description matches one the compiler offers for the task; a
     description that matches none is dropped (the task builds with its records)."""
     from compiler.peers import device_of, library_for, peer_variants  # noqa: PLC0415
-    from tuner.rebuild_plan import PEER_CALL_FIELDS  # noqa: PLC0415
+    from tuner.final_build.rebuild_plan import PEER_CALL_FIELDS  # noqa: PLC0415
 
     if not wanted or library_for(prepared.target) is None:
         return {}
@@ -114,8 +115,8 @@ def _outcomes(prepared: Any, spec: RebuildSpec, peers: Mapping[str, Any]) -> lis
     """The schedule table of the server's build: the job's tasks with the records it used,
     each peer or default task named by its implementation."""
     from compiler.peers import library_for  # noqa: PLC0415
-    from tuner.finalize import finalize_outcomes  # noqa: PLC0415
-    from tuner.work import JobTaskInfo  # noqa: PLC0415
+    from tuner.final_build.finalize import finalize_outcomes  # noqa: PLC0415
+    from tuner.jobs.protocol import JobTaskInfo  # noqa: PLC0415
 
     tasks = [JobTaskInfo.model_validate(t) for t in spec.tasks]
     outcomes = finalize_outcomes(prepared, tasks, spec.plan["records"])
@@ -138,8 +139,8 @@ def _main() -> None:  # pragma: no cover - runs in the child
     from compiler.prepare import prepare_model  # noqa: PLC0415
     from compiler.shapes.buckets import bucket_values  # noqa: PLC0415
     from compiler.target import TargetSpec  # noqa: PLC0415
-    from tuner.final_choice import FinalChoice  # noqa: PLC0415
-    from tuner.finalize import (  # noqa: PLC0415
+    from tuner.final_build.final_choice import FinalChoice  # noqa: PLC0415
+    from tuner.final_build.finalize import (  # noqa: PLC0415
         database_from_records,
         publish_tuned,
         publish_zero_trial,

@@ -1,21 +1,21 @@
 """Store the re-measurements an artifact's manifest reports (``manifest["remeasured"]``).
 
-:mod:`tuner.remeasure` re-measures each task's top records before a final build and writes what
-it measured into the manifest (:func:`tuner.remeasure.remeasurements_json`). Both ways a job
-finishes store them through :func:`store_remeasurements`: a job run in one process right after its
-build, and the server when it accepts a worker's artifact (the manifest is then the worker's
-word: every entry is checked, and one that does not name a stored valid record of one of the
-job's tasks, or whose times are not finite and positive, is dropped and counted; so is a second
+:mod:`tuner.final_build.remeasure` re-measures each task's top records before a final build and
+writes what it measured into the manifest (:func:`tuner.final_build.remeasure.remeasurements_json`).
+Both ways a job finishes store them through :func:`store_remeasurements`: a job run in one process
+right after its build, and the server when it accepts a worker's artifact (the manifest is then the
+worker's word: every entry is checked, and one that does not name a stored valid record of one of
+the job's tasks, or whose times are not finite and positive, is dropped and counted; so is a second
 entry for a task). A candidate that is a library peer (``"peer"``, :mod:`compiler.peers`) is
 stored as a library record of its task (:class:`db.NewLibraryRecord`), checked the same way; so
 is TVM's default schedule (``"default"``: library ``tvm``, kind ``default``).
 
 Every candidate's median of rounds is checked against the physical limits of its task
-(:func:`tuner.plausibility.check`, the rule tuning records are checked by): an implausible
+(:func:`tuner.jobs.plausibility.check`, the rule tuning records are checked by): an implausible
 library record is stored *held* (never a best library record, the reason kept); an implausible
 re-measurement is dropped and counted (it never changes its record's measurement, and a held
 copy would only show a false time beside it). TVM-free to import: the task's output bytes are
-read from its TIR (:mod:`tuner.workload_bytes`) on first use.
+read from its TIR (:mod:`tuner.jobs.workload_bytes`) on first use.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from db import NewLibraryRecord, NewRemeasurement, TuningStorage
-from tuner.plausibility import TaskBounds, check
+from tuner.jobs.plausibility import TaskBounds, check
 
 #: A task's physical limits by workload id (:func:`stored_bounds`).
 BoundsOf = Callable[[int], TaskBounds]
@@ -56,7 +56,7 @@ def _rounds_secs(candidate: dict[str, Any]) -> tuple[float, ...] | None:
 def stored_bounds(storage: TuningStorage, target_id: int) -> BoundsOf:
     """The physical limits of a stored workload on target ``target_id`` (its kind), by workload
     id, each read once: its FLOPs from its row, the bytes it must write from its TIR
-    (:func:`tuner.workload_bytes.workload_output_bytes`, which imports TVM). An unknown
+    (:func:`tuner.jobs.workload_bytes.workload_output_bytes`, which imports TVM). An unknown
     workload or target gets the bounds of an unknown task (the call floor of the most generous
     kind). Never raises."""
     target = storage.get_target_by_id(target_id)
@@ -65,7 +65,7 @@ def stored_bounds(storage: TuningStorage, target_id: int) -> BoundsOf:
 
     def bounds_of(workload_id: int) -> TaskBounds:
         if workload_id not in found:
-            from tuner.workload_bytes import workload_output_bytes  # noqa: PLC0415 - TVM
+            from tuner.jobs.workload_bytes import workload_output_bytes  # noqa: PLC0415 - TVM
 
             workload = storage.get_workload_by_id(workload_id)
             found[workload_id] = (

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tuner.reports import SearchReport, SiblingSchedule
+from tuner.engine.reports import SearchReport, SiblingSchedule
 
 
 class _Message(BaseModel):

@@ -1,9 +1,9 @@
 """Plain results of the search that the worker protocol also carries: no pydantic, no TVM.
 
-The tuning engine (:mod:`tuner.search`, :mod:`tuner.siblings`) produces these on every host,
-including the GPU machine, which has TVM but not the service's web stack; the protocol messages
-of :mod:`tuner.work` (pydantic) embed them as they are (pydantic validates stdlib dataclasses
-by their type hints, and ``__post_init__`` checks the rest).
+The tuning engine (:mod:`tuner.engine.search`, :mod:`tuner.engine.siblings`) produces these on every
+host, including the GPU machine, which has TVM but not the service's web stack; the protocol
+messages of :mod:`tuner.jobs.protocol` (pydantic) embed them as they are (pydantic validates stdlib
+dataclasses by their type hints, and ``__post_init__`` checks the rest).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """Starting jobs and keeping what their runs did: the part of the coordinator every job needs.
 
 Every job starts through :func:`plan_job`, whichever way it runs: a lease worker's request for
-work (:func:`tuner.coordinator.lease_work`) and ``tunehub tune`` (:func:`tuner.job.tune_model`)
-plan alike, so their job rows are the same; each run of a job adds its
-:class:`tuner.reports.SearchReport` to the job's (:func:`record_search`). Nothing here needs the
-web stack (the GPU machine runs ``tunehub tune`` without it).
+work (:func:`tuner.jobs.coordinator.lease_work`) and ``tunehub tune``
+(:func:`tuner.jobs.job.tune_model`) plan alike, so their job rows are the same; each run of a job
+adds its
+:class:`tuner.engine.reports.SearchReport` to the job's (:func:`record_search`). Nothing here needs
+the web stack (the GPU machine runs ``tunehub tune`` without it).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import json
 import logging
 
 from db import InvalidTransitionError, Job, JobStatus, NewJobTask, TuningStorage
-from tuner.reports import SearchReport
+from tuner.engine.reports import SearchReport
 
 logger = logging.getLogger("tunehub.coordinator")
 
@@ -24,10 +25,10 @@ def plan_job(storage: TuningStorage, job: Job, *, continue_tuning: bool = False)
     when the job cannot run (then it is failed with the reason).
 
     Every job starts here, whichever way it runs: a lease worker's request for work and
-    ``tunehub tune`` (:func:`tuner.job.tune_model`, which may pass ``continue_tuning``: tune
+    ``tunehub tune`` (:func:`tuner.jobs.job.tune_model`, which may pass ``continue_tuning``: tune
     tasks other jobs already tuned, too) plan alike, so their job rows are the same."""
     from compiler.partition import TaskInfo  # noqa: PLC0415 - TVM only where planning happens
-    from tuner.plan import allot_trials, plan_tuning  # noqa: PLC0415
+    from tuner.jobs.plan import allot_trials, plan_tuning  # noqa: PLC0415
 
     if job.model_id is None:
         _fail_queued(storage, job, "the job's model was deleted")

@@ -1,11 +1,11 @@
 """What the server rebuilds a remote worker's finalize artifact from: stored evidence only.
 
 A remote worker's ``model.so`` is native code the server never runs in its own trust
-(:mod:`tuner.artifact_review`). Where the server can build for the job's target, it compiles the
-artifact itself, and this module says from what. Every schedule comes from the server's own
-database (records it accepted as evidence: each trace replayed on its workload when it was
-uploaded, :func:`tuner.record_checks.check_records`); the worker's manifest only *chooses* among
-them, as its side-by-side re-measurement did (:mod:`tuner.remeasure`):
+(:mod:`tuner.final_build.artifact_review`). Where the server can build for the job's target, it
+compiles the artifact itself, and this module says from what. Every schedule comes from the server's
+own database (records it accepted as evidence: each trace replayed on its workload when it was
+uploaded, :func:`tuner.jobs.record_checks.check_records`); the worker's manifest only *chooses*
+among them, as its side-by-side re-measurement did (:mod:`tuner.final_build.remeasure`):
 
 - a task whose chosen candidate is a stored record builds with that record alone, if the server
   holds it as a valid, unheld record of the job's target; otherwise with the server's best;
@@ -14,11 +14,12 @@ them, as its side-by-side re-measurement did (:mod:`tuner.remeasure`):
   name only a call TuneHub would make);
 - a task whose chosen candidate is TVM's default schedule builds without records;
 - every other task builds with the server's best record of it (what the worker fetched);
-- the whole library follows the worker's ``final_choice`` (:mod:`tuner.final_choice`): where the
-  worker's side-by-side timing published the zero-trial build, the server builds the zero-trial
-  library (no records: nothing to check) instead of timing anything itself.
+- the whole library follows the worker's ``final_choice`` (:mod:`tuner.final_build.final_choice`):
+  where the worker's side-by-side timing published the zero-trial build, the server builds the
+  zero-trial library (no records: nothing to check) instead of timing anything itself.
 
-TVM-free: the API process computes the plan; the build runs in a child (:mod:`tuner.rebuild`).
+TVM-free: the API process computes the plan; the build runs in a child
+(:mod:`tuner.final_build.rebuild`).
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from db import TuningStorage
-from tuner.final_choice import FinalChoice
+from tuner.final_build.final_choice import FinalChoice
 
 #: Keys of a peer candidate's description that name the call (``PeerCall.to_json()``'s); the
 #: rest of the description (library name, version, shim) is informational.
@@ -48,10 +49,10 @@ class RebuildPlan:
     (its description's :data:`PEER_CALL_FIELDS`); ``defaults``: task keys built with TVM's
     default schedule; ``remeasured``: the manifest's re-measurement entries of the job's tasks
     (the worker's report of why, carried into the server's manifest); ``final_choice``: the
-    worker's whole-model choice as :meth:`tuner.final_choice.FinalChoice.to_json` rewrites it
-    after :meth:`~tuner.final_choice.FinalChoice.from_json` read it (``None``: the worker's
-    manifest has none the server understood: the tuned library is built); ``notes``: choices
-    the server could not follow, each saying why."""
+    worker's whole-model choice as :meth:`tuner.final_build.final_choice.FinalChoice.to_json`
+    rewrites it after :meth:`~tuner.final_build.final_choice.FinalChoice.from_json` read it
+    (``None``: the worker's manifest has none the server understood: the tuned library is built);
+    ``notes``: choices the server could not follow, each saying why."""
 
     records: dict[str, list[list[Any]]] = field(default_factory=dict)
     peers: dict[str, dict[str, Any]] = field(default_factory=dict)

@@ -1,8 +1,8 @@
 """Run untrusted native code (a worker's ``model.so``) in a sandboxed child process.
 
-Where the server cannot build a remote worker's artifact itself (:mod:`tuner.artifact_review`),
-it runs the worker's library, but never in its own trust. :func:`run_sandboxed` starts a Python
-module in a child that has:
+Where the server cannot build a remote worker's artifact itself
+(:mod:`tuner.final_build.artifact_review`), it runs the worker's library, but never in its own
+trust. :func:`run_sandboxed` starts a Python module in a child that has:
 
 - **no inherited environment**: a fresh ``PATH`` and locale, nothing else (no database URL, no
   token, no ``TUNEHUB_*`` setting); Python in isolated mode (``-I``);
@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from tuner.process_limits import die_with_parent
+from tuner.final_build.process_limits import die_with_parent
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UNSHARE = ("--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--mount-proc")
 #: Folders covered by an empty tmpfs besides the caller's (secrets and sockets live there).
 SYSTEM_HIDDEN = ("/run", "/var/run", "/dev/shm", "/tmp", "/var/tmp")

@@ -1,4 +1,5 @@
-"""Tune a lease's workloads: the one search (:func:`tuner.search.run_search`) on a lease's view.
+"""Tune a lease's workloads: the one search (:func:`tuner.engine.search.run_search`) on a lease's
+view.
 
 A distributed worker does not hold the tuning database. :func:`tune_workloads` runs the same
 search as ``tunehub tune``, over the lease's tasks (one or several workloads of a job:
@@ -27,12 +28,12 @@ from tvm.s_tir import meta_schedule as ms
 from compiler.target import TargetSpec
 from compiler.task_family import workload_family
 from tuner.database.lease import LeaseDatabase
-from tuner.measure import MeasureConfig, RpcConfig
+from tuner.engine.reports import SearchReport
+from tuner.engine.search import SearchConfig, reset_metaschedule_logging, run_search, search_report
+from tuner.jobs.protocol import LeaseContext
 from tuner.measure_callback.upload_batches import MeasuredBatch, UploadBatches
-from tuner.reports import SearchReport
-from tuner.search import SearchConfig, reset_metaschedule_logging, run_search, search_report
+from tuner.measuring.builder_runner import MeasureConfig, RpcConfig
 from tuner.task_scheduler.sibling_seeds import LeaseSiblings, SeedTask, SiblingSeeds
-from tuner.work import LeaseContext
 
 logger = logging.getLogger(__name__)
 

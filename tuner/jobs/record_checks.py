@@ -1,10 +1,10 @@
 """An uploaded record is checked before it counts: the coordinator's gate for workers' batches.
 
-:func:`check_records` takes a whole batch of :class:`tuner.work.RecordUpload` (a worker's
+:func:`check_records` takes a whole batch of :class:`tuner.jobs.protocol.RecordUpload` (a worker's
 measurements of one workload) and returns the records to store, or raises
 :class:`RecordRefused` (HTTP 422: nothing of the batch is stored). A record that passes but is
-faster than its task allows is stored held (:mod:`tuner.plausibility`). Called by
-:func:`tuner.coordinator.accept_batch`; it replays traces with TVM but measures nothing.
+faster than its task allows is stored held (:mod:`tuner.jobs.plausibility`). Called by
+:func:`tuner.jobs.coordinator.accept_batch`; it replays traces with TVM but measures nothing.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import logging
 import math
 
 from db import NewTuningRecord, TargetRecord, TuningStorage
-from tuner import plausibility
-from tuner.work import RecordUpload
+from tuner.jobs import plausibility
+from tuner.jobs.protocol import RecordUpload
 
 logger = logging.getLogger("tunehub.coordinator")
 
@@ -47,13 +47,13 @@ def check_records(
     shape is its tiled layout's); a failed one's trace must at least have a trace's shape. Any
     refusal raises :class:`RecordRefused`.
     A valid record whose mean is faster than a physical limit of its task allows
-    (:func:`tuner.plausibility.check`: its FLOPs, the bytes it must write, any kernel call) or
+    (:func:`tuner.jobs.plausibility.check`: its FLOPs, the bytes it must write, any kernel call) or
     :data:`IMPLAUSIBLE_SPEEDUP` times faster than the workload's best record of another worker
     is stored **held** (``quarantined``, the reason in ``error_text``: no best-record query
     uses it). Records are attributed to ``worker``."""
     from db.metaschedule_database import describe_error, replay  # noqa: PLC0415
-    from tuner.finalize import expected_args_info, tvm_module  # noqa: PLC0415
-    from tuner.workload_bytes import workload_output_bytes  # noqa: PLC0415
+    from tuner.final_build.finalize import expected_args_info, tvm_module  # noqa: PLC0415
+    from tuner.jobs.workload_bytes import workload_output_bytes  # noqa: PLC0415
 
     if not records:
         raise RecordRefused("an empty batch: upload at least one record")

@@ -1,17 +1,17 @@
 """The final build's last check: the tuned library against the zero-trial library, whole models.
 
-The re-measurement before a final build (:mod:`tuner.remeasure`) times each task's candidates
-alone, with hot caches; inside the whole model a kernel runs after other kernels, on other data
-in cache, and a build of per-task winners can be slower end to end than the zero-trial build
-(library peers and TVM's default schedules, :func:`compiler.build.builder.build_zero_trial`). A
-ResNet-18 tuned 500 trials built at 10.4 ms against its zero-trial build's 8.7 ms
+The re-measurement before a final build (:mod:`tuner.final_build.remeasure`) times each task's
+candidates alone, with hot caches; inside the whole model a kernel runs after other kernels, on
+other data in cache, and a build of per-task winners can be slower end to end than the zero-trial
+build (library peers and TVM's default schedules, :func:`compiler.build.builder.build_zero_trial`).
+A ResNet-18 tuned 500 trials built at 10.4 ms against its zero-trial build's 8.7 ms
 (``bench/results/models_2026-12-03.md``).
 
-So every tuned final build (:func:`tuner.finalize.publish_tuned`: a job run in one process and a
-worker's finalize lease) also builds the zero-trial library and times both whole models on the
-same seeded inputs in alternating rounds (:func:`time_side_by_side`: round ``r`` times them in
-the order rotated by ``r``; each time is :meth:`compiler.build.runner.LoadedLibrary.time`'s median
-of ``repeat`` measurements). :func:`decide` applies the rule:
+So every tuned final build (:func:`tuner.final_build.finalize.publish_tuned`: a job run in one
+process and a worker's finalize lease) also builds the zero-trial library and times both whole
+models on the same seeded inputs in alternating rounds (:func:`time_side_by_side`: round ``r`` times
+them in the order rotated by ``r``; each time is :meth:`compiler.build.runner.LoadedLibrary.time`'s
+median of ``repeat`` measurements). :func:`decide` applies the rule:
 
     the zero-trial library is published when the median of its rounds is more than 2 %
     (:data:`MARGIN`) below the tuned library's; otherwise the tuned library is.
@@ -19,8 +19,8 @@ of ``repeat`` measurements). :func:`decide` applies the rule:
 Ties and differences within the margin go to the tuned build (what the job tuned). The
 manifest's ``final_choice`` (:meth:`FinalChoice.to_json`) says which was published, both medians,
 every round's times, the number of rounds and the rule, or, when nothing was compared, why
-(``why_not``). A server that rebuilds a worker's artifact (:mod:`tuner.rebuild`) times nothing:
-it follows the worker's reported choice (:meth:`FinalChoice.from_json`, ``decided_by``
+(``why_not``). A server that rebuilds a worker's artifact (:mod:`tuner.final_build.rebuild`) times
+nothing: it follows the worker's reported choice (:meth:`FinalChoice.from_json`, ``decided_by``
 ``"worker"``); the zero-trial library uses no records, so following it trusts no evidence.
 
 Setting: ``TUNEHUB_FINAL_COMPARE_ROUNDS`` (default 5; ``0`` turns the comparison off: the tuned

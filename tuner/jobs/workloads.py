@@ -2,7 +2,7 @@
 
 Each task's workload (its TIR module, FLOPs and a readable summary) is stored once under its
 structural-hash key, shared by every model that has the task; the model's task list (name,
-weight, why a task is not tunable) is what the planner (:func:`tuner.coordinator.plan_job`)
+weight, why a task is not tunable) is what the planner (:func:`tuner.jobs.coordinator.plan_job`)
 reads to start a job of that model.
 """
 
