@@ -191,7 +191,12 @@ def test_three_workers_postgres_and_rpc_tracker(tmp_path, postgres_url, example_
     with db.open_storage(postgres_url, upgrade=True):
         pass  # `tunehub db upgrade`
     server = start_server(
-        tmp_path / "home", workers=0, db_url=postgres_url, env={"TUNEHUB_LEASE_SECS": "60"}
+        tmp_path / "home",
+        workers=0,
+        db_url=postgres_url,
+        # One task a lease: three tasks go to the three workers whatever order they register
+        # in (several-task leases are shared among the workers idle when one asks).
+        env={"TUNEHUB_LEASE_SECS": "60", "TUNEHUB_LEASE_TASKS": "1"},
     )
     rpc = start_rpc(tmp_path, servers=2)
     workers = []
