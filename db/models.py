@@ -241,7 +241,8 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text)
     created_at: Mapped[datetime] = _created()
     updated_at: Mapped[datetime] = _created()
-    #: The worker that claimed the job (``None`` for a CLI run, which owns its job itself).
+    #: The worker the job is pinned to (a ``tunehub tune`` run's, from its creation: no other
+    #: worker plans or leases it), else ``None`` until the worker that finalized it.
     worker: Mapped[str | None] = mapped_column(String(128))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True))
