@@ -89,7 +89,7 @@ class LeaseEndSQL(SQLBase, JobStorage):
                     {"finished_at": func.now(), "error": f"finalize failed: {reason}"},
                 )
             return
-        for task_id in lease.task_ids or (lease.task_id,):
+        for task_id in lease.task_ids:
             task = session.get(JobTaskRow, task_id, populate_existing=True)
             if task is None or task.status != JobStatus.RUNNING:
                 continue

@@ -119,11 +119,9 @@ class LeaseSQL(SQLBase, JobStorage):
                 if more is None:
                     break
                 claimed.append(more)
-            job_left = session.execute(
-                select(JobRow.trial_budget - JobRow.trials_done).where(JobRow.id == first[3])
-            ).scalar_one()
+            job_left = first[4]  # what the job had left when its first task was claimed
             trials = sum(
-                max(1, min(budget - done, int(cap(budget)))) for _, budget, done, _ in claimed
+                max(1, min(budget - done, int(cap(budget)))) for _, budget, done, _, _ in claimed
             )
             lease = TaskLeaseRow(
                 job_id=first[3],
@@ -159,10 +157,11 @@ class LeaseSQL(SQLBase, JobStorage):
         *,
         target_id: int | None = None,
         job_id: int | None = None,
-    ) -> tuple[int, int, int, int] | None:
+    ) -> tuple[int, int, int, int, int] | None:
         """Move the next queued task (of a running job of ``target_id`` not pinned to another
         worker, and of job ``job_id`` when given) with trials left to ``running``, leased by
-        ``worker``: ``(task id, trial budget, trials done, job id)``, or ``None``. Tasks found
+        ``worker``: ``(task id, trial budget, trials done, job id, the job's trials left)``, or
+        ``None``. Tasks found
         with nothing left, of their own or of their job's budget, are finished on the way
         (``succeeded``)."""
         scope = [_open_to(worker)]
@@ -213,7 +212,7 @@ class LeaseSQL(SQLBase, JobStorage):
                 .execution_options(synchronize_session=False)
             )
             if claimed.rowcount == 1 and not spent:
-                return task_id, budget, done, found_job
+                return task_id, budget, done, found_job, job_left
 
     def claim_finalize_lease(
         self, worker: str, *, target_id: int, lease_secs: float, job_id: int | None = None
@@ -361,7 +360,7 @@ class LeaseSQL(SQLBase, JobStorage):
             if lease is None:
                 raise NotFoundError(f"task lease {lease_id} does not exist")
             measured = lease.task_id if task_id is None else task_id
-            if lease.kind == "tune" and measured not in (lease.task_ids or (lease.task_id,)):
+            if lease.kind == "tune" and measured not in lease.task_ids:
                 raise ConflictError(f"task {task_id} is not a task of lease {lease_id}")
             counted = False
             job_status = session.execute(

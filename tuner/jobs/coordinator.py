@@ -268,8 +268,8 @@ def lease_work(
     storage.heartbeat(worker.id)
     lease = _held_lease(storage, name)
     try:
+        tasks = tasks_for(storage, served, policy) if lease is None else 1
         for target_id in served if lease is None else ():
-            tasks = tasks_for(storage, served, policy)
             lease = _claim(storage, name, target_id, policy, tasks, job_id=job_id)
             if lease is not None:
                 break
@@ -401,7 +401,7 @@ def offer_for(
     if lease.kind == "tune":
         rows = {t.id: t for t in storage.list_job_tasks(job.id)}
         leased = []
-        for task_id in lease.task_ids or (lease.task_id,):
+        for task_id in lease.task_ids:
             workload = storage.get_workload_by_id(rows[task_id].workload_id)
             assert workload is not None  # foreign key
             leased.append(
@@ -539,7 +539,7 @@ def leased_task(lease: TaskLease, task_id: int | None) -> int:
     :class:`db.ConflictError` for a task the lease does not cover."""
     if task_id is None:
         return lease.task_id
-    if task_id not in (lease.task_ids or (lease.task_id,)):
+    if task_id not in lease.task_ids:
         raise ConflictError(f"task {task_id} is not a task of lease {lease.id}")
     return task_id
 
